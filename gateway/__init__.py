@@ -1,0 +1,3 @@
+"""mcp-gateway: a transparent gateway for the Model Context Protocol."""
+
+__version__ = "0.1.0"

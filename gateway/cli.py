@@ -1,0 +1,162 @@
+"""The `mcp-gateway` command line: loads or builds a config and hands it to `app.run`."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+
+import anyio
+import click
+
+from gateway import __version__, app
+from gateway.config import (
+    BackendConfig,
+    Config,
+    ConfigInvalid,
+    HttpListen,
+    HttpTarget,
+    Listen,
+    StdioTarget,
+    describe,
+    load,
+)
+
+PYTHON_VAR = "MCP_GATEWAY_PYTHON"
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _config_env() -> dict[str, str]:
+    # ${MCP_GATEWAY_PYTHON} lets a config start Python servers with the gateway's own interpreter.
+    return {PYTHON_VAR: sys.executable, **os.environ}
+
+
+def demo_config_path() -> Path:
+    return Path(str(resources.files("gateway.demo").joinpath("config.yaml")))
+
+
+def _load_or_exit(path: Path) -> Config:
+    try:
+        return load(path, _config_env())
+    except ConfigInvalid as exc:
+        for problem in exc.problems:
+            click.echo(f"error: {problem}", err=True)
+        sys.exit(2)
+
+
+def _run(config: Config) -> None:
+    with contextlib.suppress(KeyboardInterrupt):
+        anyio.run(app.run, config)
+
+
+log_level = click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="Least severe log level written to stderr.",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="mcp-gateway")
+def main() -> None:
+    """A transparent gateway for the Model Context Protocol (revision 2026-07-28).
+
+    Clients connect over stdio or Streamable HTTP; the gateway forwards each request to an MCP
+    server reached over stdio (a supervised child process) or Streamable HTTP. Logs go to stderr.
+    """
+
+
+@main.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="YAML config file. Without it, the bundled demo config (HTTP on 127.0.0.1:8080/mcp).",
+)
+@log_level
+def run(config_path: Path | None, log_level: str) -> None:
+    """Run the front ends and backends a config names, until SIGINT/SIGTERM."""
+    _setup_logging(log_level)
+    _run(_load_or_exit(config_path or demo_config_path()))
+
+
+def _parse_header(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for value in values:
+        name, sep, rest = value.partition(":")
+        if not sep or not name.strip():
+            raise click.BadParameter(f"{value!r} is not 'Name: value'")
+        out[name.strip()] = rest.strip()
+    return out
+
+
+@main.command()
+@click.argument("url")
+@click.option(
+    "--header",
+    "-H",
+    "headers",
+    multiple=True,
+    callback=_parse_header,
+    help="Extra header for every request to the server, as 'Name: value' (repeatable).",
+)
+@click.option("--request-timeout", type=float, default=300.0, show_default=True, help="Seconds.")
+@log_level
+def connect(url: str, headers: dict[str, str], request_timeout: float, log_level: str) -> None:
+    """Serve one remote Streamable HTTP server on stdio.
+
+    What a desktop host spawns to reach a remote server, e.g.
+    mcp-gateway connect https://example.com/mcp -H 'Authorization: Bearer TOKEN'
+    """
+    _setup_logging(log_level)
+    backend = BackendConfig(
+        name="remote", target=HttpTarget(url=url, headers=headers), request_timeout=request_timeout
+    )
+    _run(Config(listen=Listen(stdio=True), backends=(backend,), source="connect"))
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, help="Port to listen on (0: any free).")
+@click.option("--path", default="/mcp", show_default=True, help="Path of the MCP endpoint.")
+@click.option("--request-timeout", type=float, default=300.0, show_default=True, help="Seconds.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@log_level
+def expose(
+    host: str,
+    port: int,
+    path: str,
+    request_timeout: float,
+    command: tuple[str, ...],
+    log_level: str,
+) -> None:
+    """Serve one stdio server over Streamable HTTP.
+
+    Put the server's command after `--`, e.g.
+    mcp-gateway expose --port 8080 -- python -m my_server --flag
+    """
+    _setup_logging(log_level)
+    target = StdioTarget(command=command[0], args=tuple(command[1:]), env={})
+    name = Path(command[0]).name or "server"
+    backend = BackendConfig(name=name, target=target, request_timeout=request_timeout)
+    listen = Listen(http=HttpListen(host=host, port=port, path=path))
+    _run(Config(listen=listen, backends=(backend,), source="expose"))
+
+
+@main.command("check-config")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+def check_config(path: Path) -> None:
+    """Validate a config file and print what `run` would start (exit 2 on errors)."""
+    click.echo(describe(_load_or_exit(path)))

@@ -1,0 +1,328 @@
+"""YAML config -> validated, frozen config objects.
+
+A leaf module: it imports nothing else of the gateway. Errors name the file, the line and the
+dotted path of the offending value, and all of them are reported at once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_HTTP_HOST = "127.0.0.1"
+DEFAULT_HTTP_PORT = 8080
+DEFAULT_HTTP_PATH = "/mcp"
+# 4 MiB holds any realistic tool call; larger bodies are far more likely abuse than use.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# How long a backend may take to accept a connection or (stdio) to come back after a crash.
+DEFAULT_CONNECT_TIMEOUT = 10.0
+# Whole-request bound; long tool calls are normal in MCP, so this is generous.
+DEFAULT_REQUEST_TIMEOUT = 300.0
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class ConfigInvalid(Exception):
+    """The config cannot be used; `problems` lists every reason, each with its line."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class HttpListen:
+    host: str = DEFAULT_HTTP_HOST
+    port: int = DEFAULT_HTTP_PORT
+    path: str = DEFAULT_HTTP_PATH
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+@dataclass(frozen=True)
+class Listen:
+    http: HttpListen | None = None
+    stdio: bool = False
+
+
+@dataclass(frozen=True)
+class StdioTarget:
+    command: str
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+
+@dataclass(frozen=True)
+class HttpTarget:
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    name: str
+    target: StdioTarget | HttpTarget
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: Listen
+    backends: tuple[BackendConfig, ...]
+    source: str = "<config>"
+
+
+# --- YAML with line numbers -------------------------------------------------------------------
+
+
+class _Reader:
+    """Turns a composed YAML node tree into plain values, remembering each value's line."""
+
+    def __init__(self, source: str, env: Mapping[str, str]) -> None:
+        self.source = source
+        self.env = env
+        self.lines: dict[tuple[str, ...], int] = {}
+        self.problems: list[str] = []
+        self._scalars = yaml.SafeLoader("")
+
+    def value(self, node: yaml.Node, path: tuple[str, ...]) -> Any:
+        self.lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            out: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                key = str(key_node.value)
+                if key in out:
+                    self.problem(path + (key,), "appears twice", key_node.start_mark.line + 1)
+                out[key] = self.value(value_node, path + (key,))
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self.value(v, path + (str(i),)) for i, v in enumerate(node.value)]
+        scalar = self._scalars.construct_object(node)
+        if isinstance(scalar, str):
+            return self.interpolate(scalar, path)
+        return scalar
+
+    def interpolate(self, text: str, path: tuple[str, ...]) -> str:
+        def sub(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in self.env:
+                return self.env[name]
+            if default is not None:
+                return default
+            self.problem(path, f"environment variable {name} is not set")
+            return ""
+
+        return _ENV_REF.sub(sub, text)
+
+    def problem(self, path: tuple[str, ...], message: str, line: int | None = None) -> None:
+        where = line if line is not None else self._nearest_line(path)
+        dotted = ".".join(path) or "(top level)"
+        self.problems.append(f"{self.source}:{where}: {dotted}: {message}")
+
+    def _nearest_line(self, path: tuple[str, ...]) -> int:
+        while path and path not in self.lines:
+            path = path[:-1]
+        return self.lines.get(path, 1)
+
+
+# --- validation -------------------------------------------------------------------------------
+
+
+class _Check:
+    def __init__(self, reader: _Reader) -> None:
+        self.r = reader
+
+    def mapping(self, value: Any, path: tuple[str, ...], keys: set[str]) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.r.problem(path, "must be a mapping")
+            return {}
+        for key in value:
+            if key not in keys:
+                allowed = ", ".join(sorted(keys))
+                self.r.problem(path + (key,), f"unknown key (expected one of: {allowed})")
+        return value
+
+    def string(self, value: Any, path: tuple[str, ...], default: str | None = None) -> str | None:
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            self.r.problem(path, "must be a string")
+            return default
+        return value
+
+    def number(self, value: Any, path: tuple[str, ...], default: float) -> float:
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            self.r.problem(path, "must be a positive number")
+            return default
+        return float(value)
+
+    def port(self, value: Any, path: tuple[str, ...]) -> int:
+        if value is None:
+            return DEFAULT_HTTP_PORT
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+            self.r.problem(path, "must be a port number from 0 to 65535")
+            return DEFAULT_HTTP_PORT
+        return value
+
+    def strings(self, value: Any, path: tuple[str, ...]) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
+            self.r.problem(path, "must be a list of strings")
+            return ()
+        return tuple(str(v) for v in value)
+
+    def string_map(self, value: Any, path: tuple[str, ...]) -> dict[str, str]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.r.problem(path, "must be a mapping of names to strings")
+            return {}
+        out: dict[str, str] = {}
+        for key, item in value.items():
+            if isinstance(item, (dict, list)) or item is None:
+                self.r.problem(path + (key,), "must be a string")
+            else:
+                out[key] = str(item).lower() if isinstance(item, bool) else str(item)
+        return out
+
+
+def _listen(c: _Check, raw: Any) -> Listen:
+    body = c.mapping(raw, ("listen",), {"http", "stdio"})
+    http: HttpListen | None = None
+    if body.get("http") is not None:
+        path = ("listen", "http")
+        h = c.mapping(
+            body["http"],
+            path,
+            {"host", "port", "path", "allowed_origins", "allowed_hosts", "max_body_bytes"},
+        )
+        url_path = c.string(h.get("path"), path + ("path",), DEFAULT_HTTP_PATH) or "/"
+        if not url_path.startswith("/"):
+            c.r.problem(path + ("path",), "must start with /")
+        http = HttpListen(
+            host=c.string(h.get("host"), path + ("host",), DEFAULT_HTTP_HOST) or DEFAULT_HTTP_HOST,
+            port=c.port(h.get("port"), path + ("port",)),
+            path=url_path,
+            allowed_origins=c.strings(h.get("allowed_origins"), path + ("allowed_origins",)),
+            allowed_hosts=c.strings(h.get("allowed_hosts"), path + ("allowed_hosts",)),
+            max_body_bytes=int(
+                c.number(
+                    h.get("max_body_bytes"), path + ("max_body_bytes",), DEFAULT_MAX_BODY_BYTES
+                )
+            ),
+        )
+    stdio = body.get("stdio", False)
+    if not isinstance(stdio, bool):
+        c.r.problem(("listen", "stdio"), "must be true or false")
+        stdio = False
+    if http is None and not stdio:
+        c.r.problem(("listen",), "name at least one front end: http, stdio or both")
+    return Listen(http=http, stdio=stdio)
+
+
+def _backend(c: _Check, name: str, raw: Any) -> BackendConfig | None:
+    path = ("backends", name)
+    if not _NAME.match(name):
+        c.r.problem(path, "a backend name uses letters, digits, '_', '.' and '-'")
+    body = c.mapping(raw, path, {"stdio", "http", "connect_timeout", "request_timeout"})
+    kinds = [k for k in ("stdio", "http") if body.get(k) is not None]
+    if len(kinds) != 1:
+        c.r.problem(path, "needs exactly one of stdio or http")
+        return None
+    target: StdioTarget | HttpTarget
+    if kinds[0] == "stdio":
+        sp = path + ("stdio",)
+        s = c.mapping(body["stdio"], sp, {"command", "args", "env", "cwd"})
+        command = c.string(s.get("command"), sp + ("command",))
+        if not command:
+            c.r.problem(sp + ("command",), "is required")
+        target = StdioTarget(
+            command=command or "",
+            args=c.strings(s.get("args"), sp + ("args",)),
+            env=c.string_map(s.get("env"), sp + ("env",)),
+            cwd=c.string(s.get("cwd"), sp + ("cwd",)),
+        )
+    else:
+        hp = path + ("http",)
+        h = c.mapping(body["http"], hp, {"url", "headers"})
+        url = c.string(h.get("url"), hp + ("url",))
+        if not url or not re.match(r"^https?://", url):
+            c.r.problem(hp + ("url",), "must be an http:// or https:// URL")
+        target = HttpTarget(
+            url=url or "", headers=c.string_map(h.get("headers"), hp + ("headers",))
+        )
+    return BackendConfig(
+        name=name,
+        target=target,
+        connect_timeout=c.number(
+            body.get("connect_timeout"), path + ("connect_timeout",), DEFAULT_CONNECT_TIMEOUT
+        ),
+        request_timeout=c.number(
+            body.get("request_timeout"), path + ("request_timeout",), DEFAULT_REQUEST_TIMEOUT
+        ),
+    )
+
+
+def parse(text: str, source: str = "<config>", env: Mapping[str, str] | None = None) -> Config:
+    reader = _Reader(source, os.environ if env is None else env)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        raise ConfigInvalid([f"{source}:{line}: not valid YAML: {exc}"]) from None
+    raw = reader.value(node, ()) if node is not None else {}
+    check = _Check(reader)
+    top = check.mapping(raw, (), {"listen", "backends"})
+    listen = _listen(check, top.get("listen"))
+    backends: list[BackendConfig] = []
+    for name, body in check.mapping(top.get("backends"), ("backends",), set()).items() or ():
+        backend = _backend(check, name, body)
+        if backend is not None:
+            backends.append(backend)
+    if not top.get("backends"):
+        reader.problem(("backends",), "name at least one backend")
+    if reader.problems:
+        raise ConfigInvalid(reader.problems)
+    return Config(listen=listen, backends=tuple(backends), source=source)
+
+
+def load(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigInvalid([f"{p}: cannot read: {exc.strerror}"]) from None
+    return parse(text, str(p), env)
+
+
+def describe(config: Config) -> str:
+    """A human summary of what `run` would start, for `check-config`."""
+    lines = [f"config {config.source}: OK"]
+    if config.listen.http is not None:
+        h = config.listen.http
+        lines.append(f"  listen http  http://{h.host}:{h.port}{h.path}")
+    if config.listen.stdio:
+        lines.append("  listen stdio")
+    for b in config.backends:
+        if isinstance(b.target, StdioTarget):
+            cmd = " ".join([b.target.command, *b.target.args])
+            lines.append(f"  backend {b.name}: stdio `{cmd}`")
+        else:
+            lines.append(f"  backend {b.name}: http {b.target.url}")
+    return "\n".join(lines)

@@ -1,0 +1,73 @@
+"""The gateway's exceptions and the one place where they become wire errors.
+
+    GatewayError
+    └── BackendError             a backend could not answer a request
+        ├── BackendUnavailable   not running, crashed mid-call, connection refused
+        ├── BackendTimeout       no answer within the configured time
+        └── BackendProtocolError answered with something that is not MCP
+
+Every request the dispatcher handles ends as a JSON-RPC message: `to_wire` is where an
+exception becomes one, and `http_status` is the one table from error code to HTTP status.
+(Config problems are `config.ConfigInvalid`: they stop the process, they never reach the wire.)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+from gateway.protocol import codes, jsonrpc
+from gateway.protocol.jsonrpc import Message, RequestId
+
+log = logging.getLogger("gateway")
+
+
+class GatewayError(Exception):
+    code: int = codes.INTERNAL_ERROR
+
+
+class BackendError(GatewayError):
+    def __init__(self, backend: str, detail: str) -> None:
+        super().__init__(f"backend {backend!r}: {detail}")
+        self.backend = backend
+
+
+class BackendUnavailable(BackendError):
+    code = codes.BACKEND_UNAVAILABLE
+
+
+class BackendTimeout(BackendError):
+    code = codes.BACKEND_TIMEOUT
+
+
+class BackendProtocolError(BackendError):
+    code = codes.BACKEND_PROTOCOL_ERROR
+
+
+def to_wire(exc: Exception, id_: RequestId | None) -> Message:
+    if isinstance(exc, GatewayError):
+        return jsonrpc.error(id_, exc.code, str(exc))
+    log.exception("unexpected error while handling a request", exc_info=exc)
+    return jsonrpc.error(id_, codes.INTERNAL_ERROR, "Internal gateway error")
+
+
+HTTP_STATUS: Final[Mapping[int, int]] = MappingProxyType(
+    {
+        codes.PARSE_ERROR: 400,
+        codes.INVALID_REQUEST: 400,
+        codes.INVALID_PARAMS: 400,
+        codes.HEADER_MISMATCH: 400,
+        codes.MISSING_REQUIRED_CLIENT_CAPABILITY: 400,
+        codes.UNSUPPORTED_PROTOCOL_VERSION: 400,
+        codes.METHOD_NOT_FOUND: 404,
+    }
+)
+
+
+def http_status(reply: Message) -> int:
+    """HTTP status for a reply; errors not in the table (tool failures, our backend errors)
+    travel as 200 so every client reads the JSON-RPC error rather than a bare HTTP failure."""
+    code = jsonrpc.error_code(reply)
+    return HTTP_STATUS.get(code, 200) if code is not None else 200

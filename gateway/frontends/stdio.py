@@ -1,0 +1,159 @@
+"""The stdio front end (basic/transports/stdio): one JSON-RPC message per line in and out.
+
+stdout carries protocol messages only; the gateway logs to stderr. Each request runs in its own
+task so a slow call never holds up the next line, and `notifications/cancelled` cancels it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+
+import anyio
+import anyio.abc
+from anyio.streams.buffered import BufferedByteReceiveStream
+from anyio.streams.file import FileReadStream, FileWriteStream
+
+from gateway.core.dispatcher import Dispatcher
+from gateway.protocol import codes, jsonrpc
+from gateway.protocol.jsonrpc import Message, RequestId
+
+log = logging.getLogger("gateway.stdio")
+
+# Larger lines are refused: one message must fit in memory, and no real request is this big.
+MAX_LINE_BYTES = 64 * 1024 * 1024
+# After stdin closes, in-flight requests get this long to finish before they are cancelled.
+DRAIN_TIMEOUT = 5.0
+
+
+class StdioFrontend:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        inbound: anyio.abc.ByteReceiveStream,
+        outbound: anyio.abc.ByteSendStream,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._in = BufferedByteReceiveStream(inbound)
+        self._out = outbound
+        self._write_lock = anyio.Lock()
+        self._in_flight: dict[RequestId, anyio.CancelScope] = {}
+        self._idle = anyio.Event()
+
+    async def serve(self) -> None:
+        """Serve until stdin ends, then let in-flight requests drain (bounded)."""
+        async with anyio.create_task_group() as tg:
+            while (line := await self._read_line()) is not None:
+                if line.strip():
+                    await self._on_line(line, tg)
+            if self._in_flight:
+                with anyio.move_on_after(DRAIN_TIMEOUT):
+                    await self._idle.wait()
+            tg.cancel_scope.cancel()
+
+    async def _read_line(self) -> bytes | None:
+        try:
+            return await self._in.receive_until(b"\n", MAX_LINE_BYTES)
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.ClosedResourceError):
+            return None
+        except anyio.DelimiterNotFound:
+            log.error("stdin: a line over %d bytes; stopping", MAX_LINE_BYTES)
+            return None
+
+    async def _on_line(self, line: bytes, tg: anyio.abc.TaskGroup) -> None:
+        msg = jsonrpc.decode(line)
+        if isinstance(msg, jsonrpc.Invalid):
+            await self._write(jsonrpc.error(msg.id, msg.code, msg.message))
+            return
+        kind = jsonrpc.kind(msg)
+        if kind is jsonrpc.Kind.REQUEST:
+            if msg["id"] in self._in_flight:
+                await self._write(
+                    jsonrpc.error(msg["id"], codes.INVALID_REQUEST, "This id is already in flight")
+                )
+                return
+            scope = anyio.CancelScope()
+            self._in_flight[msg["id"]] = scope
+            self._idle = anyio.Event()
+            tg.start_soon(self._run, msg, scope)
+        elif kind is jsonrpc.Kind.NOTIFICATION:
+            if msg["method"] == "notifications/cancelled":
+                self._cancel(jsonrpc.params(msg).get("requestId"))
+            else:
+                await self._dispatcher.notify(msg)
+        else:
+            log.debug("stdin: ignored a response for id %r", msg["id"])
+
+    def _cancel(self, request_id: object) -> None:
+        if isinstance(request_id, (str, int)) and request_id in self._in_flight:
+            self._in_flight[request_id].cancel()
+
+    async def _run(self, msg: Message, scope: anyio.CancelScope) -> None:
+        try:
+            with scope:
+                reply = await self._dispatcher.handle(msg, self._write)
+                await self._write(reply)
+        finally:
+            # A cancelled request sends nothing more (basic/patterns/cancellation).
+            del self._in_flight[msg["id"]]
+            if not self._in_flight:
+                self._idle.set()
+
+    async def _write(self, msg: Message) -> None:
+        data = jsonrpc.encode(msg) + b"\n"
+        async with self._write_lock:
+            await self._out.send(data)
+
+
+class _PipeReceive(anyio.abc.ByteReceiveStream):
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        data = await self._reader.read(max_bytes)
+        if not data:
+            raise anyio.EndOfStream
+        return data
+
+    async def aclose(self) -> None:
+        return None
+
+
+class _PipeSend(anyio.abc.ByteSendStream):
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    async def send(self, item: bytes) -> None:
+        self._writer.write(item)
+        await self._writer.drain()
+
+    async def aclose(self) -> None:
+        self._writer.close()
+
+
+async def open_process_stdio() -> tuple[anyio.abc.ByteReceiveStream, anyio.abc.ByteSendStream]:
+    """This process's stdin and stdout as byte streams, stdout reserved for protocol messages.
+
+    File descriptor 1 is duplicated for our use and then pointed at stderr, so a stray print
+    from any library lands in the log instead of corrupting the protocol stream.
+    """
+    protocol_out = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    loop = asyncio.get_running_loop()
+    try:
+        reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+        inbound: anyio.abc.ByteReceiveStream = _PipeReceive(reader)
+    except ValueError:  # stdin is a regular file, not a pipe
+        inbound = FileReadStream(sys.stdin.buffer)
+    try:
+        transport, proto = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, protocol_out
+        )
+        writer = asyncio.StreamWriter(transport, proto, None, loop)
+        outbound: anyio.abc.ByteSendStream = _PipeSend(writer)
+    except ValueError:  # stdout is a regular file
+        outbound = FileWriteStream(protocol_out)
+    return inbound, outbound

@@ -1,0 +1,18 @@
+"""JSON-RPC and MCP error codes (basic/index, Error Codes)."""
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+
+HEADER_MISMATCH = -32020
+MISSING_REQUIRED_CLIENT_CAPABILITY = -32021
+UNSUPPORTED_PROTOCOL_VERSION = -32022
+
+# Our own local failures (backend down, timeout, overload) sit outside the JSON-RPC reserved
+# range as the spec asks, so a client can never mistake them for a protocol error of the peer.
+BACKEND_UNAVAILABLE = -31001
+BACKEND_TIMEOUT = -31002
+BACKEND_PROTOCOL_ERROR = -31003
+GATEWAY_OVERLOADED = -31004

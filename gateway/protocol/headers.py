@@ -1,0 +1,221 @@
+"""Mirrored request headers of Streamable HTTP (transports/streamable-http, Request Metadata).
+
+Pure: the frontend checks what a client sent against the body, the backend derives the headers
+for the body it actually sends, and both use the same value encoding.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from gateway.protocol import jsonrpc, meta
+from gateway.protocol.jsonrpc import Message
+
+PROTOCOL_VERSION = "MCP-Protocol-Version"
+METHOD = "Mcp-Method"
+NAME = "Mcp-Name"
+PARAM_PREFIX = "Mcp-Param-"
+
+# Methods whose Mcp-Name is required, and the params field it mirrors.
+NAME_SOURCE: Mapping[str, str] = {
+    "tools/call": "name",
+    "prompts/get": "name",
+    "resources/read": "uri",
+}
+
+_SENTINEL_PREFIX = "=?base64?"
+_SENTINEL_SUFFIX = "?="
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_SAFE_VALUE = re.compile(r"^[\x20-\x7e\t]*$")
+# JavaScript's safe integer range bounds integer parameters mirrored into headers.
+_MAX_SAFE_INT = 2**53 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class ParamHeader:
+    """One `x-mcp-header` annotation: the header's name part and the argument path it mirrors."""
+
+    name: str
+    path: tuple[str, ...]
+
+
+def encode_value(value: str) -> str:
+    plain = (
+        _SAFE_VALUE.match(value) is not None
+        and value == value.strip(" \t")
+        and not _is_sentinel(value)
+    )
+    if plain:
+        return value
+    return _SENTINEL_PREFIX + base64.b64encode(value.encode()).decode("ascii") + _SENTINEL_SUFFIX
+
+
+def decode_value(header: str) -> str | None:
+    """The value a header carries, or None when it is not a valid header value."""
+    if _SAFE_VALUE.match(header) is None:
+        return None
+    if not _is_sentinel(header):
+        return header
+    body = header[len(_SENTINEL_PREFIX) : -len(_SENTINEL_SUFFIX)]
+    try:
+        return base64.b64decode(body, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def _is_sentinel(value: str) -> bool:
+    return (
+        value.startswith(_SENTINEL_PREFIX)
+        and value.endswith(_SENTINEL_SUFFIX)
+        and len(value) >= len(_SENTINEL_PREFIX) + len(_SENTINEL_SUFFIX)
+    )
+
+
+def param_text(value: object) -> str | None:
+    """A primitive argument as header text; None for values that are not mirrored."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, str):
+        return value
+    return None
+
+
+def param_headers(input_schema: object) -> tuple[ParamHeader, ...] | str:
+    """The `x-mcp-header` annotations of a tool's inputSchema, or why the tool is invalid."""
+    found: list[ParamHeader] = []
+    problem = _collect(input_schema, (), found)
+    if problem:
+        return problem
+    if _count_annotations(input_schema) != len(found):
+        return "x-mcp-header is only allowed on properties reachable through 'properties' alone"
+    seen: set[str] = set()
+    for header in found:
+        if header.name.lower() in seen:
+            return f"x-mcp-header {header.name!r} is not unique"
+        seen.add(header.name.lower())
+    return tuple(found)
+
+
+def _collect(schema: object, path: tuple[str, ...], found: list[ParamHeader]) -> str | None:
+    if not isinstance(schema, dict):
+        return None
+    if "x-mcp-header" in schema and path:
+        name = schema["x-mcp-header"]
+        if not isinstance(name, str) or _TOKEN.match(name) is None:
+            return f"x-mcp-header at {'.'.join(path)} is not an HTTP token"
+        if schema.get("type") not in ("string", "integer", "boolean"):
+            return f"x-mcp-header at {'.'.join(path)} is not on a string, integer or boolean"
+        found.append(ParamHeader(name, path))
+    props = schema.get("properties")
+    if isinstance(props, dict):
+        for key, sub in props.items():
+            problem = _collect(sub, (*path, key), found)
+            if problem:
+                return problem
+    return None
+
+
+def _count_annotations(node: object) -> int:
+    if isinstance(node, dict):
+        own = 1 if "x-mcp-header" in node else 0
+        return own + sum(_count_annotations(v) for v in node.values())
+    if isinstance(node, list):
+        return sum(_count_annotations(v) for v in node)
+    return 0
+
+
+def _at_path(arguments: object, path: Iterable[str]) -> object:
+    node = arguments
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def derive(msg: Message, params_spec: Iterable[ParamHeader] = ()) -> dict[str, str]:
+    """The mirrored headers for a request body, as a client must send them."""
+    out = {METHOD: str(msg.get("method", ""))}
+    version = jsonrpc.meta(msg).get(meta.PROTOCOL_VERSION)
+    if isinstance(version, str):
+        out[PROTOCOL_VERSION] = version
+    source = NAME_SOURCE.get(out[METHOD])
+    if source is not None:
+        value = jsonrpc.params(msg).get(source)
+        if isinstance(value, str):
+            out[NAME] = encode_value(value)
+    arguments = jsonrpc.params(msg).get("arguments")
+    for spec in params_spec:
+        text = param_text(_at_path(arguments, spec.path))
+        if text is not None:
+            out[PARAM_PREFIX + spec.name] = encode_value(text)
+    return out
+
+
+HeaderGetter = Callable[[str], list[str]]
+
+
+def check(
+    get_all: HeaderGetter, msg: Message, params_spec: Iterable[ParamHeader] | None = None
+) -> str | None:
+    """Compare a client's mirrored headers with its body; the mismatch described, or None.
+
+    `get_all(name)` returns every value of a header (case-insensitive), so duplicates show.
+    `params_spec` is None when the tool's schema is unknown: Mcp-Param-* are then not checked.
+    """
+    params = jsonrpc.params(msg)
+    version = jsonrpc.meta(msg).get(meta.PROTOCOL_VERSION)
+    method = msg.get("method")
+    problem = _compare(get_all(PROTOCOL_VERSION), PROTOCOL_VERSION, _text(version), raw=True)
+    problem = problem or _compare(get_all(METHOD), METHOD, _text(method), raw=True)
+    source = NAME_SOURCE.get(str(method))
+    if source is not None:
+        problem = problem or _compare(get_all(NAME), NAME, _text(params.get(source)), required=True)
+    if problem or params_spec is None:
+        return problem
+    arguments = params.get("arguments")
+    for spec in params_spec:
+        header = PARAM_PREFIX + spec.name
+        body = param_text(_at_path(arguments, spec.path))
+        problem = _compare(get_all(header), header, body, required=False)
+        if problem:
+            return problem
+    return None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _compare(
+    values: list[str], name: str, body: str | None, *, raw: bool = False, required: bool = True
+) -> str | None:
+    if len(values) > 1:
+        return f"{name} header appears more than once"
+    if not values:
+        return f"{name} header is missing" if required or body is not None else None
+    header = values[0] if raw and _SAFE_VALUE.match(values[0]) else decode_value(values[0])
+    if header is None:
+        return f"{name} header value is not a valid header value"
+    if body is None:
+        # The body lacks the field entirely; the `_meta` check reports that with its own code.
+        return None if name == PROTOCOL_VERSION else f"{name} header has no counterpart in the body"
+    if header != body and not _same_number(header, body):
+        return f"{name} header value {header!r} does not match body value {body!r}"
+    return None
+
+
+def _same_number(a: str, b: str) -> bool:
+    try:
+        x, y = float(a), float(b)
+    except ValueError:
+        return False
+    return x == y and abs(y) <= _MAX_SAFE_INT

@@ -1,0 +1,117 @@
+"""JSON-RPC 2.0 framing: decode one message, classify it, build replies.
+
+Messages stay the dicts orjson gives us; only the fields routing needs are read.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.protocol import codes
+
+Message = dict[str, Any]
+RequestId = str | int
+
+
+class Kind(enum.Enum):
+    REQUEST = "request"
+    NOTIFICATION = "notification"
+    RESPONSE = "response"
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """Why bytes could not become a usable message; `id` is set when it was readable."""
+
+    code: int
+    message: str
+    id: RequestId | None = None
+
+
+def decode(raw: bytes | str) -> Message | Invalid:
+    """Parse one JSON-RPC message; never raises."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return Invalid(codes.PARSE_ERROR, f"Parse error: {exc}")
+    if isinstance(value, list):
+        return Invalid(codes.INVALID_REQUEST, "Batch requests are not supported")
+    if not isinstance(value, dict):
+        return Invalid(codes.INVALID_REQUEST, "A JSON-RPC message must be an object")
+    problem = _shape_problem(value)
+    if problem is not None:
+        raw_id = value.get("id")
+        readable = (
+            raw_id if isinstance(raw_id, (str, int)) and not isinstance(raw_id, bool) else None
+        )
+        return Invalid(codes.INVALID_REQUEST, problem, readable)
+    return value
+
+
+def _shape_problem(msg: Message) -> str | None:
+    if msg.get("jsonrpc") != "2.0":
+        return 'The "jsonrpc" member must be exactly "2.0"'
+    if "id" in msg and not _valid_id(msg["id"]):
+        return 'The "id" member must be a string or an integer'
+    if "method" in msg:
+        if not isinstance(msg["method"], str):
+            return 'The "method" member must be a string'
+        params = msg.get("params")
+        if params is not None and not isinstance(params, dict):
+            return 'The "params" member must be an object'
+        return None
+    if "id" not in msg:
+        return "A message needs a method or an id"
+    if ("result" in msg) == ("error" in msg):
+        return "A response carries exactly one of result and error"
+    return None
+
+
+def _valid_id(value: object) -> bool:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def kind(msg: Message) -> Kind:
+    if "method" in msg:
+        return Kind.REQUEST if "id" in msg else Kind.NOTIFICATION
+    return Kind.RESPONSE
+
+
+def params(msg: Message) -> dict[str, Any]:
+    value = msg.get("params")
+    return value if isinstance(value, dict) else {}
+
+
+def meta(msg: Message) -> dict[str, Any]:
+    value = params(msg).get("_meta")
+    return value if isinstance(value, dict) else {}
+
+
+def encode(msg: Message) -> bytes:
+    return orjson.dumps(msg)
+
+
+def error(id_: RequestId | None, code: int, message: str, data: Any = None) -> Message:
+    err: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        err["data"] = data
+    reply: Message = {"jsonrpc": "2.0", "error": err}
+    if id_ is not None:
+        reply["id"] = id_
+    return reply
+
+
+def result(id_: RequestId, value: dict[str, Any]) -> Message:
+    return {"jsonrpc": "2.0", "id": id_, "result": value}
+
+
+def error_code(msg: Message) -> int | None:
+    err = msg.get("error")
+    if isinstance(err, dict) and isinstance(err.get("code"), int):
+        code: int = err["code"]
+        return code
+    return None

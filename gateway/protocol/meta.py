@@ -1,0 +1,56 @@
+"""Per-request `_meta` fields of the modern era (basic/index, `_meta`; basic/versioning)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.protocol import codes, jsonrpc
+from gateway.protocol.jsonrpc import Message
+
+PROTOCOL_VERSION = "io.modelcontextprotocol/protocolVersion"
+CLIENT_INFO = "io.modelcontextprotocol/clientInfo"
+CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+LOG_LEVEL = "io.modelcontextprotocol/logLevel"
+SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
+SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+PROGRESS_TOKEN = "progressToken"
+
+MODERN_VERSION = "2026-07-28"
+# Versions the gateway serves to its clients, newest first.
+SUPPORTED_VERSIONS: tuple[str, ...] = (MODERN_VERSION,)
+
+
+def unsupported_version(id_: jsonrpc.RequestId | None, requested: object) -> Message:
+    return jsonrpc.error(
+        id_,
+        codes.UNSUPPORTED_PROTOCOL_VERSION,
+        "Unsupported protocol version",
+        {"supported": list(SUPPORTED_VERSIONS), "requested": requested},
+    )
+
+
+def check_request(msg: Message) -> Message | None:
+    """The error reply for a request whose `_meta` a modern server must refuse, else None."""
+    id_ = msg.get("id")
+    meta = jsonrpc.params(msg).get("_meta")
+    if not isinstance(meta, dict):
+        return jsonrpc.error(id_, codes.INVALID_PARAMS, "params._meta is required")
+    version = meta.get(PROTOCOL_VERSION)
+    if not isinstance(version, str):
+        return jsonrpc.error(id_, codes.INVALID_PARAMS, f"_meta[{PROTOCOL_VERSION!r}] is required")
+    if version not in SUPPORTED_VERSIONS:
+        return unsupported_version(id_, version)
+    if not isinstance(meta.get(CLIENT_CAPABILITIES), dict):
+        return jsonrpc.error(
+            id_, codes.INVALID_PARAMS, f"_meta[{CLIENT_CAPABILITIES!r}] must be an object"
+        )
+    return None
+
+
+def gateway_meta(client_info: dict[str, Any]) -> dict[str, Any]:
+    """The `_meta` the gateway puts on requests it makes on its own behalf."""
+    return {
+        PROTOCOL_VERSION: MODERN_VERSION,
+        CLIENT_INFO: client_info,
+        CLIENT_CAPABILITIES: {},
+    }

@@ -1,0 +1,200 @@
+"""Test backend built on the official `mcp` SDK (v2, MCPServer) speaking MCP 2026-07-28.
+
+Usage:
+    python tests/servers/sdk_server.py stdio [--page-size N]
+    python tests/servers/sdk_server.py http --port N [--json] [--page-size N]
+
+HTTP mode serves Streamable HTTP at http://127.0.0.1:N/mcp and prints `READY <port>`
+once the socket accepts connections (`--port 0` binds an ephemeral port).
+`--page-size 0` disables tools/list pagination.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import anyio
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
+from mcp_types import INVALID_PARAMS
+from pydantic import Field
+
+warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
+
+EXTRA_TOOLS = 30
+
+
+class ToolsPager:
+    """Middleware slicing MCPServer's unpaginated tools/list result into pages."""
+
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+
+    async def __call__(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        if ctx.method != "tools/list" or self.page_size <= 0:
+            return await call_next(ctx)
+        cursor = (ctx.params or {}).get("cursor")
+        start = 0
+        if cursor is not None:
+            if not isinstance(cursor, str) or not cursor.isdigit():
+                raise MCPError(code=INVALID_PARAMS, message="Invalid cursor")
+            start = int(cursor)
+        result = await call_next(ctx)
+        assert isinstance(result, dict)
+        tools: list[Any] = result["tools"]
+        end = start + self.page_size
+        page = dict(result, tools=tools[start:end])
+        if end < len(tools):
+            page["nextCursor"] = str(end)
+        return page
+
+
+def _constant(value: str) -> Callable[[], str]:
+    def tool() -> str:
+        return value
+
+    return tool
+
+
+def build_server(page_size: int) -> MCPServer:
+    mcp = MCPServer(
+        "sdk-test-server",
+        version="1.0.0",
+        log_level="WARNING",
+        middleware=[ToolsPager(page_size)],
+    )
+
+    @mcp.tool()
+    def echo(text: str) -> str:
+        """Return the text unchanged."""
+        return text
+
+    @mcp.tool()
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    @mcp.tool()
+    async def slow(seconds: float, ctx: Context, steps: int = 3) -> str:
+        """Sleep `seconds` in total, reporting progress `steps` times."""
+        steps = max(steps, 1)
+        for i in range(1, steps + 1):
+            await anyio.sleep(seconds / steps)
+            await ctx.report_progress(i, steps, f"step {i}/{steps}")
+        return "done"
+
+    @mcp.tool()
+    def boom() -> str:
+        """Always fail with a tool error."""
+        raise ToolError("boom")
+
+    @mcp.tool()
+    async def log(text: str, ctx: Context) -> str:
+        """Emit a notifications/message log entry for this request."""
+        await ctx.info(text, logger_name="sdk_server")
+        return "logged"
+
+    @mcp.tool()
+    def whoami() -> str:
+        """Return the server process id."""
+        return str(os.getpid())
+
+    @mcp.tool()
+    def regional(
+        region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})],
+        query: str,
+    ) -> str:
+        """Answer a query for a region (region is mirrored into Mcp-Param-Region)."""
+        return f"{region}:{query}"
+
+    for i in range(EXTRA_TOOLS):
+        name = f"t{i:02d}"
+        mcp.add_tool(_constant(name), name=name, description=f"Trivial tool {name}.")
+
+    @mcp.resource("mem://greeting", mime_type="text/plain")
+    def greeting() -> str:
+        return "hello"
+
+    @mcp.resource("mem://items/{id}", mime_type="text/plain")
+    def item(id: str) -> str:
+        return f"item {id}"
+
+    @mcp.prompt()
+    def greet(name: str) -> str:
+        """Greet someone."""
+        return f"Hello, {name}!"
+
+    return mcp
+
+
+async def serve_stdio(mcp: MCPServer) -> None:
+    async with anyio.create_task_group() as tg:
+
+        async def on_sigterm() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+                async for _ in signals:
+                    os._exit(0)
+
+        tg.start_soon(on_sigterm)
+        await mcp.run_stdio_async()
+        tg.cancel_scope.cancel()
+
+
+async def serve_http(mcp: MCPServer, port: int, json_response: bool) -> None:
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(128)
+    app = mcp.streamable_http_app(json_response=json_response, host="127.0.0.1")
+    config = uvicorn.Config(
+        app, log_level="warning", timeout_graceful_shutdown=1, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+
+    async def announce() -> None:
+        while not server.started:
+            await anyio.sleep(0.01)
+        print(f"READY {sock.getsockname()[1]}", flush=True)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(announce)
+        await server.serve(sockets=[sock])
+        tg.cancel_scope.cancel()
+    sock.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("transport", choices=["stdio", "http"])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument(
+        "--json", action="store_true", help="HTTP: always application/json, no SSE"
+    )
+    parser.add_argument("--page-size", type=int, default=10)
+    args = parser.parse_args(argv)
+    mcp = build_server(args.page_size)
+    if args.transport == "stdio":
+        anyio.run(serve_stdio, mcp)
+    else:
+        # uvicorn re-raises a captured SIGTERM after its graceful shutdown; a no-op
+        # handler makes that re-raise harmless so the process exits with status 0.
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        anyio.run(serve_http, mcp, args.port, args.json)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
