@@ -142,15 +142,17 @@ class _Check:
     def __init__(self, reader: _Reader) -> None:
         self.r = reader
 
-    def mapping(self, value: Any, path: tuple[str, ...], keys: set[str]) -> dict[str, Any]:
+    def mapping(
+        self, value: Any, path: tuple[str, ...], keys: set[str] | None = None
+    ) -> dict[str, Any]:
         if value is None:
             return {}
         if not isinstance(value, dict):
             self.r.problem(path, "must be a mapping")
             return {}
-        for key in value:
-            if key not in keys:
-                allowed = ", ".join(sorted(keys))
+        if keys is not None:
+            allowed = ", ".join(sorted(keys))
+            for key in value.keys() - keys:
                 self.r.problem(path + (key,), f"unknown key (expected one of: {allowed})")
         return value
 
@@ -291,7 +293,7 @@ def parse(text: str, source: str = "<config>", env: Mapping[str, str] | None = N
     top = check.mapping(raw, (), {"listen", "backends"})
     listen = _listen(check, top.get("listen"))
     backends: list[BackendConfig] = []
-    for name, body in check.mapping(top.get("backends"), ("backends",), set()).items() or ():
+    for name, body in check.mapping(top.get("backends"), ("backends",)).items():
         backend = _backend(check, name, body)
         if backend is not None:
             backends.append(backend)

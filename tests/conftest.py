@@ -1,0 +1,87 @@
+"""Shared fixtures: real backends and gateways, started once per module where they are costly.
+
+The parity matrix: every `target` is a way to reach the same SDK test server, directly or
+through the gateway, so each parity test proves the gateway transparent on every pairing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from mcp import StdioServerParameters
+
+from tests.support import (
+    gateway_command,
+    http_backend,
+    sdk_stdio_command,
+    start_gateway_http,
+    start_sdk_http,
+    stdio_backend,
+    write_config,
+)
+
+
+
+@dataclass(frozen=True)
+class Target:
+    pairing: str
+    server: StdioServerParameters | str
+
+    @property
+    def through_gateway(self) -> bool:
+        return "_to_" in self.pairing
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def sdk_http() -> Iterator[str]:
+    proc, url = start_sdk_http()
+    yield url
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def config_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("configs")
+
+
+def _stdio_params(command: list[str]) -> StdioServerParameters:
+    return StdioServerParameters(command=command[0], args=command[1:])
+
+
+PAIRINGS = [
+    "direct_stdio",
+    "direct_http",
+    "stdio_to_stdio",
+    "stdio_to_http",
+    "http_to_stdio",
+    "http_to_http",
+]
+
+
+@pytest.fixture(scope="session", params=PAIRINGS)
+def target(request: pytest.FixtureRequest, sdk_http: str, config_dir: Path) -> Iterator[Target]:
+    """How a client reaches the SDK test server: directly, or through the gateway."""
+    pairing: str = request.param
+    if pairing == "direct_stdio":
+        yield Target(pairing, _stdio_params(sdk_stdio_command()))
+        return
+    if pairing == "direct_http":
+        yield Target(pairing, sdk_http)
+        return
+    front, _, back = pairing.partition("_to_")
+    backend = stdio_backend(sdk_stdio_command()) if back == "stdio" else http_backend(sdk_http)
+    config = write_config(config_dir, {"sdk": backend}, http=front == "http", stdio=front == "stdio")
+    if front == "stdio":
+        yield Target(pairing, _stdio_params(gateway_command(config)))
+        return
+    proc, url = start_gateway_http(config)
+    yield Target(pairing, url)
+    proc.stop()

@@ -1,0 +1,129 @@
+"""Real processes for tests: start, wait for a line with a bound, stop without leaks."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+SDK_SERVER = str(ROOT / "tests" / "servers" / "sdk_server.py")
+# Every wait in the suite is bounded by this; nothing sleeps.
+BOUND = 5.0
+# Process start-up (interpreter + imports) is slower than a wait on an event; still bounded.
+START_BOUND = 20.0
+
+
+class Proc:
+    """A child process whose stdout/stderr lines are collected by threads, so pipes never fill."""
+
+    def __init__(self, args: Sequence[str], *, stdin: bool = False, env: dict[str, str] | None = None):
+        self.args = list(args)
+        self.popen = subprocess.Popen(
+            self.args,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+        )
+        self.lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self._changed = threading.Condition()
+        self._closed = 0
+        for name in ("stdout", "stderr"):
+            stream = getattr(self.popen, name)
+            threading.Thread(target=self._pump, args=(name, stream), daemon=True).start()
+
+    def _pump(self, name: str, stream: object) -> None:
+        for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
+            with self._changed:
+                self.lines[name].append(raw.decode(errors="replace").rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._closed += 1
+            self._changed.notify_all()
+
+    def wait_for(self, pattern: str, stream: str = "stderr", timeout: float = START_BOUND) -> re.Match[str]:
+        regex = re.compile(pattern)
+        with self._changed:
+            end = time.monotonic() + timeout
+            while True:
+                for line in self.lines[stream]:
+                    if m := regex.search(line):
+                        return m
+                left = end - time.monotonic()
+                if left <= 0 or (self.popen.poll() is not None and self._drained()):
+                    raise AssertionError(
+                        f"{pattern!r} not seen on {stream} of {self.args}:\n" + self.output()
+                    )
+                self._changed.wait(min(left, 0.5))
+
+    def _drained(self) -> bool:
+        return self._closed == 2
+
+    def output(self) -> str:
+        return "\n".join(self.lines["stdout"] + ["--- stderr ---"] + self.lines["stderr"])
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(BOUND)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(BOUND)
+        for stream in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
+            if stream is not None:
+                stream.close()
+        return self.popen.returncode
+
+
+def start_sdk_http(*extra: str) -> tuple[Proc, str]:
+    proc = Proc([PYTHON, SDK_SERVER, "http", "--port", "0", *extra])
+    port = proc.wait_for(r"READY (\d+)", stream="stdout").group(1)
+    return proc, f"http://127.0.0.1:{port}/mcp"
+
+
+def sdk_stdio_command(*extra: str) -> list[str]:
+    return [PYTHON, SDK_SERVER, "stdio", *extra]
+
+
+def stdio_backend(command: Sequence[str], **extra: object) -> dict[str, object]:
+    return {"stdio": {"command": command[0], "args": list(command[1:])}, **extra}
+
+
+def http_backend(url: str, **extra: object) -> dict[str, object]:
+    return {"http": {"url": url}, **extra}
+
+
+def write_config(
+    directory: Path, backends: dict[str, dict[str, object]], *, http: bool, stdio: bool = False,
+    http_extra: dict[str, object] | None = None,
+) -> Path:
+    listen: dict[str, object] = {}
+    if http:
+        listen["http"] = {"host": "127.0.0.1", "port": 0, "path": "/mcp", **(http_extra or {})}
+    if stdio:
+        listen["stdio"] = True
+    path = directory / f"gateway-{len(list(directory.glob('gateway-*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump({"listen": listen, "backends": backends}))
+    return path
+
+
+def gateway_command(config: Path, *extra: str) -> list[str]:
+    return [PYTHON, "-m", "gateway", "run", "--config", str(config), "--log-level", "debug", *extra]
+
+
+def start_gateway_http(config: Path) -> tuple[Proc, str]:
+    proc = Proc(gateway_command(config))
+    url = proc.wait_for(r"listening on (http://\S+)").group(1)
+    return proc, url

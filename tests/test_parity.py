@@ -1,0 +1,176 @@
+"""The same assertions against the SDK test server directly and through the gateway, for every
+front-end/back-end pairing (`target` in conftest). Spec sections are named per test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, MCPError
+from mcp_types import TextContent, TextResourceContents
+
+from tests.conftest import Target
+from tests.support import BOUND
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+TOOL_NAMES = {"echo", "add", "slow", "boom", "log", "whoami", "regional"} | {
+    f"t{i:02d}" for i in range(30)
+}
+
+
+@asynccontextmanager
+async def connect(target: Target, **options: Any) -> AsyncIterator[Client]:
+    with anyio.fail_after(3 * BOUND):
+        async with Client(target.server, **options) as client:
+            yield client
+
+
+def text_of(result: Any) -> str:
+    block = result.content[0]
+    assert isinstance(block, TextContent)
+    return block.text
+
+
+async def test_discover_reports_version_and_capabilities(target: Target) -> None:
+    """server/discover (server/discover, DiscoverResult)."""
+    async with connect(target) as client:
+        assert client.protocol_version == "2026-07-28"
+        caps = client.server_capabilities
+        assert caps is not None
+        assert caps.tools is not None and caps.resources is not None and caps.prompts is not None
+        expected = "mcp-gateway" if target.through_gateway else "sdk-test-server"
+        assert client.server_info is not None and client.server_info.name == expected
+
+
+async def test_tools_list_paginates_to_the_full_catalog(target: Target) -> None:
+    """tools/list with cursors (server/utilities/pagination)."""
+    async with connect(target) as client:
+        names: list[str] = []
+        cursor: str | None = None
+        pages = 0
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            names += [t.name for t in page.tools]
+            pages += 1
+            if (cursor := page.next_cursor) is None:
+                break
+        assert pages == 4
+        assert set(names) == TOOL_NAMES and len(names) == len(TOOL_NAMES)
+
+
+async def test_forged_cursor_is_invalid_params(target: Target) -> None:
+    async with connect(target) as client:
+        with pytest.raises(MCPError) as caught:
+            await client.list_tools(cursor="not-a-cursor")
+        assert caught.value.code == -32602
+
+
+async def test_call_tool_returns_content_and_structured_content(target: Target) -> None:
+    """tools/call (server/tools, Calling Tools)."""
+    async with connect(target) as client:
+        echoed = await client.call_tool("echo", {"text": "héllo wörld"})
+        assert text_of(echoed) == "héllo wörld" and not echoed.is_error
+        added = await client.call_tool("add", {"a": 2, "b": 40})
+        assert added.structured_content == {"result": 42}
+
+
+async def test_tool_failure_is_a_result_not_an_error(target: Target) -> None:
+    async with connect(target) as client:
+        result = await client.call_tool("boom")
+        assert result.is_error
+
+
+async def test_x_mcp_header_tool_is_callable(target: Target) -> None:
+    """Custom headers from tool parameters (transports/streamable-http)."""
+    async with connect(target) as client:
+        await client.list_tools()
+        result = await client.call_tool("regional", {"region": "eu-west", "query": "q"})
+        assert text_of(result) == "eu-west:q"
+
+
+async def test_resources_read_and_templates(target: Target) -> None:
+    """resources/read (server/resources)."""
+    async with connect(target) as client:
+        listed = await client.list_resources()
+        assert [str(r.uri) for r in listed.resources] == ["mem://greeting"]
+        templates = await client.list_resource_templates()
+        assert [t.uri_template for t in templates.resource_templates] == ["mem://items/{id}"]
+        read = await client.read_resource("mem://greeting")
+        contents = read.contents[0]
+        assert isinstance(contents, TextResourceContents) and contents.text == "hello"
+        item = (await client.read_resource("mem://items/7")).contents[0]
+        assert isinstance(item, TextResourceContents) and "7" in item.text
+
+
+async def test_unknown_resource_is_invalid_params(target: Target) -> None:
+    """resources, Error Handling: unknown resource is -32602."""
+    async with connect(target) as client:
+        with pytest.raises(MCPError) as caught:
+            await client.read_resource("mem://missing")
+        assert caught.value.code == -32602
+
+
+async def test_prompts_list_and_get(target: Target) -> None:
+    """prompts/get (server/prompts)."""
+    async with connect(target) as client:
+        prompts = await client.list_prompts()
+        assert [p.name for p in prompts.prompts] == ["greet"]
+        got = await client.get_prompt("greet", {"name": "Ann"})
+        content = got.messages[0].content
+        assert isinstance(content, TextContent) and content.text == "Hello, Ann!"
+
+
+async def test_progress_arrives_in_order_before_the_result(target: Target) -> None:
+    """basic/patterns/progress: request-scoped notifications precede the response."""
+    seen: list[tuple[float, float | None]] = []
+
+    async def on_progress(progress: float, total: float | None, _: str | None) -> None:
+        seen.append((progress, total))
+
+    async with connect(target) as client:
+        result = await client.call_tool(
+            "slow", {"seconds": 0.1, "steps": 3}, progress_callback=on_progress
+        )
+        assert text_of(result) == "done"
+    assert seen == [(1.0, 3.0), (2.0, 3.0), (3.0, 3.0)]
+
+
+async def test_log_messages_reach_the_request_that_asked(target: Target) -> None:
+    """server/utilities/logging: per-request log level."""
+    logs: list[Any] = []
+
+    async def on_log(params: Any) -> None:
+        logs.append(params.data)
+
+    async with connect(target, log_level="info", logging_callback=on_log) as client:
+        result = await client.call_tool("log", {"text": "ping"})
+        assert text_of(result) == "logged"
+    assert logs == ["ping"]
+
+
+async def test_concurrent_clients_get_their_own_replies(target: Target) -> None:
+    """Many clients, many calls in flight at once, every reply to its own caller."""
+    failures: list[str] = []
+
+    async def one_client(n: int) -> None:
+        async with connect(target) as client:
+
+            async def call(k: int) -> None:
+                text = f"client{n}-call{k}"
+                result = await client.call_tool("echo", {"text": text})
+                if text_of(result) != text:
+                    failures.append(f"{text} got {text_of(result)}")
+
+            async with anyio.create_task_group() as tg:
+                for k in range(8):
+                    tg.start_soon(call, k)
+
+    with anyio.fail_after(6 * BOUND):
+        async with anyio.create_task_group() as tg:
+            for n in range(4):
+                tg.start_soon(one_client, n)
+    assert failures == []
