@@ -77,12 +77,12 @@ class Gateway:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        with anyio.CancelScope(shield=True):
-            if self._runner is not None:
+        if self._runner is not None:
+            with anyio.CancelScope(shield=True):
                 await self._runner.cleanup()
-            assert self._tg is not None
-            self._tg.cancel_scope.cancel()
-            await self._tg.__aexit__(exc_type, exc, tb)
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        await self._tg.__aexit__(exc_type, exc, tb)
 
     async def serve_stdio(
         self, inbound: anyio.abc.ByteReceiveStream, outbound: anyio.abc.ByteSendStream

@@ -55,6 +55,11 @@ def _load_or_exit(path: Path) -> Config:
 
 
 def _run(config: Config) -> None:
+    if len(config.backends) != 1:
+        click.echo(
+            "error: this version serves exactly one backend (namespacing is coming)", err=True
+        )
+        sys.exit(2)
     with contextlib.suppress(KeyboardInterrupt):
         anyio.run(app.run, config)
 

@@ -92,6 +92,9 @@ class _Reader:
         self.source = source
         self.env = env
         self.lines: dict[tuple[str, ...], int] = {}
+        # The source text of each scalar: header values and env entries are strings even when
+        # YAML 1.1 would read them as booleans or numbers (`yes`, `on`, `0755`).
+        self.text: dict[tuple[str, ...], str] = {}
         self.problems: list[str] = []
         self._scalars = yaml.SafeLoader("")
 
@@ -109,7 +112,8 @@ class _Reader:
             return [self.value(v, path + (str(i),)) for i, v in enumerate(node.value)]
         scalar = self._scalars.construct_object(node)
         if isinstance(scalar, str):
-            return self.interpolate(scalar, path)
+            scalar = self.interpolate(scalar, path)
+        self.text[path] = scalar if isinstance(scalar, str) else str(node.value)
         return scalar
 
     def interpolate(self, text: str, path: tuple[str, ...]) -> str:
@@ -199,7 +203,7 @@ class _Check:
             if isinstance(item, (dict, list)) or item is None:
                 self.r.problem(path + (key,), "must be a string")
             else:
-                out[key] = str(item).lower() if isinstance(item, bool) else str(item)
+                out[key] = item if isinstance(item, str) else self.r.text[path + (key,)]
         return out
 
 

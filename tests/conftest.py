@@ -24,7 +24,6 @@ from tests.support import (
 )
 
 
-
 @dataclass(frozen=True)
 class Target:
     pairing: str
@@ -78,7 +77,9 @@ def target(request: pytest.FixtureRequest, sdk_http: str, config_dir: Path) -> I
         return
     front, _, back = pairing.partition("_to_")
     backend = stdio_backend(sdk_stdio_command()) if back == "stdio" else http_backend(sdk_http)
-    config = write_config(config_dir, {"sdk": backend}, http=front == "http", stdio=front == "stdio")
+    config = write_config(
+        config_dir, {"sdk": backend}, http=front == "http", stdio=front == "stdio"
+    )
     if front == "stdio":
         yield Target(pairing, _stdio_params(gateway_command(config)))
         return

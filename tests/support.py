@@ -26,7 +26,9 @@ START_BOUND = 20.0
 class Proc:
     """A child process whose stdout/stderr lines are collected by threads, so pipes never fill."""
 
-    def __init__(self, args: Sequence[str], *, stdin: bool = False, env: dict[str, str] | None = None):
+    def __init__(
+        self, args: Sequence[str], *, stdin: bool = False, env: dict[str, str] | None = None
+    ):
         self.args = list(args)
         self.popen = subprocess.Popen(
             self.args,
@@ -52,7 +54,9 @@ class Proc:
             self._closed += 1
             self._changed.notify_all()
 
-    def wait_for(self, pattern: str, stream: str = "stderr", timeout: float = START_BOUND) -> re.Match[str]:
+    def wait_for(
+        self, pattern: str, stream: str = "stderr", timeout: float = START_BOUND
+    ) -> re.Match[str]:
         regex = re.compile(pattern)
         with self._changed:
             end = time.monotonic() + timeout
@@ -106,7 +110,11 @@ def http_backend(url: str, **extra: object) -> dict[str, object]:
 
 
 def write_config(
-    directory: Path, backends: dict[str, dict[str, object]], *, http: bool, stdio: bool = False,
+    directory: Path,
+    backends: dict[str, dict[str, object]],
+    *,
+    http: bool,
+    stdio: bool = False,
     http_extra: dict[str, object] | None = None,
 ) -> Path:
     listen: dict[str, object] = {}

@@ -55,8 +55,9 @@ class Server:
         return message
 
     def request(self, rid: int | str, method: str, **params: Any) -> dict[str, Any]:
-        self.send({"jsonrpc": "2.0", "id": rid, "method": method,
-                   "params": {"_meta": META, **params}})
+        self.send(
+            {"jsonrpc": "2.0", "id": rid, "method": method, "params": {"_meta": META, **params}}
+        )
         reply = self.recv()
         assert reply["id"] == rid
         return reply
@@ -127,16 +128,32 @@ def test_unknown_tool_is_protocol_error(server: Server) -> None:
 
 
 def test_version_and_meta_errors(server: Server) -> None:
-    server.send({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
-        "io.modelcontextprotocol/protocolVersion": "1999-01-01",
-        "io.modelcontextprotocol/clientCapabilities": {}}}})
+    server.send(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/list",
+            "params": {
+                "_meta": {
+                    "io.modelcontextprotocol/protocolVersion": "1999-01-01",
+                    "io.modelcontextprotocol/clientCapabilities": {},
+                }
+            },
+        }
+    )
     reply = server.recv()
     assert error_code(reply) == -32022
     assert reply["error"]["data"] == {"supported": [VERSION], "requested": "1999-01-01"}
     server.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}})
     assert error_code(server.recv()) == -32602
-    server.send({"jsonrpc": "2.0", "id": 3, "method": "initialize",
-                 "params": {"protocolVersion": "2025-11-25"}})
+    server.send(
+        {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25"},
+        }
+    )
     assert error_code(server.recv()) == -32022
     assert error_code(server.request(4, "no/such/method")) == -32601
 
@@ -170,9 +187,18 @@ def test_prompts(server: Server) -> None:
 
 
 def test_sleep_reports_progress(server: Server) -> None:
-    server.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": "sleep", "arguments": {"seconds": 0.1},
-        "_meta": {**META, "progressToken": "p"}}})
+    server.send(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {
+                "name": "sleep",
+                "arguments": {"seconds": 0.1},
+                "_meta": {**META, "progressToken": "p"},
+            },
+        }
+    )
     note = server.recv()
     assert note["method"] == "notifications/progress" and note["params"]["progressToken"] == "p"
     assert note["params"]["progress"] == note["params"]["total"] == 0.1
@@ -181,12 +207,19 @@ def test_sleep_reports_progress(server: Server) -> None:
 
 def test_slow_call_does_not_block_and_can_be_cancelled() -> None:
     srv = Server()
-    srv.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call", "params": {
-        "name": "sleep", "arguments": {"seconds": 30}, "_meta": META}})
+    srv.send(
+        {
+            "jsonrpc": "2.0",
+            "id": "slow",
+            "method": "tools/call",
+            "params": {"name": "sleep", "arguments": {"seconds": 30}, "_meta": META},
+        }
+    )
     # Answered while the sleep is still running.
     assert srv.request("fast", "tools/call", name="echo", arguments={"text": "x"})["result"]
-    srv.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
-              "params": {"requestId": "slow"}})
+    srv.send(
+        {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "slow"}}
+    )
     # Exits within the timeout only if the 30 s sleep was really stopped.
     try:
         assert srv.close() == 0

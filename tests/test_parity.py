@@ -128,7 +128,7 @@ async def test_progress_arrives_in_order_before_the_result(target: Target) -> No
     """basic/patterns/progress: request-scoped notifications precede the response."""
     seen: list[tuple[float, float | None]] = []
 
-    async def on_progress(progress: float, total: float | None, _: str | None) -> None:
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         seen.append((progress, total))
 
     async with connect(target) as client:

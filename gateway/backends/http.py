@@ -74,10 +74,16 @@ class HttpBackend:
 
     async def notify(self, msg: Message) -> None:
         session = self._require_session()
-        async with session.post(
-            self._url, data=jsonrpc.encode(msg), headers=self._headers(msg, ())
-        ) as resp:
-            await resp.read()
+        try:
+            with anyio.fail_after(self._request_timeout):
+                async with session.post(
+                    self._url, data=jsonrpc.encode(msg), headers=self._headers(msg, ())
+                ) as resp:
+                    await resp.read()
+        except TimeoutError:
+            raise BackendTimeout(self.name, "notification not accepted in time") from None
+        except aiohttp.ClientError as exc:
+            raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
 
     def _require_session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -99,7 +105,7 @@ class HttpBackend:
                     # this request is cancelled (streamable-http, Cancellation).
                     resp.close()
                     raise
-        except aiohttp.ClientConnectionError as exc:
+        except aiohttp.ClientError as exc:
             raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
 
     async def _read_reply(

@@ -261,11 +261,10 @@ class StdioBackend:
         pending = _Pending(msg["id"], token, meta.LOG_LEVEL in req_meta, send, recv)
         self._pending[bid] = pending
         try:
-            with anyio.fail_after(self._request_timeout):
+            with send, recv, anyio.fail_after(self._request_timeout):
                 await self._write(out)
-                async with recv:
-                    async for note in recv:
-                        await sink(note)
+                async for note in recv:
+                    await sink(note)
         except TimeoutError:
             await self._cancel_on_child(bid, "timed out at the gateway")
             raise BackendTimeout(self.name, f"no reply within {self._request_timeout:g}s") from None

@@ -60,6 +60,7 @@ class Dispatcher:
             return errors.to_wire(exc, msg["id"])
 
     async def notify(self, msg: Message) -> None:
+        """Forward a client notification; failures are logged, never raised (nobody awaits it)."""
         if msg["method"] in LOCAL_NOTIFICATIONS:
             return
         try:

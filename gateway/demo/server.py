@@ -12,7 +12,6 @@ import math
 import os
 import sys
 from collections.abc import AsyncIterable, Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
@@ -43,41 +42,80 @@ class RpcError(Exception):
 
 
 def _version_error(requested: object) -> RpcError:
-    return RpcError(-32022, "Unsupported protocol version",
-                    {"supported": [VERSION], "requested": requested})
+    return RpcError(
+        -32022, "Unsupported protocol version", {"supported": [VERSION], "requested": requested}
+    )
 
 
 def _obj(props: JSON, required: list[str]) -> JSON:
-    return {"type": "object", "properties": props, "required": required,
-            "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": props,
+        "required": required,
+        "additionalProperties": False,
+    }
 
 
 TOOLS: list[JSON] = [
-    {"name": "echo", "title": "Echo", "description": "Return the given text unchanged.",
-     "inputSchema": _obj({"text": {"type": "string", "description": "Text to echo"}}, ["text"])},
-    {"name": "add", "title": "Add integers", "description": "Add two integers.",
-     "inputSchema": _obj({k: {"type": "integer", "minimum": -SAFE_INT // 2,
-                              "maximum": SAFE_INT // 2} for k in ("a", "b")}, ["a", "b"]),
-     "outputSchema": _obj({"sum": {"type": "integer"}}, ["sum"])},
-    {"name": "sleep", "title": "Sleep",
-     "description": "Wait the given seconds (max 30), reporting progress each second.",
-     "inputSchema": _obj({"seconds": {"type": "number", "minimum": 0, "maximum": 30}},
-                         ["seconds"])},
-    {"name": "utc_now", "title": "Current UTC time",
-     "description": "Return the current UTC time in ISO 8601 format.",
-     "inputSchema": _obj({}, [])},
+    {
+        "name": "echo",
+        "title": "Echo",
+        "description": "Return the given text unchanged.",
+        "inputSchema": _obj({"text": {"type": "string", "description": "Text to echo"}}, ["text"]),
+    },
+    {
+        "name": "add",
+        "title": "Add integers",
+        "description": "Add two integers.",
+        "inputSchema": _obj(
+            {
+                k: {"type": "integer", "minimum": -SAFE_INT // 2, "maximum": SAFE_INT // 2}
+                for k in ("a", "b")
+            },
+            ["a", "b"],
+        ),
+        "outputSchema": _obj({"sum": {"type": "integer"}}, ["sum"]),
+    },
+    {
+        "name": "sleep",
+        "title": "Sleep",
+        "description": "Wait the given seconds (max 30), reporting progress each second.",
+        "inputSchema": _obj(
+            {"seconds": {"type": "number", "minimum": 0, "maximum": 30}}, ["seconds"]
+        ),
+    },
+    {
+        "name": "utc_now",
+        "title": "Current UTC time",
+        "description": "Return the current UTC time in ISO 8601 format.",
+        "inputSchema": _obj({}, []),
+    },
 ]
 RESOURCES: list[JSON] = [
-    {"uri": "demo://readme", "name": "readme", "title": "About this demo",
-     "description": "What the demo server offers", "mimeType": "text/markdown"},
+    {
+        "uri": "demo://readme",
+        "name": "readme",
+        "title": "About this demo",
+        "description": "What the demo server offers",
+        "mimeType": "text/markdown",
+    },
 ]
 TEMPLATES: list[JSON] = [
-    {"uriTemplate": "demo://echo/{text}", "name": "echo", "title": "Echo resource",
-     "description": "Reading demo://echo/<text> returns <text>", "mimeType": "text/plain"},
+    {
+        "uriTemplate": "demo://echo/{text}",
+        "name": "echo",
+        "title": "Echo resource",
+        "description": "Reading demo://echo/<text> returns <text>",
+        "mimeType": "text/plain",
+    },
 ]
 PROMPTS: list[JSON] = [
-    {"name": "summarize", "title": "Summarize text", "description": "Ask for a short summary.",
-     "arguments": [{"name": "text", "description": "Text to summarize", "required": True}]},
+    {
+        "name": "summarize",
+        "title": "Summarize text",
+        "description": "Ask for a short summary.",
+        "arguments": [{"name": "text", "description": "Text to summarize", "required": True}],
+    },
 ]
 README = """# mcp-gateway demo server
 
@@ -99,9 +137,10 @@ def _structured(value: JSON) -> JSON:
 
 
 def _type_ok(value: object, kind: str) -> bool:
-    # bool is an int subclass in Python but never a JSON integer or number.
+    # bool is an int subclass in Python but never a JSON integer or number (and no demo
+    # argument is a boolean).
     if isinstance(value, bool):
-        return kind == "boolean"
+        return False
     if kind == "number":
         return isinstance(value, int | float) and math.isfinite(value)
     return isinstance(value, {"string": str, "integer": int}[kind])
@@ -164,7 +203,7 @@ def paginate(key: str, items: list[JSON], params: JSON) -> JSON:
             offset = -1
         if not 0 <= offset <= len(items):
             raise RpcError(-32602, "Invalid cursor", {"cursor": cursor})
-    page: JSON = {key: items[offset:offset + PAGE_SIZE], **CACHE}
+    page: JSON = {key: items[offset : offset + PAGE_SIZE], **CACHE}
     if offset + PAGE_SIZE < len(items):
         page["nextCursor"] = _cursor(offset + PAGE_SIZE)
     return page
@@ -176,7 +215,11 @@ def read_resource(params: JSON) -> JSON:
         content = {"uri": uri, "mimeType": "text/markdown", "text": README}
     elif isinstance(uri, str) and uri.startswith("demo://echo/"):
         # RFC 6570 simple expansion percent-encodes the value, so decode it back.
-        content = {"uri": uri, "mimeType": "text/plain", "text": unquote(uri[len("demo://echo/"):])}
+        content = {
+            "uri": uri,
+            "mimeType": "text/plain",
+            "text": unquote(uri[len("demo://echo/") :]),
+        }
     else:
         raise RpcError(-32602, "Resource not found", {"uri": uri})
     return {"contents": [content], **CACHE}
@@ -190,15 +233,20 @@ def get_prompt(params: JSON) -> JSON:
     if not isinstance(text, str):
         raise RpcError(-32602, "Missing required argument: text")
     prompt = f"Please summarize the following text in a few sentences:\n\n{text}"
-    return {"description": "Summarize text",
-            "messages": [{"role": "user", "content": {"type": "text", "text": prompt}}]}
+    return {
+        "description": "Summarize text",
+        "messages": [{"role": "user", "content": {"type": "text", "text": prompt}}],
+    }
 
 
 def discover(params: JSON) -> JSON:
-    return {"supportedVersions": [VERSION],
-            "capabilities": {"tools": {}, "resources": {}, "prompts": {}},
-            "instructions": "Demo server: echo/add/sleep/utc_now tools, demo:// resources, "
-                            "and a summarize prompt.", **CACHE}
+    return {
+        "supportedVersions": [VERSION],
+        "capabilities": {"tools": {}, "resources": {}, "prompts": {}},
+        "instructions": "Demo server: echo/add/sleep/utc_now tools, demo:// resources, "
+        "and a summarize prompt.",
+        **CACHE,
+    }
 
 
 METHODS: dict[str, Callable[[JSON], JSON]] = {
@@ -230,21 +278,15 @@ def checked_params(msg: JSON) -> JSON:
     return params
 
 
-@dataclass(frozen=True)
-class Outcome:
-    reply: JSON
-    delay: float = 0.0
-
-
 def error_reply(rid: RequestId | None, exc: RpcError) -> JSON:
-    error: JSON = {"code": exc.code, "message": exc.message}
-    if exc.data is not None:
-        error["data"] = exc.data
-    reply: JSON = {"jsonrpc": "2.0", "error": error}
-    return reply if rid is None else {**reply, "id": rid}
+    data = {} if exc.data is None else {"data": exc.data}
+    error = {"code": exc.code, "message": exc.message, **data}
+    # A line we could not read has no id to echo, so the reply carries none.
+    return {"jsonrpc": "2.0", **({} if rid is None else {"id": rid}), "error": error}
 
 
-def handle_request(msg: JSON) -> Outcome:
+def handle_request(msg: JSON) -> tuple[JSON, float]:
+    """Return the reply to one request and how long to wait (with progress) before sending it."""
     rid: RequestId = msg["id"]
     try:
         params = checked_params(msg)
@@ -255,12 +297,15 @@ def handle_request(msg: JSON) -> Outcome:
         else:
             raise RpcError(-32601, f"Method not found: {msg['method']}")
     except RpcError as exc:
-        return Outcome(error_reply(rid, exc))
+        return error_reply(rid, exc), 0.0
     except Exception as exc:  # a bug in a handler must cost one request, not the whole server
-        return Outcome(error_reply(rid, RpcError(-32603, f"Internal error: {exc}")))
+        return error_reply(rid, RpcError(-32603, f"Internal error: {exc}")), 0.0
     meta = {"_meta": {"io.modelcontextprotocol/serverInfo": SERVER_INFO}}
-    return Outcome({"jsonrpc": "2.0", "id": rid,
-                    "result": {"resultType": "complete", **result, **meta}}, delay)
+    return {
+        "jsonrpc": "2.0",
+        "id": rid,
+        "result": {"resultType": "complete", **result, **meta},
+    }, delay
 
 
 def classify(line: bytes) -> tuple[str, JSON]:
@@ -288,9 +333,16 @@ def progress_token(msg: JSON) -> RequestId | None:
 
 
 def progress(token: RequestId, done: float, total: float) -> JSON:
-    return {"jsonrpc": "2.0", "method": "notifications/progress",
-            "params": {"progressToken": token, "progress": done, "total": total,
-                       "message": f"{done:g} of {total:g} seconds"}}
+    return {
+        "jsonrpc": "2.0",
+        "method": "notifications/progress",
+        "params": {
+            "progressToken": token,
+            "progress": done,
+            "total": total,
+            "message": f"{done:g} of {total:g} seconds",
+        },
+    }
 
 
 async def wait_with_progress(seconds: float, token: RequestId | None, send: Send) -> None:
@@ -303,23 +355,19 @@ async def wait_with_progress(seconds: float, token: RequestId | None, send: Send
             await send(progress(token, done, seconds))
 
 
-async def run_request(msg: JSON, scope: anyio.CancelScope, send: Send) -> None:
-    with scope:
-        # A cancellation that arrived before this task started takes effect here.
-        await anyio.lowlevel.checkpoint()
-        outcome = handle_request(msg)
-        if outcome.delay > 0:
-            await wait_with_progress(outcome.delay, progress_token(msg), send)
-        await send(outcome.reply)
-
-
 async def serve(lines: AsyncIterable[bytes], send: Send) -> None:
     """Answer requests concurrently until input ends, then let in-flight ones finish."""
     inflight: dict[RequestId, anyio.CancelScope] = {}
 
-    async def tracked(msg: JSON, scope: anyio.CancelScope) -> None:
+    async def run(msg: JSON, scope: anyio.CancelScope) -> None:
         try:
-            await run_request(msg, scope, send)
+            with scope:  # once cancelled, nothing more is sent for this id
+                # A cancellation that arrived before this task started takes effect here.
+                await anyio.lowlevel.checkpoint()
+                reply, delay = handle_request(msg)
+                if delay > 0:
+                    await wait_with_progress(delay, progress_token(msg), send)
+                await send(reply)
         finally:
             if inflight.get(msg["id"]) is scope:
                 del inflight[msg["id"]]
@@ -331,11 +379,11 @@ async def serve(lines: AsyncIterable[bytes], send: Send) -> None:
                 await send(msg)
             elif kind == "request":
                 inflight[msg["id"]] = scope = anyio.CancelScope()
-                tg.start_soon(tracked, msg, scope)
+                tg.start_soon(run, msg, scope)
             elif kind == "notification" and msg["method"] == "notifications/cancelled":
                 params = msg.get("params")
                 rid = params.get("requestId") if isinstance(params, dict) else None
-                if isinstance(rid, str | int) and rid in inflight:
+                if type(rid) in (str, int) and rid in inflight:
                     inflight[rid].cancel()
 
 

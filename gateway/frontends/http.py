@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
 from aiohttp import web
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from gateway import errors
 from gateway.config import HttpListen
@@ -33,6 +36,10 @@ SSE_HEADERS = {
 }
 # Notifications buffered between a backend and a slow SSE reader before the backend side waits.
 STREAM_BUFFER = 64
+# A reply that comes within this window goes out as plain JSON; after it, the response turns into
+# an SSE stream so that idle-timeouts of intermediaries see bytes during long calls.
+JSON_WINDOW = 10.0
+KEEPALIVE_INTERVAL = 15.0
 
 
 def make_app(dispatcher: Dispatcher, listen: HttpListen) -> web.Application:
@@ -81,9 +88,9 @@ def _guard(request: web.Request, listen: HttpListen) -> web.Response | None:
 
 
 def _accepts(request: web.Request) -> bool:
-    kinds = {
-        part.split(";")[0].strip().lower() for part in request.headers.get("Accept", "").split(",")
-    }
+    # Accept is a list field: several header lines mean the same as one comma-separated line.
+    accept = ",".join(request.headers.getall("Accept", []))
+    kinds = {part.split(";")[0].strip().lower() for part in accept.split(",")}
     if "*/*" in kinds:
         return True
     return "application/json" in kinds and "text/event-stream" in kinds
@@ -144,21 +151,50 @@ async def _answer(request: web.Request, msg: Message, dispatcher: Dispatcher) ->
         await send.send((False, note))
 
     async def work() -> None:
-        async with send:
+        with send:
             reply = await dispatcher.handle(msg, sink)
             await send.send((True, reply))
 
-    response: web.StreamResponse
-    async with anyio.create_task_group() as tg, recv:
+    with send, recv:
+        return await _relay(request, work, recv)
+
+
+async def _relay(
+    request: web.Request,
+    work: Callable[[], Coroutine[Any, Any, None]],
+    recv: MemoryObjectReceiveStream[tuple[bool, Message]],
+) -> web.StreamResponse:
+    """Answer with JSON if the reply comes quickly and alone, else as an SSE stream."""
+    async with anyio.create_task_group() as tg:
         tg.start_soon(work)
-        final, first = await recv.receive()
-        if final:
-            response = _reply(errors.http_status(first), first)
-        else:
-            response = web.StreamResponse(status=200, headers=SSE_HEADERS)
-            await response.prepare(request)
-            await response.write(sse.event(jsonrpc.encode(first)))
-            async for _, item in recv:
-                await response.write(sse.event(jsonrpc.encode(item)))
-            await response.write_eof()
+        first: tuple[bool, Message] | None = None
+        with anyio.move_on_after(JSON_WINDOW):
+            first = await recv.receive()
+        if first is not None and first[0]:
+            return _reply(errors.http_status(first[1]), first[1])
+        response = web.StreamResponse(status=200, headers=SSE_HEADERS)
+        await response.prepare(request)
+        if first is not None:
+            await response.write(sse.event(jsonrpc.encode(first[1])))
+        await _stream(response, recv)
     return response
+
+
+async def _stream(
+    response: web.StreamResponse, recv: MemoryObjectReceiveStream[tuple[bool, Message]]
+) -> None:
+    """Relay notifications then the reply; quiet periods get SSE comments as keep-alives."""
+    while True:
+        item: tuple[bool, Message] | None = None
+        with anyio.move_on_after(KEEPALIVE_INTERVAL):
+            try:
+                item = await recv.receive()
+            except anyio.EndOfStream:
+                break
+        if item is None:
+            await response.write(sse.KEEPALIVE)
+            continue
+        await response.write(sse.event(jsonrpc.encode(item[1])))
+        if item[0]:
+            break
+    await response.write_eof()

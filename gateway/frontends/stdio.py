@@ -82,7 +82,8 @@ class StdioFrontend:
             if msg["method"] == "notifications/cancelled":
                 self._cancel(jsonrpc.params(msg).get("requestId"))
             else:
-                await self._dispatcher.notify(msg)
+                # In its own task: a backend slow to take a notification must not stop the reading.
+                tg.start_soon(self._dispatcher.notify, msg)
         else:
             log.debug("stdin: ignored a response for id %r", msg["id"])
 

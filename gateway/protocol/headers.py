@@ -31,6 +31,7 @@ _SENTINEL_PREFIX = "=?base64?"
 _SENTINEL_SUFFIX = "?="
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _SAFE_VALUE = re.compile(r"^[\x20-\x7e\t]*$")
+_NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?$")
 # JavaScript's safe integer range bounds integer parameters mirrored into headers.
 _MAX_SAFE_INT = 2**53 - 1
 
@@ -41,6 +42,7 @@ class ParamHeader:
 
     name: str
     path: tuple[str, ...]
+    integer: bool = False
 
 
 def encode_value(value: str) -> str:
@@ -111,9 +113,10 @@ def _collect(schema: object, path: tuple[str, ...], found: list[ParamHeader]) ->
         name = schema["x-mcp-header"]
         if not isinstance(name, str) or _TOKEN.match(name) is None:
             return f"x-mcp-header at {'.'.join(path)} is not an HTTP token"
-        if schema.get("type") not in ("string", "integer", "boolean"):
+        kind = schema.get("type")
+        if kind not in ("string", "integer", "boolean"):
             return f"x-mcp-header at {'.'.join(path)} is not on a string, integer or boolean"
-        found.append(ParamHeader(name, path))
+        found.append(ParamHeader(name, path, integer=kind == "integer"))
     props = schema.get("properties")
     if isinstance(props, dict):
         for key, sub in props.items():
@@ -185,7 +188,7 @@ def check(
     for spec in params_spec:
         header = PARAM_PREFIX + spec.name
         body = param_text(_at_path(arguments, spec.path))
-        problem = _compare(get_all(header), header, body, required=False)
+        problem = _compare(get_all(header), header, body, required=False, integer=spec.integer)
         if problem:
             return problem
     return None
@@ -196,7 +199,13 @@ def _text(value: object) -> str | None:
 
 
 def _compare(
-    values: list[str], name: str, body: str | None, *, raw: bool = False, required: bool = True
+    values: list[str],
+    name: str,
+    body: str | None,
+    *,
+    raw: bool = False,
+    required: bool = True,
+    integer: bool = False,
 ) -> str | None:
     if len(values) > 1:
         return f"{name} header appears more than once"
@@ -208,14 +217,14 @@ def _compare(
     if body is None:
         # The body lacks the field entirely; the `_meta` check reports that with its own code.
         return None if name == PROTOCOL_VERSION else f"{name} header has no counterpart in the body"
-    if header != body and not _same_number(header, body):
+    if header != body and not (integer and _same_integer(header, body)):
         return f"{name} header value {header!r} does not match body value {body!r}"
     return None
 
 
-def _same_number(a: str, b: str) -> bool:
-    try:
-        x, y = float(a), float(b)
-    except ValueError:
+def _same_integer(header: str, body: str) -> bool:
+    """Integer parameters compare by value (`42.0` equals `42`), within JavaScript's safe range."""
+    if not _NUMBER.match(header):
         return False
-    return x == y and abs(y) <= _MAX_SAFE_INT
+    value = float(header)
+    return value.is_integer() and abs(value) <= _MAX_SAFE_INT and str(int(value)) == body

@@ -159,13 +159,11 @@ async def serve_http(mcp: MCPServer, port: int, json_response: bool) -> None:
     sock.bind(("127.0.0.1", port))
     sock.listen(128)
     app = mcp.streamable_http_app(json_response=json_response, host="127.0.0.1")
-    config = uvicorn.Config(
-        app, log_level="warning", timeout_graceful_shutdown=1, lifespan="on"
-    )
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1, lifespan="on")
     server = uvicorn.Server(config)
 
     async def announce() -> None:
-        while not server.started:
+        while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for "started"
             await anyio.sleep(0.01)
         print(f"READY {sock.getsockname()[1]}", flush=True)
 
@@ -180,9 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("transport", choices=["stdio", "http"])
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument(
-        "--json", action="store_true", help="HTTP: always application/json, no SSE"
-    )
+    parser.add_argument("--json", action="store_true", help="HTTP: always application/json, no SSE")
     parser.add_argument("--page-size", type=int, default=10)
     args = parser.parse_args(argv)
     mcp = build_server(args.page_size)

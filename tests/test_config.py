@@ -1,0 +1,130 @@
+"""Config: YAML validated with line-accurate errors, ${ENV} interpolation; the CLI around it."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigInvalid, HttpTarget, StdioTarget, parse
+from tests.support import PYTHON, ROOT, START_BOUND
+
+GOOD = """\
+listen:
+  http: {host: 127.0.0.1, port: 8080, path: /mcp}
+  stdio: true
+backends:
+  time:  {stdio: {command: mcp-server-time, args: [], env: {TZ: UTC}, cwd: null}}
+  docs:  {http:  {url: "https://example.com/mcp", headers: {Authorization: "Bearer ${DOCS_TOKEN}"}}}
+"""
+
+
+def test_the_issue_example_parses_with_env_interpolation() -> None:
+    config = parse(GOOD, env={"DOCS_TOKEN": "s3cret"})
+    assert config.listen.stdio and config.listen.http is not None
+    assert config.listen.http.port == 8080
+    time, docs = config.backends
+    assert isinstance(time.target, StdioTarget) and time.target.env == {"TZ": "UTC"}
+    assert isinstance(docs.target, HttpTarget)
+    assert docs.target.headers == {"Authorization": "Bearer s3cret"}
+
+
+def test_env_default_is_used_when_unset() -> None:
+    text = GOOD.replace("${DOCS_TOKEN}", "${DOCS_TOKEN:-anonymous}")
+    docs = parse(text, env={}).backends[1]
+    assert isinstance(docs.target, HttpTarget)
+    assert docs.target.headers["Authorization"] == "Bearer anonymous"
+
+
+def test_header_and_env_values_keep_their_yaml_text() -> None:
+    """YAML 1.1 reads `yes` as true and `0755` as a number; a header value is text."""
+    text = (
+        "listen: {stdio: true}\n"
+        "backends:\n"
+        "  a: {http: {url: 'http://x', headers: {X-On: yes, X-Mode: 0755}}}\n"
+    )
+    target = parse(text, env={}).backends[0].target
+    assert isinstance(target, HttpTarget)
+    assert target.headers == {"X-On": "yes", "X-Mode": "0755"}
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(ConfigInvalid) as caught:
+        parse(text, "c.yaml", env={})
+    return caught.value.problems
+
+
+def test_every_problem_is_reported_with_its_line() -> None:
+    found = problems(
+        "listen:\n"
+        "  http: {port: 99999}\n"
+        "backends:\n"
+        "  a:\n"
+        "    stdio: {args: [x]}\n"
+        "  b:\n"
+        "    http: {url: ftp://nope}\n"
+        "    colour: blue\n"
+        "  c:\n"
+        "    http: {url: 'http://x/${MISSING}'}\n"
+    )
+    assert any(p.startswith("c.yaml:2: listen.http.port") for p in found), found
+    assert any(p.startswith("c.yaml:5: backends.a.stdio.command") for p in found), found
+    assert any(p.startswith("c.yaml:7: backends.b.http.url") for p in found), found
+    assert any(p.startswith("c.yaml:8: backends.b.colour") for p in found), found
+    assert any(p.startswith("c.yaml:10: backends.c.http.url") and "MISSING" in p for p in found)
+    assert len(found) == 5
+
+
+def test_yaml_syntax_error_names_the_line() -> None:
+    assert problems("listen:\n  http: {port: 1\nbackends: {}\n")[0].startswith("c.yaml:")
+
+
+def test_a_backend_needs_exactly_one_transport() -> None:
+    found = problems("listen: {stdio: true}\nbackends:\n  a: {}\n")
+    assert found == ["c.yaml:3: backends.a: needs exactly one of stdio or http"]
+
+
+def test_no_front_end_and_no_backend_are_errors() -> None:
+    found = problems("listen: {}\n")
+    assert len(found) == 2
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "-m", "gateway", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=START_BOUND,
+        check=False,
+    )
+
+
+def test_check_config_prints_what_would_run(tmp_path: Path) -> None:
+    path = tmp_path / "ok.yaml"
+    path.write_text(GOOD.replace("${DOCS_TOKEN}", "${DOCS_TOKEN:-x}"))
+    done = run_cli("check-config", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "backend time: stdio" in done.stdout and "backend docs: http" in done.stdout
+    assert "Bearer" not in done.stdout  # secrets are not printed
+
+
+def test_check_config_exits_2_with_line_accurate_errors(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("listen: {stdio: true}\nbackends:\n  a: {stdio: {command: 5}}\n")
+    done = run_cli("check-config", str(path))
+    assert done.returncode == 2
+    assert f"{path}:3: backends.a.stdio.command" in done.stderr
+
+
+def test_the_bundled_demo_config_is_valid() -> None:
+    done = run_cli("check-config", str(ROOT / "gateway" / "demo" / "config.yaml"))
+    assert done.returncode == 0, done.stderr
+    assert "backend demo: stdio" in done.stdout
+
+
+@pytest.mark.parametrize("command", ["run", "connect", "expose", "check-config"])
+def test_every_command_explains_itself(command: str) -> None:
+    done = run_cli(command, "--help")
+    assert done.returncode == 0 and "Usage:" in done.stdout

@@ -1,0 +1,154 @@
+"""Mirrored request headers (transports/streamable-http, Request Metadata): pure functions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.protocol import headers
+from gateway.protocol.headers import ParamHeader
+
+META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+def call(name: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+    params = {"name": name, "arguments": arguments or {}, "_meta": META}
+    return {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+
+
+@pytest.mark.parametrize(
+    ("value", "encoded"),
+    [
+        ("us-west1", "us-west1"),
+        ("Hello, 世界", "=?base64?SGVsbG8sIOS4lueVjA==?="),
+        (" padded ", "=?base64?IHBhZGRlZCA=?="),
+        ("line1\nline2", "=?base64?bGluZTEKbGluZTI=?="),
+        ("=?base64?literal?=", "=?base64?PT9iYXNlNjQ/bGl0ZXJhbD89?="),
+    ],
+)
+def test_value_encoding_follows_the_spec_examples(value: str, encoded: str) -> None:
+    """Value Encoding: plain ASCII as is, everything else in the base64 sentinel."""
+    assert headers.encode_value(value) == encoded
+    assert headers.decode_value(encoded) == value
+
+
+def test_invalid_sentinel_and_control_characters_do_not_decode() -> None:
+    assert headers.decode_value("=?base64?not base64!?=") is None
+    assert headers.decode_value("a\x01b") is None
+
+
+def test_param_headers_found_on_nested_properties() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "opts": {
+                "type": "object",
+                "properties": {"dry": {"type": "boolean", "x-mcp-header": "Dry-Run"}},
+            },
+        },
+    }
+    assert headers.param_headers(schema) == (
+        ParamHeader("Region", ("region",)),
+        ParamHeader("Dry-Run", ("opts", "dry")),
+    )
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"properties": {"a": {"type": "number", "x-mcp-header": "A"}}},
+        {"properties": {"a": {"type": "string", "x-mcp-header": "bad name"}}},
+        {"properties": {"a": {"type": "string", "x-mcp-header": ""}}},
+        {
+            "properties": {
+                "a": {"type": "string", "x-mcp-header": "Dup"},
+                "b": {"type": "string", "x-mcp-header": "dup"},
+            }
+        },
+        {"properties": {"a": {"type": "array", "items": {"type": "string", "x-mcp-header": "A"}}}},
+        {"properties": {"a": {"oneOf": [{"type": "string", "x-mcp-header": "A"}]}}},
+    ],
+    ids=["number", "not-a-token", "empty", "duplicate", "under-items", "under-oneOf"],
+)
+def test_invalid_annotations_make_the_tool_invalid(schema: dict[str, Any]) -> None:
+    """Schema Extension: constraints on x-mcp-header values."""
+    assert isinstance(headers.param_headers(schema), str)
+
+
+def test_derive_mirrors_method_name_and_params() -> None:
+    spec = (
+        ParamHeader("Region", ("region",)),
+        ParamHeader("N", ("n",), integer=True),
+        ParamHeader("X", ("x",)),
+    )
+    derived = headers.derive(call("café", {"region": "eu", "n": 42, "x": None}), spec)
+    assert derived == {
+        "Mcp-Method": "tools/call",
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Name": "=?base64?Y2Fmw6k=?=",
+        "Mcp-Param-Region": "eu",
+        "Mcp-Param-N": "42",
+    }
+
+
+def getter(sent: dict[str, list[str]]) -> headers.HeaderGetter:
+    lowered = {k.lower(): v for k, v in sent.items()}
+    return lambda name: lowered.get(name.lower(), [])
+
+
+BASE = {"MCP-Protocol-Version": ["2026-07-28"], "Mcp-Method": ["tools/call"]}
+
+
+def test_matching_headers_pass_including_an_encoded_name() -> None:
+    sent = {**BASE, "Mcp-Name": ["=?base64?Y2Fmw6k=?="]}
+    assert headers.check(getter(sent), call("café")) is None
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        {"Mcp-Method": ["tools/call"], "Mcp-Name": ["echo"]},
+        {**BASE, "Mcp-Name": ["other"]},
+        {**BASE},
+        {**BASE, "Mcp-Name": ["echo", "echo"]},
+        {**BASE, "Mcp-Method": ["tools/list"], "Mcp-Name": ["echo"]},
+        {**BASE, "MCP-Protocol-Version": ["2025-11-25"], "Mcp-Name": ["echo"]},
+    ],
+    ids=["no-version", "other-name", "no-name", "duplicate", "other-method", "other-version"],
+)
+def test_mismatches_are_reported(sent: dict[str, list[str]]) -> None:
+    """Server Validation: missing, different or duplicated routing headers."""
+    assert headers.check(getter(sent), call("echo")) is not None
+
+
+def test_param_headers_checked_against_arguments() -> None:
+    spec = (ParamHeader("Region", ("region",)), ParamHeader("N", ("n",), integer=True))
+    msg = call("q", {"region": "eu", "n": 42})
+    ok = {**BASE, "Mcp-Name": ["q"], "Mcp-Param-Region": ["eu"], "Mcp-Param-N": ["42.0"]}
+    assert headers.check(getter(ok), msg, spec) is None
+    missing = {**BASE, "Mcp-Name": ["q"], "Mcp-Param-N": ["42"]}
+    assert headers.check(getter(missing), msg, spec) is not None
+    unexpected = {**ok, "Mcp-Param-Region": ["eu"]}
+    assert headers.check(getter(unexpected), call("q", {"n": 42}), spec) is not None
+
+
+def test_only_integer_params_compare_by_value() -> None:
+    """Server Validation: integers numerically; strings exactly."""
+    spec = (ParamHeader("S", ("s",)),)
+    for sent in ("1e3", "1000.0", "1_000"):
+        headers_sent = {**BASE, "Mcp-Name": ["q"], "Mcp-Param-S": [sent]}
+        assert headers.check(getter(headers_sent), call("q", {"s": "1000"}), spec) is not None
+    integer = (ParamHeader("N", ("n",), integer=True),)
+    assert (
+        headers.check(
+            getter({**BASE, "Mcp-Name": ["q"], "Mcp-Param-N": ["1_000"]}),
+            call("q", {"n": 1000}),
+            integer,
+        )
+        is not None
+    )

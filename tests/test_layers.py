@@ -1,0 +1,80 @@
+"""The dependency rules of ARCHITECTURE.md, checked on the source so a violation fails CI."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "gateway"
+
+
+def modules() -> dict[str, ast.Module]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = ast.parse(path.read_text(), str(path))
+    return out
+
+
+MODULES = modules()
+
+
+def imports(tree: ast.Module) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def ours(name: str) -> set[str]:
+    return {i for i in imports(MODULES[name]) if i == "gateway" or i.startswith("gateway.")}
+
+
+def in_layer(layer: str) -> list[str]:
+    return [m for m in MODULES if m == f"gateway.{layer}" or m.startswith(f"gateway.{layer}.")]
+
+
+@pytest.mark.parametrize("name", in_layer("protocol"))
+def test_protocol_imports_only_itself(name: str) -> None:
+    assert all(i.startswith("gateway.protocol") for i in ours(name))
+
+
+@pytest.mark.parametrize("name", in_layer("routing"))
+def test_routing_imports_only_protocol(name: str) -> None:
+    assert all(i.startswith(("gateway.protocol", "gateway.routing")) for i in ours(name))
+
+
+def test_config_is_a_leaf() -> None:
+    assert ours("gateway.config") == set()
+
+
+@pytest.mark.parametrize("name", in_layer("backends") + in_layer("frontends"))
+def test_transports_never_import_each_other_or_routing(name: str) -> None:
+    other = "frontends" if ".backends" in name else "backends"
+    assert not any(i.startswith((f"gateway.{other}", "gateway.routing")) for i in ours(name))
+
+
+@pytest.mark.parametrize("name", in_layer("core"))
+def test_core_sees_backends_only_through_the_protocol_class(name: str) -> None:
+    everything = imports(MODULES[name])
+    assert not any(i.startswith(("aiohttp", "subprocess", "gateway.frontends")) for i in everything)
+    assert all(i == "gateway.backends.base" for i in ours(name) if i.startswith("gateway.backends"))
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if m != "gateway.app"])
+def test_only_the_composition_root_touches_telemetry_sdks(name: str) -> None:
+    banned = ("opentelemetry.sdk", "prometheus_client")
+    assert not any(i.startswith(banned) for i in imports(MODULES[name]))
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_no_imports_inside_functions(name: str) -> None:
+    for node in ast.walk(MODULES[name]):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            nested = [n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))]
+            assert not nested, f"{name}.{node.name} imports inside a function"
