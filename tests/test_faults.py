@@ -171,6 +171,24 @@ async def wait_for_line(path: Path, match: Callable[[Message], bool]) -> Message
 # --- stdio backends ----------------------------------------------------------------------------
 
 
+async def test_child_gets_a_minimal_environment_plus_its_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gateway's own secrets stay out of a child unless the config names them."""
+    monkeypatch.setenv("GATEWAY_TEST_SECRET", "do-not-leak")
+    command = sdk_stdio_command()
+    stdio = {"command": command[0], "args": command[1:], "env": {"ONLY_FOR_CHILD": "given"}}
+    backend: dict[str, object] = {"stdio": stdio}
+    async with gateway(backend) as (_, session, url):
+        with anyio.fail_after(START_BOUND):
+            leaked = await post(session, url, call(1, "getenv", name="GATEWAY_TEST_SECRET"))
+            given = await post(session, url, call(2, "getenv", name="ONLY_FOR_CHILD"))
+            path = await post(session, url, call(3, "getenv", name="PATH"))
+    assert leaked["result"]["structuredContent"] == {"result": ""}
+    assert given["result"]["structuredContent"] == {"result": "given"}
+    assert path["result"]["structuredContent"]["result"] != ""
+
+
 async def test_backend_killed_mid_call_fails_fast_and_restarts() -> None:
     async with gateway(stdio_backend(sdk_stdio_command())) as (gw, session, url):
         with anyio.fail_after(START_BOUND):

@@ -17,7 +17,7 @@ from tests.support import BOUND
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-TOOL_NAMES = {"echo", "add", "slow", "boom", "log", "whoami", "regional"} | {
+TOOL_NAMES = {"echo", "add", "slow", "boom", "log", "whoami", "getenv", "regional"} | {
     f"t{i:02d}" for i in range(30)
 }
 

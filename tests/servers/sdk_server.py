@@ -111,6 +111,11 @@ def build_server(page_size: int) -> MCPServer:
         return str(os.getpid())
 
     @mcp.tool()
+    def getenv(name: str) -> str:
+        """Return an environment variable of the server process ('' when unset)."""
+        return os.environ.get(name, "")
+
+    @mcp.tool()
     def regional(
         region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})],
         query: str,
