@@ -11,12 +11,21 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 SDK_SERVER = str(ROOT / "tests" / "servers" / "sdk_server.py")
+RUDE_SERVER = str(ROOT / "tests" / "servers" / "rude_server.py")
+VERSION = "2026-07-28"
+# The per-request `_meta` every modern request carries (basic/index, `_meta`).
+META: dict[str, Any] = {
+    "io.modelcontextprotocol/protocolVersion": VERSION,
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+Message = dict[str, Any]
 # Every wait in the suite is bounded by this; nothing sleeps.
 BOUND = 5.0
 # Process start-up (interpreter + imports) is slower than a wait on an event; still bounded.
@@ -135,3 +144,22 @@ def start_gateway_http(config: Path) -> tuple[Proc, str]:
     proc = Proc(gateway_command(config))
     url = proc.wait_for(r"listening on (http://\S+)").group(1)
     return proc, url
+
+
+def request(
+    rid: int | str, method: str, params: dict[str, Any] | None = None, token: object = None
+) -> Message:
+    """A modern request; `token` becomes `_meta.progressToken`."""
+    req_meta = dict(META)
+    if token is not None:
+        req_meta["progressToken"] = token
+    return {
+        "jsonrpc": "2.0",
+        "id": rid,
+        "method": method,
+        "params": {**(params or {}), "_meta": req_meta},
+    }
+
+
+def call(rid: int | str, tool: str, token: object = None, **arguments: Any) -> Message:
+    return request(rid, "tools/call", {"name": tool, "arguments": arguments}, token)

@@ -30,41 +30,24 @@ from gateway import config as gateway_config
 from gateway.app import Gateway
 from gateway.backends.stdio import StdioBackend
 from gateway.protocol import codes
-from tests.support import BOUND, ROOT, sdk_stdio_command
+from tests.support import (
+    BOUND,
+    RUDE_SERVER,
+    VERSION,
+    call,
+    request,
+    sdk_stdio_command,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 Message = dict[str, Any]
 
-VERSION = "2026-07-28"
-META: dict[str, Any] = {
-    "io.modelcontextprotocol/protocolVersion": VERSION,
-    "io.modelcontextprotocol/clientCapabilities": {},
-}
-RUDE_SERVER = str(ROOT / "tests" / "servers" / "rude_server.py")
 # Interpreter + SDK import time of a freshly (re)started child; still bounded.
 START_BOUND = 20.0
 
 
 # --- building and sending requests ------------------------------------------------------------
-
-
-def request(
-    rid: int | str, method: str, params: dict[str, Any] | None = None, token: object = None
-) -> Message:
-    req_meta = dict(META)
-    if token is not None:
-        req_meta["progressToken"] = token
-    return {
-        "jsonrpc": "2.0",
-        "id": rid,
-        "method": method,
-        "params": {**(params or {}), "_meta": req_meta},
-    }
-
-
-def call(rid: int | str, tool: str, token: object = None, **arguments: Any) -> Message:
-    return request(rid, "tools/call", {"name": tool, "arguments": arguments}, token)
 
 
 def mirrored_headers(msg: Message) -> dict[str, str]:

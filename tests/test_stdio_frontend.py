@@ -19,11 +19,13 @@ import pytest
 
 from tests.support import (
     BOUND,
-    ROOT,
+    RUDE_SERVER,
     START_BOUND,
     Proc,
+    call,
     gateway_command,
     http_backend,
+    request,
     sdk_stdio_command,
     stdio_backend,
     write_config,
@@ -32,31 +34,6 @@ from tests.support import (
 pytestmark = [pytest.mark.slow]
 
 Message = dict[str, Any]
-
-VERSION = "2026-07-28"
-META: dict[str, Any] = {
-    "io.modelcontextprotocol/protocolVersion": VERSION,
-    "io.modelcontextprotocol/clientCapabilities": {},
-}
-RUDE_SERVER = str(ROOT / "tests" / "servers" / "rude_server.py")
-
-
-def request(
-    rid: str, method: str, params: dict[str, Any] | None = None, token: object = None
-) -> Message:
-    req_meta = dict(META)
-    if token is not None:
-        req_meta["progressToken"] = token
-    return {
-        "jsonrpc": "2.0",
-        "id": rid,
-        "method": method,
-        "params": {**(params or {}), "_meta": req_meta},
-    }
-
-
-def call(rid: str, tool: str, token: object = None, **arguments: Any) -> Message:
-    return request(rid, "tools/call", {"name": tool, "arguments": arguments}, token)
 
 
 def text_of(reply: Message) -> str:
