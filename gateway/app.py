@@ -20,6 +20,8 @@ from gateway.config import BackendConfig, Config, StdioTarget
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.frontends import http as http_frontend
 from gateway.frontends.stdio import StdioFrontend, open_process_stdio
+from gateway.routing.names import Naming, PrefixMode
+from gateway.routing.table import Exposure
 
 log = logging.getLogger("gateway")
 
@@ -28,10 +30,35 @@ INFO = GatewayInfo(name="mcp-gateway", version=__version__)
 HTTP_SHUTDOWN_GRACE = 5.0
 
 
+class StartupError(Exception):
+    """The configured backends cannot be served together (e.g. a name collision under `never`)."""
+
+
 def make_backend(config: BackendConfig) -> Backend:
     if isinstance(config.target, StdioTarget):
         return StdioBackend(config)
     return HttpBackend(config)
+
+
+def make_exposure(config: BackendConfig) -> Exposure:
+    return Exposure(
+        backend=config.name,
+        namespace=config.effective_namespace,
+        allow=config.allow_tools,
+        deny=config.deny_tools,
+        rename=dict(config.rename_tools),
+        strict_headers=not isinstance(config.target, StdioTarget),
+    )
+
+
+def make_naming(config: Config) -> Naming:
+    n = config.namespacing
+    return Naming(
+        mode=PrefixMode(n.prefix),
+        separator=n.separator,
+        max_length=n.max_name_length,
+        backends=len(config.backends),
+    )
 
 
 class Gateway:
@@ -41,7 +68,13 @@ class Gateway:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.backends = [make_backend(b) for b in config.backends]
-        self.dispatcher = Dispatcher(self.backends, INFO)
+        self.dispatcher = Dispatcher(
+            self.backends,
+            [make_exposure(b) for b in config.backends],
+            make_naming(config),
+            INFO,
+            config.on_backend_failure,
+        )
         self._runner: web.AppRunner | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self.http_url: str | None = None
@@ -51,9 +84,22 @@ class Gateway:
         await self._tg.__aenter__()
         for backend in self.backends:
             self._tg.start_soon(backend.run, name=f"backend {backend.name}")
-        if self.config.listen.http is not None:
-            await self._start_http()
+        try:
+            await self._load_catalogs()
+            if self.config.listen.http is not None:
+                await self._start_http()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
         return self
+
+    async def _load_catalogs(self) -> None:
+        """Learn every backend's catalog before serving, so the first requests route and a
+        collision under prefix mode `never` stops the start with both backends named."""
+        await self.dispatcher.catalogs.load_all()
+        collisions = self.dispatcher.catalogs.table.collisions
+        if collisions and self.config.namespacing.prefix == "never":
+            raise StartupError("; ".join(collisions))
 
     async def _start_http(self) -> None:
         listen = self.config.listen.http

@@ -23,6 +23,7 @@ from gateway.config import (
     StdioTarget,
     describe,
     load,
+    load_mcp_json,
 )
 
 PYTHON_VAR = "MCP_GATEWAY_PYTHON"
@@ -45,9 +46,14 @@ def demo_config_path() -> Path:
     return Path(str(resources.files("gateway.demo").joinpath("config.yaml")))
 
 
-def _load_or_exit(path: Path) -> Config:
+def listen_only_config_path() -> Path:
+    return Path(str(resources.files("gateway.demo").joinpath("listen.yaml")))
+
+
+def _load_or_exit(path: Path, mcp_json: Path | None = None) -> Config:
     try:
-        return load(path, _config_env())
+        extra = load_mcp_json(mcp_json) if mcp_json is not None else ()
+        return load(path, _config_env(), extra)
     except ConfigInvalid as exc:
         for problem in exc.problems:
             click.echo(f"error: {problem}", err=True)
@@ -90,11 +96,24 @@ def main() -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="YAML config file. Without it, the bundled demo config (HTTP on 127.0.0.1:8080/mcp).",
 )
+@click.option(
+    "--mcp-json",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also serve the servers of a host's mcp.json ('mcpServers': command/args/env or "
+    "url/headers). With it and no --config, only those servers, on 127.0.0.1:8080/mcp.",
+)
 @log_level
-def run(config_path: Path | None, log_level: str) -> None:
-    """Run the front ends and backends a config names, until SIGINT/SIGTERM."""
+def run(config_path: Path | None, mcp_json: Path | None, log_level: str) -> None:
+    """Run the front ends and backends a config names, until SIGINT/SIGTERM.
+
+    Several backends are merged into one server: their tools, prompts and resources are
+    namespaced (`{backend}_{name}`, URIs as `mcp-gateway://{backend}/{uri}`) per the config's
+    `namespacing` section.
+    """
     _setup_logging(log_level)
-    _run(_load_or_exit(config_path or demo_config_path()))
+    if config_path is None and mcp_json is not None:
+        config_path = listen_only_config_path()
+    _run(_load_or_exit(config_path or demo_config_path(), mcp_json))
 
 
 def _parse_header(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
 DEFAULT_HTTP_HOST = "127.0.0.1"
@@ -73,6 +74,25 @@ class BackendConfig:
     target: StdioTarget | HttpTarget
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    namespace: str = ""  # empty: the backend's name
+    allow_tools: tuple[str, ...] = ()
+    deny_tools: tuple[str, ...] = ()
+    rename_tools: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def effective_namespace(self) -> str:
+        return self.namespace or self.name
+
+
+PREFIX_MODES = ("auto", "always", "never")
+FAILURE_POLICIES = ("fail_open", "fail_closed")
+
+
+@dataclass(frozen=True)
+class Namespacing:
+    prefix: str = "auto"
+    separator: str = "_"
+    max_name_length: int = 64
 
 
 @dataclass(frozen=True)
@@ -80,6 +100,8 @@ class Config:
     listen: Listen
     backends: tuple[BackendConfig, ...]
     source: str = "<config>"
+    namespacing: Namespacing = Namespacing()
+    on_backend_failure: str = "fail_open"
 
 
 # --- YAML with line numbers -------------------------------------------------------------------
@@ -245,7 +267,11 @@ def _backend(c: _Check, name: str, raw: Any) -> BackendConfig | None:
     path = ("backends", name)
     if not _NAME.match(name):
         c.r.problem(path, "a backend name uses letters, digits, '_', '.' and '-'")
-    body = c.mapping(raw, path, {"stdio", "http", "connect_timeout", "request_timeout"})
+    body = c.mapping(
+        raw,
+        path,
+        {"stdio", "http", "connect_timeout", "request_timeout", "namespace", "tools", "rename"},
+    )
     kinds = [k for k in ("stdio", "http") if body.get(k) is not None]
     if len(kinds) != 1:
         c.r.problem(path, "needs exactly one of stdio or http")
@@ -272,9 +298,17 @@ def _backend(c: _Check, name: str, raw: Any) -> BackendConfig | None:
         target = HttpTarget(
             url=url or "", headers=c.string_map(h.get("headers"), hp + ("headers",))
         )
+    namespace = c.string(body.get("namespace"), path + ("namespace",), "") or ""
+    if namespace and not _NAME.match(namespace):
+        c.r.problem(path + ("namespace",), "a namespace uses letters, digits, '_', '.' and '-'")
+    tools = c.mapping(body.get("tools"), path + ("tools",), {"allow", "deny"})
     return BackendConfig(
         name=name,
         target=target,
+        namespace=namespace,
+        allow_tools=c.strings(tools.get("allow"), path + ("tools", "allow")),
+        deny_tools=c.strings(tools.get("deny"), path + ("tools", "deny")),
+        rename_tools=c.string_map(body.get("rename"), path + ("rename",)),
         connect_timeout=c.number(
             body.get("connect_timeout"), path + ("connect_timeout",), DEFAULT_CONNECT_TIMEOUT
         ),
@@ -284,7 +318,12 @@ def _backend(c: _Check, name: str, raw: Any) -> BackendConfig | None:
     )
 
 
-def parse(text: str, source: str = "<config>", env: Mapping[str, str] | None = None) -> Config:
+def parse(
+    text: str,
+    source: str = "<config>",
+    env: Mapping[str, str] | None = None,
+    extra_backends: tuple[BackendConfig, ...] = (),
+) -> Config:
     reader = _Reader(source, os.environ if env is None else env)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -294,27 +333,137 @@ def parse(text: str, source: str = "<config>", env: Mapping[str, str] | None = N
         raise ConfigInvalid([f"{source}:{line}: not valid YAML: {exc}"]) from None
     raw = reader.value(node, ()) if node is not None else {}
     check = _Check(reader)
-    top = check.mapping(raw, (), {"listen", "backends"})
+    top = check.mapping(raw, (), {"listen", "backends", "backends_from", "namespacing", "fan_out"})
     listen = _listen(check, top.get("listen"))
     backends: list[BackendConfig] = []
     for name, body in check.mapping(top.get("backends"), ("backends",)).items():
         backend = _backend(check, name, body)
         if backend is not None:
             backends.append(backend)
-    if not top.get("backends"):
+    imported = check.string(top.get("backends_from"), ("backends_from",))
+    if imported:
+        base = Path(source).parent if source != "<config>" else Path.cwd()
+        try:
+            backends.extend(load_mcp_json(base / imported))
+        except ConfigInvalid as exc:
+            for problem in exc.problems:
+                reader.problem(("backends_from",), problem)
+    backends.extend(extra_backends)
+    if not top.get("backends") and not imported and not extra_backends:
         reader.problem(("backends",), "name at least one backend")
+    _check_backend_names(reader, backends)
+    config = Config(
+        listen=listen,
+        backends=tuple(backends),
+        source=source,
+        namespacing=_namespacing(check, top.get("namespacing")),
+        on_backend_failure=_failure_policy(check, top.get("fan_out")),
+    )
     if reader.problems:
         raise ConfigInvalid(reader.problems)
-    return Config(listen=listen, backends=tuple(backends), source=source)
+    return config
 
 
-def load(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+def _check_backend_names(reader: _Reader, backends: list[BackendConfig]) -> None:
+    seen_names: dict[str, str] = {}
+    seen_namespaces: dict[str, str] = {}
+    for b in backends:
+        if b.name in seen_names:
+            reader.problem(("backends", b.name), "is defined twice (config and imported file?)")
+        seen_names[b.name] = b.name
+        held = seen_namespaces.get(b.effective_namespace)
+        if held is not None:
+            reader.problem(
+                ("backends", b.name),
+                f"namespace {b.effective_namespace!r} is already used by backend {held!r}",
+            )
+        seen_namespaces[b.effective_namespace] = b.name
+
+
+def _namespacing(c: _Check, raw: Any) -> Namespacing:
+    path = ("namespacing",)
+    body = c.mapping(raw, path, {"prefix", "separator", "max_name_length"})
+    prefix = c.string(body.get("prefix"), path + ("prefix",), "auto") or "auto"
+    if prefix not in PREFIX_MODES:
+        c.r.problem(path + ("prefix",), f"must be one of {', '.join(PREFIX_MODES)}")
+    separator = c.string(body.get("separator"), path + ("separator",), "_") or "_"
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,3}", separator):
+        c.r.problem(path + ("separator",), "must be 1 to 3 of letters, digits, '_', '.', '-'")
+    length = c.number(body.get("max_name_length"), path + ("max_name_length",), 64)
+    if not 16 <= length <= 128:
+        c.r.problem(path + ("max_name_length",), "must be from 16 to 128")
+    return Namespacing(prefix=prefix, separator=separator, max_name_length=int(length))
+
+
+def _failure_policy(c: _Check, raw: Any) -> str:
+    body = c.mapping(raw, ("fan_out",), {"on_failure"})
+    policy = c.string(body.get("on_failure"), ("fan_out", "on_failure"), "fail_open")
+    if policy not in FAILURE_POLICIES:
+        c.r.problem(("fan_out", "on_failure"), f"must be one of {', '.join(FAILURE_POLICIES)}")
+    return policy or "fail_open"
+
+
+def load_mcp_json(path: Path) -> tuple[BackendConfig, ...]:
+    """Backends from the `mcpServers` JSON that desktop hosts and editors use."""
+    try:
+        data = orjson.loads(path.read_bytes())
+    except OSError as exc:
+        raise ConfigInvalid([f"{path}: cannot read: {exc.strerror}"]) from None
+    except orjson.JSONDecodeError as exc:
+        raise ConfigInvalid([f"{path}: not valid JSON: {exc}"]) from None
+    servers = data.get("mcpServers", data.get("servers")) if isinstance(data, dict) else None
+    if not isinstance(servers, dict):
+        raise ConfigInvalid([f"{path}: no 'mcpServers' object"])
+    problems: list[str] = []
+    out: list[BackendConfig] = []
+    for name, entry in servers.items():
+        where = f"{path}: mcpServers.{name}"
+        if not isinstance(entry, dict) or entry.get("disabled") is True:
+            continue
+        target = _mcp_json_target(entry)
+        if isinstance(target, str):
+            problems.append(f"{where}: {target}")
+        elif not _NAME.match(name):
+            problems.append(f"{where}: a backend name uses letters, digits, '_', '.' and '-'")
+        else:
+            out.append(BackendConfig(name=name, target=target))
+    if problems:
+        raise ConfigInvalid(problems)
+    return tuple(out)
+
+
+def _mcp_json_target(entry: dict[str, Any]) -> StdioTarget | HttpTarget | str:
+    kind = entry.get("type", "http" if "url" in entry else "stdio")
+    if kind in ("http", "streamable-http", "streamableHttp") and isinstance(entry.get("url"), str):
+        headers = entry.get("headers") or {}
+        if not isinstance(headers, dict):
+            return "headers must be an object"
+        return HttpTarget(url=entry["url"], headers={str(k): str(v) for k, v in headers.items()})
+    if kind == "stdio" and isinstance(entry.get("command"), str):
+        args, env = entry.get("args") or [], entry.get("env") or {}
+        if not isinstance(args, list) or not isinstance(env, dict):
+            return "args must be a list and env an object"
+        cwd = entry.get("cwd")
+        return StdioTarget(
+            command=entry["command"],
+            args=tuple(str(a) for a in args),
+            env={str(k): str(v) for k, v in env.items()},
+            cwd=cwd if isinstance(cwd, str) else None,
+        )
+    return f"unsupported server entry (type {kind!r}; needs 'command' or 'url')"
+
+
+def load(
+    path: str | Path,
+    env: Mapping[str, str] | None = None,
+    extra_backends: tuple[BackendConfig, ...] = (),
+) -> Config:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigInvalid([f"{p}: cannot read: {exc.strerror}"]) from None
-    return parse(text, str(p), env)
+    return parse(text, str(p), env, extra_backends)
 
 
 def describe(config: Config) -> str:
@@ -325,7 +474,14 @@ def describe(config: Config) -> str:
         lines.append(f"  listen http  http://{h.host}:{h.port}{h.path}")
     if config.listen.stdio:
         lines.append("  listen stdio")
+    n = config.namespacing
+    lines.append(
+        f"  namespacing  prefix={n.prefix} separator={n.separator!r} max={n.max_name_length}"
+        f"  on backend failure: {config.on_backend_failure}"
+    )
     for b in config.backends:
+        if b.namespace:
+            lines.append(f"  backend {b.name}: namespace {b.namespace}")
         if isinstance(b.target, StdioTarget):
             cmd = " ".join([b.target.command, *b.target.args])
             lines.append(f"  backend {b.name}: stdio `{cmd}`")

@@ -10,14 +10,19 @@ from typing import Any
 import anyio
 import pytest
 from mcp import Client, MCPError
-from mcp_types import TextContent, TextResourceContents
+from mcp_types import (
+    PromptReference,
+    ResourceTemplateReference,
+    TextContent,
+    TextResourceContents,
+)
 
 from tests.conftest import Target
 from tests.support import BOUND
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-TOOL_NAMES = {"echo", "add", "slow", "boom", "log", "whoami", "getenv", "regional"} | {
+TOOL_NAMES = {"echo", "add", "slow", "boom", "log", "whoami", "label", "getenv", "regional"} | {
     f"t{i:02d}" for i in range(30)
 }
 
@@ -42,6 +47,7 @@ async def test_discover_reports_version_and_capabilities(target: Target) -> None
         caps = client.server_capabilities
         assert caps is not None
         assert caps.tools is not None and caps.resources is not None and caps.prompts is not None
+        assert caps.completions is not None
         expected = "mcp-gateway" if target.through_gateway else "sdk-test-server"
         assert client.server_info is not None and client.server_info.name == expected
 
@@ -96,14 +102,62 @@ async def test_resources_read_and_templates(target: Target) -> None:
     """resources/read (server/resources)."""
     async with connect(target) as client:
         listed = await client.list_resources()
-        assert [str(r.uri) for r in listed.resources] == ["mem://greeting"]
+        assert [str(r.uri) for r in listed.resources] == [
+            "mem://greeting",
+            "mem://motd",
+            "mem://shared",
+        ]
+        assert listed.next_cursor is None
         templates = await client.list_resource_templates()
-        assert [t.uri_template for t in templates.resource_templates] == ["mem://items/{id}"]
+        assert [t.uri_template for t in templates.resource_templates] == [
+            "mem://items/{id}",
+            "mem://users/{user}/profile",
+        ]
+        assert templates.next_cursor is None
         read = await client.read_resource("mem://greeting")
         contents = read.contents[0]
         assert isinstance(contents, TextResourceContents) and contents.text == "hello"
         item = (await client.read_resource("mem://items/7")).contents[0]
-        assert isinstance(item, TextResourceContents) and "7" in item.text
+        assert isinstance(item, TextResourceContents) and item.text == "item 7"
+        motd = (await client.read_resource("mem://motd")).contents[0]
+        assert isinstance(motd, TextResourceContents) and motd.text == "message of the day"
+        shared = (await client.read_resource("mem://shared")).contents[0]
+        assert isinstance(shared, TextResourceContents) and shared.text == "sdk"
+        profile = (await client.read_resource("mem://users/ann/profile")).contents[0]
+        assert isinstance(profile, TextResourceContents) and profile.text == "profile of ann"
+
+
+async def test_label_tool_returns_the_server_label(target: Target) -> None:
+    async with connect(target) as client:
+        assert text_of(await client.call_tool("label")) == "sdk"
+        assert text_of(await client.call_tool("whoami")).isdigit()
+
+
+async def test_forged_cursor_on_other_lists_is_invalid_params(target: Target) -> None:
+    """server/utilities/pagination: an invalid cursor is -32602 on every paginated list."""
+    async with connect(target) as client:
+        for list_page in (client.list_prompts, client.list_resources):
+            with pytest.raises(MCPError) as caught:
+                await list_page(cursor="not-a-cursor")
+            assert caught.value.code == -32602
+        with pytest.raises(MCPError) as caught:
+            await client.list_resource_templates(cursor="not-a-cursor")
+        assert caught.value.code == -32602
+
+
+async def test_completion_of_prompt_and_template_arguments(target: Target) -> None:
+    """completion/complete (server/utilities/completion)."""
+    async with connect(target) as client:
+        greet = PromptReference(name="greet")
+        names = await client.complete(greet, {"name": "name", "value": "An"})
+        assert names.completion.values == ["Ann", "Anna"]
+        none = await client.complete(greet, {"name": "name", "value": "Z"})
+        assert none.completion.values == []
+        items = ResourceTemplateReference(uri="mem://items/{id}")
+        ids = await client.complete(items, {"name": "id", "value": ""})
+        assert ids.completion.values == ["1", "2", "3"]
+        two = await client.complete(items, {"name": "id", "value": "2"})
+        assert two.completion.values == ["2"]
 
 
 async def test_unknown_resource_is_invalid_params(target: Target) -> None:
@@ -118,10 +172,13 @@ async def test_prompts_list_and_get(target: Target) -> None:
     """prompts/get (server/prompts)."""
     async with connect(target) as client:
         prompts = await client.list_prompts()
-        assert [p.name for p in prompts.prompts] == ["greet"]
+        assert [p.name for p in prompts.prompts] == ["greet", "farewell"]
+        assert prompts.next_cursor is None
         got = await client.get_prompt("greet", {"name": "Ann"})
         content = got.messages[0].content
         assert isinstance(content, TextContent) and content.text == "Hello, Ann!"
+        bye = (await client.get_prompt("farewell", {"name": "Bob"})).messages[0].content
+        assert isinstance(bye, TextContent) and bye.text == "Goodbye, Bob!"
 
 
 async def test_progress_arrives_in_order_before_the_result(target: Target) -> None:

@@ -1,51 +1,175 @@
-"""What the gateway has learnt of a backend's tools: the `x-mcp-header` annotations of each.
-
-The HTTP hop needs them to mirror tool arguments into `Mcp-Param-*` headers, and the HTTP front
-end needs them to check the headers a client sent.
+"""What the gateway knows of each backend: its discovery result and its lists, and the route
+table built from them. Refreshed when stale (the backend's `ttlMs`) and rebuilt after each load.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.protocol import headers
-from gateway.protocol.headers import ParamHeader
+import anyio
+
+from gateway import errors
+from gateway.backends.base import Backend
+from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
+from gateway.routing import table as routes
+from gateway.routing.merge import LIST_CAPABILITY, LIST_KEYS
+from gateway.routing.names import Naming
+from gateway.routing.table import CatalogData, Exposure, RouteTable
 
 log = logging.getLogger("gateway.catalog")
 
+# A catalog without a positive ttlMs still counts as fresh this long, so a burst of unknown
+# names cannot make the gateway refetch a backend's lists for every request.
+MIN_REFRESH_INTERVAL = 1.0
+# Pages followed per list when loading a catalog; a backend paginating forever is cut off.
+MAX_PAGES = 100
+# Bound on one catalog load, so a hung backend delays nothing else for long.
+LOAD_TIMEOUT = 15.0
 
-class ToolHeaders:
-    def __init__(self) -> None:
-        self._by_tool: dict[str, tuple[ParamHeader, ...]] = {}
-        self.loaded = False
 
-    def get(self, tool: str) -> tuple[ParamHeader, ...] | None:
-        return self._by_tool.get(tool)
+async def _ignore(_: Message) -> None:
+    return None
 
-    def learn(self, backend: str, reply: Message, *, drop_invalid: bool) -> None:
-        """Record the annotations of a `tools/list` page; optionally remove invalid tools.
 
-        A Streamable HTTP client must leave out tools whose annotations break the rules
-        (streamable-http, Schema Extension), so the list is rewritten only in that case.
-        """
-        result = reply.get("result")
-        if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
-            return
-        kept: list[Any] = []
-        for tool in result["tools"]:
-            name = tool.get("name") if isinstance(tool, dict) else None
-            if not isinstance(name, str):
-                kept.append(tool)
-                continue
-            spec = headers.param_headers(tool.get("inputSchema"))
-            if isinstance(spec, str):
-                log.warning("backend %s: tool %r left out: %s", backend, name, spec)
-                if drop_invalid:
-                    continue
-                spec = ()
-            self._by_tool[name] = spec
-            kept.append(tool)
-        if len(kept) != len(result["tools"]):
-            result["tools"] = kept
+@dataclass
+class _Entry:
+    backend: Backend
+    exposure: Exposure
+    data: CatalogData = field(default_factory=CatalogData)
+    discover: dict[str, Any] | None = None
+    fetched_at: float = -math.inf
+    ttl: float = 0.0
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+    def fresh(self, now: float) -> bool:
+        return now < self.fetched_at + max(self.ttl, MIN_REFRESH_INTERVAL)
+
+
+class Catalogs:
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        exposures: Sequence[Exposure],
+        naming: Naming,
+        client_info: dict[str, Any],
+    ) -> None:
+        self.naming = naming
+        self._exposures = tuple(exposures)
+        self._entries = {e.backend: _Entry(b, e) for b, e in zip(backends, exposures, strict=True)}
+        self._client_info = client_info
+        self.table: RouteTable = routes.build(naming, exposures, {})
+
+    def capabilities(self, backend: str) -> Mapping[str, Any] | None:
+        found = self._entries[backend].discover
+        caps = found.get("capabilities") if found else None
+        return caps if isinstance(caps, dict) else None
+
+    def has_capability(self, backend: str, capability: str) -> bool:
+        """Whether to ask a backend for a list; unknown capabilities count as present."""
+        caps = self.capabilities(backend)
+        return caps is None or capability in caps
+
+    async def load_all(self) -> None:
+        async with anyio.create_task_group() as tg:
+            for name in self._entries:
+                tg.start_soon(self.refresh, name)
+
+    async def refresh_stale(self) -> None:
+        now = anyio.current_time()
+        async with anyio.create_task_group() as tg:
+            for name, entry in self._entries.items():
+                if not entry.fresh(now):
+                    tg.start_soon(self.refresh, name)
+
+    def invalidate(self, backend: str) -> None:
+        self._entries[backend].fetched_at = -math.inf
+
+    async def refresh(self, backend: str) -> None:
+        entry = self._entries[backend]
+        async with entry.lock:
+            if entry.fresh(anyio.current_time()):
+                return  # another task refreshed it while this one waited
+            with anyio.move_on_after(LOAD_TIMEOUT) as scope:
+                try:
+                    await self._load(entry)
+                except errors.BackendError as exc:
+                    log.warning("catalog of %s not loaded: %s", backend, exc)
+            if scope.cancelled_caught:
+                log.warning("catalog of %s not loaded within %ss", backend, LOAD_TIMEOUT)
+            # Failed loads count too: the next attempt waits out the refresh interval.
+            entry.fetched_at = max(entry.fetched_at, anyio.current_time() - entry.ttl)
+            self.table = routes.build(self.naming, self._exposures, self._data())
+            for collision in self.table.collisions:
+                log.warning("%s", collision)
+
+    def _data(self) -> dict[str, CatalogData]:
+        return {name: entry.data for name, entry in self._entries.items()}
+
+    async def _load(self, entry: _Entry) -> None:
+        discover = await self._call(entry.backend, "server/discover", {})
+        result = discover.get("result")
+        if not isinstance(result, dict):
+            raise errors.BackendProtocolError(entry.backend.name, "server/discover failed")
+        entry.discover = result
+        found = result.get("capabilities")
+        caps: dict[str, Any] = found if isinstance(found, dict) else {}
+        lists: dict[str, tuple[dict[str, Any], ...]] = {}
+        ttls = [result.get("ttlMs")]
+        for method, key in LIST_KEYS.items():
+            if LIST_CAPABILITY[method] in caps:
+                lists[key], ttl = await self._fetch_all(entry.backend, method, key)
+                ttls.append(ttl)
+        entry.data = CatalogData(
+            tools=lists.get("tools", ()),
+            prompts=lists.get("prompts", ()),
+            resources=lists.get("resources", ()),
+            templates=lists.get("resourceTemplates", ()),
+        )
+        entry.fetched_at = anyio.current_time()
+        entry.ttl = min((t for t in ttls if isinstance(t, int) and t >= 0), default=0) / 1000
+        log.info(
+            "catalog of %s: %d tools, %d prompts, %d resources, %d templates",
+            entry.backend.name,
+            len(entry.data.tools),
+            len(entry.data.prompts),
+            len(entry.data.resources),
+            len(entry.data.templates),
+        )
+
+    async def _fetch_all(
+        self, backend: Backend, method: str, key: str
+    ) -> tuple[tuple[dict[str, Any], ...], object]:
+        items: list[dict[str, Any]] = []
+        cursor: object = None
+        ttl: object = None
+        for _ in range(MAX_PAGES):
+            params = {"cursor": cursor} if isinstance(cursor, str) else {}
+            reply = await self._call(backend, method, params)
+            result = reply.get("result")
+            if not isinstance(result, dict):
+                break
+            ttl = result.get("ttlMs") if ttl is None else ttl
+            items.extend(i for i in result.get(key, ()) if isinstance(i, dict))
+            cursor = result.get("nextCursor")
+            if not isinstance(cursor, str):
+                break
+        return tuple(items), ttl
+
+    async def _call(self, backend: Backend, method: str, params: dict[str, Any]) -> Message:
+        request = {
+            "jsonrpc": "2.0",
+            "id": f"gateway-{method}",
+            "method": method,
+            "params": {**params, "_meta": meta.gateway_meta(self._client_info)},
+        }
+        reply = await backend.request(request, _ignore)
+        if "error" in reply:
+            log.info(
+                "catalog of %s: %s answered %s", backend.name, method, jsonrpc.error_code(reply)
+            )
+        return reply

@@ -1,27 +1,35 @@
-"""The engine: checks a request's protocol fields, answers what the gateway owns, sends the rest
-to the backend that owns it, and turns every failure into a JSON-RPC error (via `errors`).
+"""The engine: checks a request's protocol fields, answers what the gateway owns (discovery,
+merged lists), routes the rest to the backend that owns the name, and turns every failure into a
+JSON-RPC error (via `errors`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+
 from gateway import errors
 from gateway.backends.base import Backend, NotificationSink
-from gateway.core.catalog import ToolHeaders
-from gateway.protocol import jsonrpc, meta
+from gateway.core.catalog import Catalogs
+from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
+from gateway.routing import cursor as cursors
+from gateway.routing import merge, names
+from gateway.routing import table as routes
+from gateway.routing.names import Naming
+from gateway.routing.table import Exposure, Route
 
 log = logging.getLogger("gateway")
 
 # Client notifications the gateway consumes itself instead of forwarding.
 LOCAL_NOTIFICATIONS = frozenset({"notifications/cancelled"})
-# How many tools/list pages the gateway follows when it loads a catalog on its own.
-MAX_CATALOG_PAGES = 100
+FAIL_OPEN = "fail_open"
 
 
 @dataclass(frozen=True)
@@ -33,21 +41,36 @@ class GatewayInfo:
         return {"name": self.name, "version": self.version}
 
 
-async def _discard(_: Message) -> None:
-    return None
+class Refused(Exception):
+    """A request the gateway answers with an error itself, without calling any backend."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class Dispatcher:
-    def __init__(self, backends: Sequence[Backend], info: GatewayInfo) -> None:
-        if len(backends) != 1:
-            raise ValueError("the gateway serves exactly one backend until namespacing lands")
-        self._backend = backends[0]
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        exposures: Sequence[Exposure],
+        naming: Naming,
+        info: GatewayInfo,
+        on_failure: str = FAIL_OPEN,
+    ) -> None:
+        self.backends = {b.name: b for b in backends}
+        self._order = [b.name for b in backends]
+        self._exposures = {e.backend: e for e in exposures}
+        self._naming = naming
         self._info = info
-        self._tools = ToolHeaders()
+        self._fail_open = on_failure == FAIL_OPEN
+        self.catalogs = Catalogs(backends, exposures, naming, info.as_implementation())
+        # Cursors are signed with a per-process key: a forged one is refused, and one from
+        # before a restart is stale (the spec lets cursors expire).
+        self._cursor_key = os.urandom(32)
+        self.fan_out_failures: dict[str, int] = {}
 
-    @property
-    def backends(self) -> tuple[Backend, ...]:
-        return (self._backend,)
+    # --- entry points ----------------------------------------------------------------------
 
     async def handle(self, msg: Message, sink: NotificationSink) -> Message:
         """The reply to one client request; never raises except for cancellation."""
@@ -56,78 +79,244 @@ class Dispatcher:
             return rejection
         try:
             return await self._dispatch(msg, sink)
+        except Refused as exc:
+            return jsonrpc.error(msg["id"], exc.code, str(exc))
         except Exception as exc:
             return errors.to_wire(exc, msg["id"])
 
     async def notify(self, msg: Message) -> None:
         """Forward a client notification; failures are logged, never raised (nobody awaits it)."""
-        if msg["method"] in LOCAL_NOTIFICATIONS:
+        only = self._only_backend()
+        if msg["method"] in LOCAL_NOTIFICATIONS or only is None:
             return
         try:
-            await self._backend.notify(msg)
+            await only.notify(msg)
         except errors.BackendError as exc:
             log.warning("notification %s not delivered: %s", msg["method"], exc)
 
+    async def param_headers(self, tool: str) -> tuple[ParamHeader, ...] | None:
+        """The `x-mcp-header` annotations of a client-visible tool, if the tool is known."""
+        route = await self._lookup(self.catalogs.table.tool, tool)
+        return route.param_headers if route is not None else None
+
+    # --- dispatch ----------------------------------------------------------------------------
+
     async def _dispatch(self, msg: Message, sink: NotificationSink) -> Message:
         method = msg["method"]
-        backend = self._backend
+        params = jsonrpc.params(msg)
         if method == "server/discover":
-            return self._own_discover(await backend.request(msg, sink))
-        param_headers: tuple[ParamHeader, ...] = ()
-        if method == "tools/call" and backend.transport == "http":
-            param_headers = await self.param_headers(str(jsonrpc.params(msg).get("name"))) or ()
-        reply = await backend.request(msg, sink, param_headers)
-        if method == "tools/list":
-            self._tools.learn(backend.name, reply, drop_invalid=backend.transport == "http")
+            return await self._discover(msg)
+        if method in merge.LIST_KEYS:
+            return await self._list(msg)
+        if method == "tools/call":
+            route = await self._route_name(self.catalogs.table.tool, "tool", params.get("name"))
+            return await self._forward(msg, sink, route, "name", route.param_headers)
+        if method == "prompts/get":
+            route = await self._route_name(self.catalogs.table.prompt, "prompt", params.get("name"))
+            return await self._forward(msg, sink, route, "name")
+        if method == "resources/read":
+            route = await self._route_uri(params.get("uri"))
+            return await self._forward(msg, sink, route, "uri")
+        if method == "completion/complete":
+            return await self._complete(msg, sink)
+        only = self._only_backend()
+        if only is None:
+            raise Refused(codes.METHOD_NOT_FOUND, f"Method not found: {method}")
+        return await only.request(msg, sink)
+
+    def _only_backend(self) -> Backend | None:
+        return self.backends[self._order[0]] if len(self._order) == 1 else None
+
+    async def _lookup(self, find: Any, key: str) -> Route | None:
+        route: Route | None = find(key)
+        if route is None:
+            await self.catalogs.refresh_stale()
+            route = find(key)
+        return route
+
+    async def _route_name(self, find: Any, kind: str, name: object) -> Route:
+        if not isinstance(name, str):
+            raise Refused(codes.INVALID_PARAMS, f"params.name must name a {kind}")
+        route = await self._lookup(find, name)
+        if route is not None:
+            return route
+        only = self._only_backend()
+        if only is not None and not self._naming.prefixed and self._passes_filters(kind, name):
+            return Route(only.name, name)  # one unprefixed backend: it answers for itself
+        raise Refused(codes.INVALID_PARAMS, f"Unknown {kind}: {name}")
+
+    def _passes_filters(self, kind: str, name: str) -> bool:
+        if kind != "tool":
+            return True
+        exposure = self._exposures[self._order[0]]
+        return exposure.tool_allowed(name) and name not in exposure.rename
+
+    async def _route_uri(self, uri: object) -> Route:
+        if not isinstance(uri, str):
+            raise Refused(codes.INVALID_PARAMS, "params.uri must be a string")
+        route = await self._lookup(self.catalogs.table.resource, uri)
+        if route is None:
+            raise Refused(codes.INVALID_PARAMS, f"Unknown resource: {uri}")
+        return route
+
+    async def _forward(
+        self,
+        msg: Message,
+        sink: NotificationSink,
+        route: Route,
+        field: str,
+        param_headers: tuple[ParamHeader, ...] = (),
+    ) -> Message:
+        """Send a request to its backend under the backend's own name, and show the reply's
+        URIs as clients know them."""
+        backend = self.backends[route.backend]
+        params = jsonrpc.params(msg)
+        out = (
+            msg
+            if params.get(field) == route.name
+            else {
+                **msg,
+                "params": {**params, field: route.name},
+            }
+        )
+        reply = await backend.request(out, sink, param_headers)
+        if self._naming.prefixed:
+            self._expose_reply_uris(msg["method"], route.backend, reply)
         return reply
 
-    def _own_discover(self, reply: Message) -> Message:
-        """The backend's discovery result as the gateway's own: our identity, our versions."""
+    def _expose_reply_uris(self, method: str, backend: str, reply: Message) -> None:
         result = reply.get("result")
         if not isinstance(result, dict):
-            return reply
-        theirs = result.get("supportedVersions")
-        versions = [v for v in meta.SUPPORTED_VERSIONS if isinstance(theirs, list) and v in theirs]
-        result["supportedVersions"] = versions
-        result_meta = result.get("_meta")
-        result["_meta"] = {
-            **(result_meta if isinstance(result_meta, dict) else {}),
-            meta.SERVER_INFO: self._info.as_implementation(),
-        }
-        return reply
+            return
+        exposure = self._exposures[backend]
+        if method == "tools/call":
+            routes.expose_content_uris(self._naming, exposure, result.get("content"))
+        elif method == "prompts/get":
+            for message in result.get("messages") or ():
+                if isinstance(message, dict):
+                    content = message.get("content")
+                    blocks = content if isinstance(content, list) else [content]
+                    routes.expose_content_uris(self._naming, exposure, blocks)
+        elif method == "resources/read":
+            for item in result.get("contents") or ():
+                if isinstance(item, dict) and isinstance(item.get("uri"), str):
+                    item["uri"] = names.client_uri(self._naming, exposure.namespace, item["uri"])
 
-    async def param_headers(self, tool: str) -> tuple[ParamHeader, ...] | None:
-        """The `x-mcp-header` annotations of a tool, loading the catalog once if needed."""
-        known = self._tools.get(tool)
-        if known is not None or self._tools.loaded:
-            return known
-        await self._load_tools()
-        return self._tools.get(tool)
+    async def _complete(self, msg: Message, sink: NotificationSink) -> Message:
+        params = jsonrpc.params(msg)
+        ref = params.get("ref")
+        if not isinstance(ref, dict):
+            raise Refused(codes.INVALID_PARAMS, "params.ref is required")
+        if ref.get("type") == "ref/prompt":
+            route = await self._route_name(self.catalogs.table.prompt, "prompt", ref.get("name"))
+            new_ref = {**ref, "name": route.name}
+        else:
+            route = await self._route_uri(ref.get("uri"))
+            new_ref = {**ref, "uri": route.name}
+        out = {**msg, "params": {**params, "ref": new_ref}}
+        return await self.backends[route.backend].request(out, sink)
 
-    async def _load_tools(self) -> None:
-        backend = self._backend
-        cursor: str | None = None
-        for _ in range(MAX_CATALOG_PAGES):
-            params: dict[str, Any] = {"_meta": meta.gateway_meta(self._info.as_implementation())}
-            if cursor is not None:
-                params["cursor"] = cursor
-            request = {
-                "jsonrpc": "2.0",
-                "id": "gateway-catalog",
-                "method": "tools/list",
-                "params": params,
-            }
+    # --- fan-out -----------------------------------------------------------------------------
+
+    async def _fan_out(
+        self, calls: Sequence[tuple[str, Message]]
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Send requests to several backends at once; each answer's result in the same order.
+
+        A failing backend is skipped under fail_open (logged and counted) and fails the whole
+        request under fail_closed; when every backend fails, so does the request."""
+        replies: dict[str, Message | Exception] = {}
+
+        async def one(backend: str, request: Message) -> None:
             try:
-                reply = await backend.request(request, _discard)
+                replies[backend] = await self.backends[backend].request(request, _ignore)
             except errors.BackendError as exc:
-                log.warning("could not load the tool catalog: %s", exc)
-                return
-            self._tools.learn(backend.name, reply, drop_invalid=backend.transport == "http")
-            result = reply.get("result")
-            cursor = result.get("nextCursor") if isinstance(result, dict) else None
-            if not isinstance(cursor, str):
-                break
-        self._tools.loaded = True
+                replies[backend] = exc
 
-    def invalidate_tools(self) -> None:
-        self._tools = ToolHeaders()
+        async with anyio.create_task_group() as tg:
+            for backend, request in calls:
+                tg.start_soon(one, backend, request)
+        out: list[tuple[str, dict[str, Any]]] = []
+        failed: list[Exception] = []
+        for backend, _ in calls:
+            reply = replies[backend]
+            result = reply.get("result") if isinstance(reply, dict) else None
+            if isinstance(result, dict):
+                out.append((backend, result))
+                continue
+            self.fan_out_failures[backend] = self.fan_out_failures.get(backend, 0) + 1
+            if not self._fail_open:
+                raise _as_failure(backend, reply)
+            failed.append(_as_failure(backend, reply))
+            log.warning("fan-out: backend %s skipped: %s", backend, _describe(reply))
+        if failed and not out:
+            raise failed[0]  # nothing answered: an empty result would hide the outage
+        return out
+
+    async def _discover(self, msg: Message) -> Message:
+        calls = [(name, msg) for name in self._order]
+        parts = await self._fan_out(calls)
+        pairs = [(self._exposures[b].namespace, r) for b, r in parts]
+        result = merge.discover_result(
+            pairs, prefixed=self._naming.prefixed, server=self._info.as_implementation()
+        )
+        return jsonrpc.result(msg["id"], result)
+
+    async def _list(self, msg: Message) -> Message:
+        method = msg["method"]
+        key = merge.LIST_KEYS[method]
+        params = jsonrpc.params(msg)
+        positions = self._positions(method, params.get("cursor"))
+        calls = []
+        for backend, position in positions:
+            page_params = {k: v for k, v in params.items() if k != "cursor"}
+            if position is not None:
+                page_params["cursor"] = position
+            calls.append((backend, {**msg, "params": page_params}))
+        parts = await self._fan_out(calls)
+        items: list[Any] = []
+        following: list[cursors.Position] = []
+        for backend, result in parts:
+            exposure = self._exposures[backend]
+            for item in result.get(key) or ():
+                if isinstance(item, dict):
+                    shown = routes.expose(self._naming, exposure, key, item)
+                    if shown is not None:
+                        items.append(shown)
+            if isinstance(result.get("nextCursor"), str):
+                following.append((backend, result["nextCursor"]))
+        next_cursor = cursors.encode(following, self._cursor_key, method) if following else None
+        base = parts[0][1] if len(self._order) == 1 and parts else {}
+        result = merge.list_result(
+            key, items, [r for _, r in parts], next_cursor, self._info.as_implementation(), base
+        )
+        return jsonrpc.result(msg["id"], result)
+
+    def _positions(self, method: str, cursor: object) -> list[cursors.Position]:
+        if cursor is None:
+            capability = merge.LIST_CAPABILITY[method]
+            return [(b, None) for b in self._order if self.catalogs.has_capability(b, capability)]
+        positions = cursors.decode(cursor, self._cursor_key, method)
+        if positions is None or any(b not in self.backends for b, _ in positions):
+            raise Refused(codes.INVALID_PARAMS, "Invalid or expired cursor")
+        return positions
+
+
+async def _ignore(_: Message) -> None:
+    return None
+
+
+def _as_failure(backend: str, reply: Message | Exception) -> Exception:
+    if isinstance(reply, Exception):
+        return reply
+    error = reply.get("error")
+    code = error.get("code") if isinstance(error, dict) else None
+    return Refused(code if isinstance(code, int) else codes.INTERNAL_ERROR, _describe(reply))
+
+
+def _describe(reply: Message | Exception) -> str:
+    if isinstance(reply, Exception):
+        return str(reply)
+    error = reply.get("error")
+    message = error.get("message") if isinstance(error, dict) else "no result"
+    return f"answered {message!r}"

@@ -1,12 +1,15 @@
 """Test backend built on the official `mcp` SDK (v2, MCPServer) speaking MCP 2026-07-28.
 
 Usage:
-    python tests/servers/sdk_server.py stdio [--page-size N]
-    python tests/servers/sdk_server.py http --port N [--json] [--page-size N]
+    python tests/servers/sdk_server.py stdio [--page-size N] [--label TEXT]
+    python tests/servers/sdk_server.py http --port N [--json] [--page-size N] [--label TEXT]
 
 HTTP mode serves Streamable HTTP at http://127.0.0.1:N/mcp and prints `READY <port>`
 once the socket accepts connections (`--port 0` binds an ephemeral port).
-`--page-size 0` disables tools/list pagination.
+tools/list, prompts/list, resources/list and resources/templates/list are paginated with
+`--page-size` items a page (default 10; `0` disables pagination). `--label` (default "sdk")
+is returned by the `label` tool and the `mem://shared` resource, to tell copies apart.
+completion/complete completes `greet`'s `name` and `mem://items/{id}`'s `id` by prefix.
 """
 
 from __future__ import annotations
@@ -25,7 +28,14 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
-from mcp_types import INVALID_PARAMS
+from mcp_types import (
+    INVALID_PARAMS,
+    Completion,
+    CompletionArgument,
+    CompletionContext,
+    PromptReference,
+    ResourceTemplateReference,
+)
 from pydantic import Field
 
 warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
@@ -33,8 +43,21 @@ warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
 EXTRA_TOOLS = 30
 
 
-class ToolsPager:
-    """Middleware slicing MCPServer's unpaginated tools/list result into pages."""
+# Paginated list methods and the key holding each one's items.
+PAGED_LISTS = {
+    "tools/list": "tools",
+    "prompts/list": "prompts",
+    "resources/list": "resources",
+    "resources/templates/list": "resourceTemplates",
+}
+
+GREET_NAMES = ["Ann", "Anna", "Bob"]
+ITEM_IDS = ["1", "2", "3"]
+
+
+class ListPager:
+    """Middleware slicing MCPServer's unpaginated list results (tools, prompts, resources,
+    resource templates) into pages of `page_size`; the cursor is the decimal start offset."""
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
@@ -42,7 +65,8 @@ class ToolsPager:
     async def __call__(
         self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
     ) -> HandlerResult:
-        if ctx.method != "tools/list" or self.page_size <= 0:
+        key = PAGED_LISTS.get(ctx.method)
+        if key is None or self.page_size <= 0:
             return await call_next(ctx)
         cursor = (ctx.params or {}).get("cursor")
         start = 0
@@ -52,12 +76,33 @@ class ToolsPager:
             start = int(cursor)
         result = await call_next(ctx)
         assert isinstance(result, dict)
-        tools: list[Any] = result["tools"]
+        items: list[Any] = result[key]
         end = start + self.page_size
-        page = dict(result, tools=tools[start:end])
-        if end < len(tools):
+        page = dict(result)
+        page[key] = items[start:end]
+        if end < len(items):
             page["nextCursor"] = str(end)
         return page
+
+
+async def complete(
+    ref: PromptReference | ResourceTemplateReference,
+    argument: CompletionArgument,
+    context: CompletionContext | None,
+) -> Completion | None:
+    """completion/complete: `greet`'s `name` and `mem://items/{id}`'s `id`, by prefix."""
+    if isinstance(ref, PromptReference) and ref.name == "greet" and argument.name == "name":
+        choices = GREET_NAMES
+    elif (
+        isinstance(ref, ResourceTemplateReference)
+        and ref.uri == "mem://items/{id}"
+        and argument.name == "id"
+    ):
+        choices = ITEM_IDS
+    else:
+        return None
+    values = [c for c in choices if c.startswith(argument.value)]
+    return Completion(values=values, total=len(values), has_more=False)
 
 
 def _constant(value: str) -> Callable[[], str]:
@@ -67,12 +112,12 @@ def _constant(value: str) -> Callable[[], str]:
     return tool
 
 
-def build_server(page_size: int) -> MCPServer:
+def build_server(page_size: int, label: str = "sdk") -> MCPServer:
     mcp = MCPServer(
         "sdk-test-server",
         version="1.0.0",
         log_level="WARNING",
-        middleware=[ToolsPager(page_size)],
+        middleware=[ListPager(page_size)],
     )
 
     @mcp.tool()
@@ -110,6 +155,11 @@ def build_server(page_size: int) -> MCPServer:
         """Return the server process id."""
         return str(os.getpid())
 
+    @mcp.tool(name="label")
+    def label_tool() -> str:
+        """Return this server's --label (tells copies of this server apart)."""
+        return label
+
     @mcp.tool()
     def getenv(name: str) -> str:
         """Return an environment variable of the server process ('' when unset)."""
@@ -131,14 +181,34 @@ def build_server(page_size: int) -> MCPServer:
     def greeting() -> str:
         return "hello"
 
+    @mcp.resource("mem://motd", mime_type="text/plain")
+    def motd() -> str:
+        return "message of the day"
+
+    @mcp.resource("mem://shared", mime_type="text/plain")
+    def shared() -> str:
+        return label
+
     @mcp.resource("mem://items/{id}", mime_type="text/plain")
     def item(id: str) -> str:
         return f"item {id}"
+
+    @mcp.resource("mem://users/{user}/profile", mime_type="text/plain")
+    def profile(user: str) -> str:
+        return f"profile of {user}"
 
     @mcp.prompt()
     def greet(name: str) -> str:
         """Greet someone."""
         return f"Hello, {name}!"
+
+    @mcp.prompt()
+    def farewell(name: str) -> str:
+        """Say goodbye to someone."""
+        return f"Goodbye, {name}!"
+
+    # MCPServer.completion() carries no annotations in SDK 2.3.0.
+    mcp.completion()(complete)  # type: ignore[no-untyped-call]
 
     return mcp
 
@@ -184,9 +254,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("transport", choices=["stdio", "http"])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="HTTP: always application/json, no SSE")
-    parser.add_argument("--page-size", type=int, default=10)
+    parser.add_argument("--page-size", type=int, default=10, help="0 disables pagination")
+    parser.add_argument("--label", default="sdk", help="returned by tool label and mem://shared")
     args = parser.parse_args(argv)
-    mcp = build_server(args.page_size)
+    mcp = build_server(args.page_size, args.label)
     if args.transport == "stdio":
         anyio.run(serve_stdio, mcp)
     else:

@@ -1,0 +1,53 @@
+"""The gateway's pagination cursor (pure): where every backend of a merged list left off.
+
+Opaque to clients and signed, so a forged or mangled cursor is recognised and refused (-32602)
+instead of being passed to a backend.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+
+import orjson
+
+# (backend name, that backend's own cursor or None for its first page), in config order.
+Position = tuple[str, str | None]
+_VERSION = 1
+
+
+def encode(positions: list[Position], key: bytes, scope: str) -> str:
+    payload = orjson.dumps({"v": _VERSION, "s": scope, "p": positions})
+    body = base64.urlsafe_b64encode(payload).decode().rstrip("=")
+    return f"{body}.{_sign(body, key)}"
+
+
+def decode(cursor: object, key: bytes, scope: str) -> list[Position] | None:
+    """The positions in a cursor this gateway issued for this list, or None if it is not one."""
+    if not isinstance(cursor, str):
+        return None
+    body, dot, signature = cursor.rpartition(".")
+    if not dot or not hmac.compare_digest(signature, _sign(body, key)):
+        return None
+    try:
+        data = orjson.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    except (binascii.Error, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("v") != _VERSION or data.get("s") != scope:
+        return None
+    positions = data.get("p")
+    if not isinstance(positions, list) or not all(
+        isinstance(p, list)
+        and len(p) == 2
+        and isinstance(p[0], str)
+        and isinstance(p[1], (str, type(None)))
+        for p in positions
+    ):
+        return None
+    return [(p[0], p[1]) for p in positions]
+
+
+def _sign(body: str, key: bytes) -> str:
+    return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()[:32]

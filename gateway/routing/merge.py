@@ -1,0 +1,101 @@
+"""Merging what several backends answered into one result (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gateway.protocol import meta
+
+Result = dict[str, Any]
+
+LIST_KEYS: Mapping[str, str] = {
+    "tools/list": "tools",
+    "prompts/list": "prompts",
+    "resources/list": "resources",
+    "resources/templates/list": "resourceTemplates",
+}
+# The capability a backend must declare for each list to be asked of it.
+LIST_CAPABILITY: Mapping[str, str] = {
+    "tools/list": "tools",
+    "prompts/list": "prompts",
+    "resources/list": "resources",
+    "resources/templates/list": "resources",
+}
+
+
+def cache_hints(parts: Sequence[Result]) -> dict[str, Any]:
+    """The smallest `ttlMs`, and `public` only if every part was (server/utilities/caching)."""
+    ttls = [p.get("ttlMs") for p in parts]
+    ttl = min((t if isinstance(t, int) and t > 0 else 0) for t in ttls) if ttls else 0
+    public = bool(parts) and all(p.get("cacheScope") == "public" for p in parts)
+    return {"ttlMs": ttl, "cacheScope": "public" if public else "private"}
+
+
+def list_result(
+    key: str,
+    items: list[Any],
+    parts: Sequence[Result],
+    next_cursor: str | None,
+    server: Result,
+    base: Result | None = None,
+) -> Result:
+    """One page of a merged list. `base` (a lone backend's own result) keeps fields the gateway
+    does not own."""
+    result: Result = {**(base or {}), "resultType": "complete", key: items, **cache_hints(parts)}
+    result.pop("nextCursor", None)
+    if next_cursor is not None:
+        result["nextCursor"] = next_cursor
+    result["_meta"] = {meta.SERVER_INFO: server}
+    return result
+
+
+def capabilities(parts: Sequence[Result], *, keep_extensions: bool) -> Result:
+    """The union of backend capabilities: each is advertised if some backend has it."""
+    merged: Result = {}
+    for caps in parts:
+        for name, value in caps.items():
+            if name in ("extensions", "experimental") and not keep_extensions:
+                continue
+            if isinstance(value, dict) and isinstance(merged.get(name), dict):
+                merged[name] = _union(merged[name], value)
+            elif name not in merged:
+                merged[name] = value
+    return merged
+
+
+def _union(a: Result, b: Result) -> Result:
+    out = dict(a)
+    for key, value in b.items():
+        held = out.get(key)
+        if isinstance(held, bool) and isinstance(value, bool):
+            out[key] = held or value
+        elif isinstance(held, dict) and isinstance(value, dict):
+            out[key] = _union(held, value)
+        elif key not in out:
+            out[key] = value
+    return out
+
+
+def discover_result(
+    parts: Sequence[tuple[str, Result]], *, prefixed: bool, server: Result
+) -> Result:
+    """One discovery result for the merged server, from (namespace, backend result) pairs."""
+    results = [r for _, r in parts]
+    caps = [r["capabilities"] for r in results if isinstance(r.get("capabilities"), dict)]
+    result: Result = {
+        "resultType": "complete",
+        "supportedVersions": list(meta.SUPPORTED_VERSIONS),
+        "capabilities": capabilities(caps, keep_extensions=len(parts) == 1),
+        **cache_hints(results),
+        "_meta": {meta.SERVER_INFO: server},
+    }
+    texts = [(ns, r["instructions"]) for ns, r in parts if isinstance(r.get("instructions"), str)]
+    if len(parts) == 1 and not prefixed and texts:
+        result["instructions"] = texts[0][1]
+    elif texts:
+        result["instructions"] = "\n\n".join(
+            f"Tools, prompts and resources of `{ns}` (namespace `{ns}`):\n{text}"
+            for ns, text in texts
+        )
+    return result

@@ -1,0 +1,209 @@
+"""The route table (pure): built from the backends' catalogs, it answers "where does this go?".
+
+Immutable; a catalog refresh builds a new table. Every client-visible name comes from
+`names.client_name`/`client_uri`, so lists and routing can never disagree.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.protocol import headers
+from gateway.protocol.headers import ParamHeader
+from gateway.routing import names
+from gateway.routing.names import Naming
+
+Item = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """How one backend's catalog is shown to clients."""
+
+    backend: str
+    namespace: str
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    rename: Mapping[str, str] = field(default_factory=dict)
+    # A Streamable HTTP client must leave out tools whose x-mcp-header annotations are invalid.
+    strict_headers: bool = False
+
+    def tool_allowed(self, name: str) -> bool:
+        if self.allow and not any(fnmatch.fnmatchcase(name, g) for g in self.allow):
+            return False
+        return not any(fnmatch.fnmatchcase(name, g) for g in self.deny)
+
+
+@dataclass(frozen=True)
+class CatalogData:
+    """What one backend lists; raw items as the backend sent them."""
+
+    tools: tuple[Item, ...] = ()
+    prompts: tuple[Item, ...] = ()
+    resources: tuple[Item, ...] = ()
+    templates: tuple[Item, ...] = ()
+
+
+@dataclass(frozen=True)
+class Route:
+    backend: str
+    name: str  # the backend's own name or URI
+    param_headers: tuple[ParamHeader, ...] = ()
+
+
+# --- exposing items ---------------------------------------------------------------------------
+
+
+def expose_tool(naming: Naming, exp: Exposure, tool: Item) -> Item | None:
+    """The tool as clients see it, or None when it is filtered out."""
+    name = tool.get("name")
+    if not isinstance(name, str) or not exp.tool_allowed(name):
+        return None
+    if exp.strict_headers and isinstance(headers.param_headers(tool.get("inputSchema")), str):
+        return None
+    visible = names.client_name(naming, exp.namespace, exp.rename.get(name, name))
+    return tool if visible == name else {**tool, "name": visible}
+
+
+def expose_prompt(naming: Naming, exp: Exposure, prompt: Item) -> Item | None:
+    name = prompt.get("name")
+    if not isinstance(name, str):
+        return None
+    visible = names.client_name(naming, exp.namespace, name)
+    return prompt if visible == name else {**prompt, "name": visible}
+
+
+def expose_uri_field(naming: Naming, exp: Exposure, item: Item, key: str) -> Item | None:
+    uri = item.get(key)
+    if not isinstance(uri, str):
+        return None
+    visible = names.client_uri(naming, exp.namespace, uri)
+    return item if visible == uri else {**item, key: visible}
+
+
+def expose(naming: Naming, exp: Exposure, kind: str, item: Item) -> Item | None:
+    if kind == "tools":
+        return expose_tool(naming, exp, item)
+    if kind == "prompts":
+        return expose_prompt(naming, exp, item)
+    return expose_uri_field(
+        naming, exp, item, "uriTemplate" if kind == "resourceTemplates" else "uri"
+    )
+
+
+def expose_content_uris(naming: Naming, exp: Exposure, content: object) -> None:
+    """Rewrite, in place, the URIs of resource links and embedded resources in a content list."""
+    if not naming.prefixed or not isinstance(content, list):
+        return
+    for block in content:
+        if not isinstance(block, dict):
+            continue
+        target = block.get("resource") if block.get("type") == "resource" else block
+        if isinstance(target, dict) and isinstance(target.get("uri"), str):
+            target["uri"] = names.client_uri(naming, exp.namespace, target["uri"])
+
+
+# --- the table --------------------------------------------------------------------------------
+
+
+class RouteTable:
+    def __init__(self, naming: Naming, exposures: Sequence[Exposure]) -> None:
+        self.naming = naming
+        self.exposures = {e.backend: e for e in exposures}
+        self.namespaces = {e.namespace: e for e in exposures}
+        self.tools: dict[str, Route] = {}
+        self.prompts: dict[str, Route] = {}
+        self.resources: dict[str, Route] = {}
+        self.templates: list[tuple[re.Pattern[str], str]] = []  # unprefixed only
+        self.collisions: list[str] = []
+
+    def _add(self, table: dict[str, Route], kind: str, visible: str, route: Route) -> None:
+        held = table.get(visible)
+        if held is None:
+            table[visible] = route
+        elif held.backend != route.backend:
+            self.collisions.append(
+                f"{kind} {visible!r} is offered by both {held.backend!r} and {route.backend!r}"
+            )
+
+    def tool(self, visible: str) -> Route | None:
+        return self.tools.get(visible)
+
+    def prompt(self, visible: str) -> Route | None:
+        return self.prompts.get(visible)
+
+    def resource(self, visible: str) -> Route | None:
+        """Exact URIs first; then a namespaced URI by its namespace; then template matches."""
+        exact = self.resources.get(visible)
+        if exact is not None:
+            return exact
+        if self.naming.prefixed:
+            split = names.split_client_uri(visible)
+            if split is None or split[0] not in self.namespaces:
+                return None
+            return Route(self.namespaces[split[0]].backend, split[1])
+        for pattern, backend in self.templates:
+            if pattern.fullmatch(visible):
+                return Route(backend, visible)
+        if len(self.exposures) == 1:
+            return Route(next(iter(self.exposures)), visible)
+        return None
+
+    def only_backend(self) -> str | None:
+        return next(iter(self.exposures)) if len(self.exposures) == 1 else None
+
+
+def build(
+    naming: Naming, exposures: Sequence[Exposure], catalogs: Mapping[str, CatalogData]
+) -> RouteTable:
+    table = RouteTable(naming, exposures)
+    for exp in exposures:
+        catalog = catalogs.get(exp.backend, CatalogData())
+        for tool in catalog.tools:
+            shown = expose_tool(naming, exp, tool)
+            if shown is not None:
+                spec = headers.param_headers(tool.get("inputSchema"))
+                route = Route(exp.backend, tool["name"], spec if isinstance(spec, tuple) else ())
+                table._add(table.tools, "tool", shown["name"], route)
+        for prompt in catalog.prompts:
+            shown = expose_prompt(naming, exp, prompt)
+            if shown is not None:
+                table._add(
+                    table.prompts, "prompt", shown["name"], Route(exp.backend, prompt["name"])
+                )
+        for resource in catalog.resources:
+            shown = expose_uri_field(naming, exp, resource, "uri")
+            if shown is not None:
+                route = Route(exp.backend, resource["uri"])
+                table._add(table.resources, "resource", shown["uri"], route)
+        if not naming.prefixed:
+            table.templates.extend(
+                (template_pattern(t["uriTemplate"]), exp.backend)
+                for t in catalog.templates
+                if isinstance(t.get("uriTemplate"), str)
+            )
+    return table
+
+
+_EXPRESSION = re.compile(r"\{([+#./;?&]?)([^}]*)\}")
+
+
+def template_pattern(template: str) -> re.Pattern[str]:
+    """A regex matching the URIs an RFC 6570 template can expand to (good enough for routing)."""
+    out: list[str] = []
+    last = 0
+    for m in _EXPRESSION.finditer(template):
+        out.append(re.escape(template[last : m.start()]))
+        operator = m.group(1)
+        out.append(".*" if operator in ("+", "#", "?", "&") else "[^/?#]*")
+        last = m.end()
+    out.append(re.escape(template[last:]))
+    return re.compile("".join(out))
+
+
+def visible_names(items: Iterable[Item], key: str) -> list[str]:
+    return [i[key] for i in items if isinstance(i.get(key), str)]
