@@ -61,13 +61,12 @@ def _load_or_exit(path: Path, mcp_json: Path | None = None) -> Config:
 
 
 def _run(config: Config) -> None:
-    if len(config.backends) != 1:
-        click.echo(
-            "error: this version serves exactly one backend (namespacing is coming)", err=True
-        )
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            anyio.run(app.run, config)
+    except app.StartupError as exc:
+        click.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    with contextlib.suppress(KeyboardInterrupt):
-        anyio.run(app.run, config)
 
 
 log_level = click.option(

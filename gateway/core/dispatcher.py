@@ -219,12 +219,13 @@ class Dispatcher:
     # --- fan-out -----------------------------------------------------------------------------
 
     async def _fan_out(
-        self, calls: Sequence[tuple[str, Message]]
+        self, calls: Sequence[tuple[str, Message]], *, fail_open: bool | None = None
     ) -> list[tuple[str, dict[str, Any]]]:
         """Send requests to several backends at once; each answer's result in the same order.
 
         A failing backend is skipped under fail_open (logged and counted) and fails the whole
         request under fail_closed; when every backend fails, so does the request."""
+        open_policy = self._fail_open if fail_open is None else fail_open
         replies: dict[str, Message | Exception] = {}
 
         async def one(backend: str, request: Message) -> None:
@@ -245,7 +246,7 @@ class Dispatcher:
                 out.append((backend, result))
                 continue
             self.fan_out_failures[backend] = self.fan_out_failures.get(backend, 0) + 1
-            if not self._fail_open:
+            if not open_policy:
                 raise _as_failure(backend, reply)
             failed.append(_as_failure(backend, reply))
             log.warning("fan-out: backend %s skipped: %s", backend, _describe(reply))
@@ -255,7 +256,9 @@ class Dispatcher:
 
     async def _discover(self, msg: Message) -> Message:
         calls = [(name, msg) for name in self._order]
-        parts = await self._fan_out(calls)
+        # Discovery always answers with what the reachable backends declare: under fail_closed
+        # too, a client must be able to connect and see that something is missing.
+        parts = await self._fan_out(calls, fail_open=True)
         pairs = [(self._exposures[b].namespace, r) for b, r in parts]
         result = merge.discover_result(
             pairs, prefixed=self._naming.prefixed, server=self._info.as_implementation()
