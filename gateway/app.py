@@ -75,6 +75,9 @@ class Gateway:
             INFO,
             config.on_backend_failure,
         )
+        for backend in self.backends:
+            if isinstance(backend, StdioBackend):
+                backend.on_notification = self.dispatcher.backend_notification
         self._runner: web.AppRunner | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self.http_url: str | None = None

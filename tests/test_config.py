@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ConfigInvalid, HttpTarget, StdioTarget, parse
+from gateway.config import ConfigInvalid, HttpTarget, StdioTarget, load, parse
 from tests.support import PYTHON, ROOT, START_BOUND
 
 GOOD = """\
@@ -128,3 +128,38 @@ def test_the_bundled_demo_config_is_valid() -> None:
 def test_every_command_explains_itself(command: str) -> None:
     done = run_cli(command, "--help")
     assert done.returncode == 0 and "Usage:" in done.stdout
+
+
+def test_backends_from_imports_a_host_mcp_json_next_to_the_config(tmp_path: Path) -> None:
+    (tmp_path / "mcp.json").write_text(
+        '{"mcpServers": {"files": {"command": "fs-server", "args": ["/srv"], "env": {"A": "1"}},'
+        ' "remote": {"url": "https://example.com/mcp", "headers": {"X-Key": "k"}},'
+        ' "off": {"command": "x", "disabled": true}}}'
+    )
+    path = tmp_path / "gw.yaml"
+    path.write_text("listen: {stdio: true}\nbackends_from: mcp.json\n")
+    config = load(path, env={})
+    files, remote = config.backends
+    assert isinstance(files.target, StdioTarget) and files.target.args == ("/srv",)
+    assert isinstance(remote.target, HttpTarget) and remote.target.headers == {"X-Key": "k"}
+
+
+def test_a_broken_mcp_json_is_reported_with_the_config_line(tmp_path: Path) -> None:
+    (tmp_path / "mcp.json").write_text('{"mcpServers": {"bad": {"type": "sse"}}}')
+    path = tmp_path / "gw.yaml"
+    path.write_text("listen: {stdio: true}\nbackends_from: mcp.json\n")
+    with pytest.raises(ConfigInvalid) as caught:
+        load(path, env={})
+    assert caught.value.problems[0].startswith(f"{path}:2: backends_from:")
+    assert "mcpServers.bad" in caught.value.problems[0]
+
+
+def test_namespacing_and_policy_values_are_checked() -> None:
+    found = problems(
+        "listen: {stdio: true}\n"
+        "namespacing: {prefix: sometimes, max_name_length: 8}\n"
+        "fan_out: {on_failure: shrug}\n"
+        "backends:\n"
+        "  a: {stdio: {command: x}, namespace: 'bad ns'}\n"
+    )
+    assert [p.split(":")[1] for p in found] == ["5", "2", "2", "3"], found

@@ -17,6 +17,7 @@ from mcp import Client, MCPError
 
 from gateway.app import Gateway, StartupError
 from gateway.config import parse
+from gateway.core import catalog as catalog_module
 from tests.support import (
     PYTHON,
     START_BOUND,
@@ -228,3 +229,24 @@ def test_duplicate_namespaces_are_a_config_error_naming_both(tmp_path: Path) -> 
     assert proc.popen.wait(START_BOUND) == 2
     proc.wait_for(r"backends\.two: namespace 'shared' is already used by backend 'one'")
     proc.stop()
+
+
+async def test_catalog_is_reused_while_fresh_and_refetched_when_stale(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The demo's lists say ttlMs one hour, the SDK server's say 0: a miss refetches only the
+    stale one; a list change from a backend makes its catalog stale at once."""
+    monkeypatch.setattr(catalog_module, "MIN_REFRESH_INTERVAL", 0.0)
+    backends = {"demo": stdio_backend(DEMO), "sdk": stdio_backend(sdk_stdio_command())}
+    unknown = _request("tools/call", {"name": "nobody_x", "arguments": {}})
+    with anyio.fail_after(START_BOUND):
+        async with Gateway(parse(config_text(backends))) as gw:
+            catalogs = gw.dispatcher.catalogs
+            assert catalogs.refreshes == {"demo": 1, "sdk": 1}
+            reply = await gw.dispatcher.handle(unknown, _ignore)
+            assert reply["error"]["code"] == -32602
+            assert catalogs.refreshes == {"demo": 1, "sdk": 2}
+            change = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+            gw.dispatcher.backend_notification("demo", change)
+            await gw.dispatcher.handle(unknown, _ignore)
+            assert catalogs.refreshes == {"demo": 2, "sdk": 3}

@@ -11,6 +11,7 @@ import itertools
 import logging
 import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -83,6 +84,8 @@ class StdioBackend:
         self._write_lock = anyio.Lock()
         self._last_problem = "not started yet"
         self.restarts = 0
+        # Receives notifications that belong to no request (e.g. list changes).
+        self.on_notification: Callable[[str, Message], None] | None = None
 
     # --- supervision -----------------------------------------------------------------------
 
@@ -208,7 +211,10 @@ class StdioBackend:
             askers = [p for p in self._pending.values() if p.wants_logs]
             target = askers[0] if len(askers) == 1 else None
         if target is None:
-            log.debug("backend %s: notification %s matched no request", self.name, method)
+            if self.on_notification is not None:
+                self.on_notification(self.name, msg)
+            else:
+                log.debug("backend %s: notification %s matched no request", self.name, method)
             return
         try:
             target.send.send_nowait(msg)

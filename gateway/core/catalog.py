@@ -63,6 +63,7 @@ class Catalogs:
         self._entries = {e.backend: _Entry(b, e) for b, e in zip(backends, exposures, strict=True)}
         self._client_info = client_info
         self.table: RouteTable = routes.build(naming, exposures, {})
+        self.refreshes: dict[str, int] = dict.fromkeys(self._entries, 0)
 
     def capabilities(self, backend: str) -> Mapping[str, Any] | None:
         found = self._entries[backend].discover
@@ -94,6 +95,7 @@ class Catalogs:
         async with entry.lock:
             if entry.fresh(anyio.current_time()):
                 return  # another task refreshed it while this one waited
+            self.refreshes[backend] += 1
             with anyio.move_on_after(LOAD_TIMEOUT) as scope:
                 try:
                     await self._load(entry)
@@ -106,6 +108,8 @@ class Catalogs:
             self.table = routes.build(self.naming, self._exposures, self._data())
             for collision in self.table.collisions:
                 log.warning("%s", collision)
+            for note in self.table.shortened:
+                log.info("name shortened: %s", note)
 
     def _data(self) -> dict[str, CatalogData]:
         return {name: entry.data for name, entry in self._entries.items()}

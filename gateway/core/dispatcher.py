@@ -94,6 +94,12 @@ class Dispatcher:
         except errors.BackendError as exc:
             log.warning("notification %s not delivered: %s", msg["method"], exc)
 
+    def backend_notification(self, backend: str, msg: Message) -> None:
+        """A notification a backend sent outside any request: a list change makes its catalog
+        stale, so the next lookup that misses refetches it."""
+        if str(msg.get("method", "")).endswith("/list_changed"):
+            self.catalogs.invalidate(backend)
+
     async def param_headers(self, tool: str) -> tuple[ParamHeader, ...] | None:
         """The `x-mcp-header` annotations of a client-visible tool, if the tool is known."""
         route = await self._lookup(self.catalogs.table.tool, tool)

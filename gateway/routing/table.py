@@ -120,6 +120,7 @@ class RouteTable:
         self.resources: dict[str, Route] = {}
         self.templates: list[tuple[re.Pattern[str], str]] = []  # unprefixed only
         self.collisions: list[str] = []
+        self.shortened: list[str] = []  # names changed to fit the spec's characters and length
 
     def _add(self, table: dict[str, Route], kind: str, visible: str, route: Route) -> None:
         held = table.get(visible)
@@ -129,6 +130,11 @@ class RouteTable:
             self.collisions.append(
                 f"{kind} {visible!r} is offered by both {held.backend!r} and {route.backend!r}"
             )
+
+    def _note_shortened(self, exp: Exposure, name: str, visible: str) -> None:
+        plain = f"{exp.namespace}{self.naming.separator}{name}" if self.naming.prefixed else name
+        if visible != plain:
+            self.shortened.append(f"{exp.backend}: {plain!r} is shown as {visible!r}")
 
     def tool(self, visible: str) -> Route | None:
         return self.tools.get(visible)
@@ -166,12 +172,16 @@ def build(
         for tool in catalog.tools:
             shown = expose_tool(naming, exp, tool)
             if shown is not None:
+                table._note_shortened(
+                    exp, exp.rename.get(tool["name"], tool["name"]), shown["name"]
+                )
                 spec = headers.param_headers(tool.get("inputSchema"))
                 route = Route(exp.backend, tool["name"], spec if isinstance(spec, tuple) else ())
                 table._add(table.tools, "tool", shown["name"], route)
         for prompt in catalog.prompts:
             shown = expose_prompt(naming, exp, prompt)
             if shown is not None:
+                table._note_shortened(exp, prompt["name"], shown["name"])
                 table._add(
                     table.prompts, "prompt", shown["name"], Route(exp.backend, prompt["name"])
                 )
