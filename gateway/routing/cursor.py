@@ -28,6 +28,8 @@ def decode(cursor: object, key: bytes, scope: str) -> list[Position] | None:
     """The positions in a cursor this gateway issued for this list, or None if it is not one."""
     if not isinstance(cursor, str):
         return None
+    if not cursor.isascii():
+        return None  # every cursor this gateway issues is ASCII
     body, dot, signature = cursor.rpartition(".")
     if not dot or not hmac.compare_digest(signature, _sign(body, key)):
         return None

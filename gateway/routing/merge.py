@@ -27,7 +27,7 @@ LIST_CAPABILITY: Mapping[str, str] = {
 def cache_hints(parts: Sequence[Result]) -> dict[str, Any]:
     """The smallest `ttlMs`, and `public` only if every part was (server/utilities/caching)."""
     ttls = [p.get("ttlMs") for p in parts]
-    ttl = min((t if isinstance(t, int) and t > 0 else 0) for t in ttls) if ttls else 0
+    ttl = min((t if type(t) is int and t > 0 else 0) for t in ttls) if ttls else 0
     public = bool(parts) and all(p.get("cacheScope") == "public" for p in parts)
     return {"ttlMs": ttl, "cacheScope": "public" if public else "private"}
 
@@ -60,7 +60,7 @@ def capabilities(parts: Sequence[Result], *, keep_extensions: bool) -> Result:
             if isinstance(value, dict) and isinstance(merged.get(name), dict):
                 merged[name] = _union(merged[name], value)
             elif name not in merged:
-                merged[name] = value
+                merged[name] = _union({}, value) if isinstance(value, dict) else value
     return merged
 
 

@@ -102,7 +102,10 @@ def expose_content_uris(naming: Naming, exp: Exposure, content: object) -> None:
     for block in content:
         if not isinstance(block, dict):
             continue
-        target = block.get("resource") if block.get("type") == "resource" else block
+        kind = block.get("type")
+        target = block.get("resource") if kind == "resource" else block
+        if kind not in ("resource", "resource_link"):
+            continue
         if isinstance(target, dict) and isinstance(target.get("uri"), str):
             target["uri"] = names.client_uri(naming, exp.namespace, target["uri"])
 
@@ -209,7 +212,12 @@ def template_pattern(template: str) -> re.Pattern[str]:
     for m in _EXPRESSION.finditer(template):
         out.append(re.escape(template[last : m.start()]))
         operator = m.group(1)
-        out.append(".*" if operator in ("+", "#", "?", "&") else "[^/?#]*")
+        if operator in ("+", "#", "?", "&"):
+            out.append(".*")
+        elif operator == "/":
+            out.append("(?:/[^/?#]*)*")  # path segments: each expansion starts with "/"
+        else:
+            out.append("[^/?#]*")
         last = m.end()
     out.append(re.escape(template[last:]))
     return re.compile("".join(out))
