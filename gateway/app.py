@@ -126,6 +126,7 @@ class Gateway:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.dispatcher.close_streams()
         if self._runner is not None:
             with anyio.CancelScope(shield=True):
                 await self._runner.cleanup()
@@ -140,19 +141,26 @@ class Gateway:
 
 
 async def run(config: Config) -> None:
-    """Run until SIGINT/SIGTERM, or (with a stdio front end) until stdin closes."""
+    """Run until SIGINT/SIGTERM, or (with a stdio front end) until stdin closes. Either way open
+    listen streams end with their completion result and in-flight requests get time to finish."""
     async with Gateway(config) as gateway, anyio.create_task_group() as tg:
-
-        async def stop_on_signal() -> None:
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for signum in signals:
-                    log.info("received %s, shutting down", signal.Signals(signum).name)
-                    tg.cancel_scope.cancel()
-                    return
-
-        tg.start_soon(stop_on_signal)
+        stdio: StdioFrontend | None = None
         if config.listen.stdio:
             inbound, outbound = await open_process_stdio()
-            await gateway.serve_stdio(inbound, outbound)
-            log.info("stdin closed, shutting down")
+            stdio = StdioFrontend(gateway.dispatcher, inbound, outbound)
+
+            async def serve_stdio(frontend: StdioFrontend) -> None:
+                await frontend.serve()
+                log.info("stdin closed, shutting down")
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(serve_stdio, stdio)
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("received %s, shutting down", signal.Signals(signum).name)
+                break
+        gateway.dispatcher.close_streams()
+        if stdio is not None:
+            stdio.stop()  # serve_stdio drains, then cancels the group
+        else:
             tg.cancel_scope.cancel()

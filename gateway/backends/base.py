@@ -16,7 +16,8 @@ class Backend(Protocol):
     """One MCP server as the engine sees it.
 
     `request` sends a request and returns the reply carrying the caller's own id; it raises
-    `errors.BackendError` when there is no reply to give. Cancelling the calling task cancels
+    `errors.BackendError` when there is no reply to give. A `long_lived` request (a listen
+    stream) has no overall timeout. Cancelling the calling task cancels
     the request on the backend (stdio: `notifications/cancelled`; HTTP: the stream is closed).
     """
 
@@ -31,6 +32,8 @@ class Backend(Protocol):
         msg: Message,
         sink: NotificationSink,
         param_headers: tuple[ParamHeader, ...] = (),
+        *,
+        long_lived: bool = False,
     ) -> Message: ...
 
     async def notify(self, msg: Message) -> None: ...

@@ -40,18 +40,25 @@ class HttpBackend:
             total=None, connect=config.connect_timeout, sock_connect=config.connect_timeout
         )
         self._session: aiohttp.ClientSession | None = None
+        # Listen streams stay open indefinitely; they get their own unpooled session so they
+        # can never use up the connections that calls need.
+        self._streams: aiohttp.ClientSession | None = None
 
     async def run(self) -> None:
-        connector = aiohttp.TCPConnector(limit=POOL_SIZE)
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, auto_decompress=True
+            connector=aiohttp.TCPConnector(limit=POOL_SIZE), timeout=self._timeout
+        )
+        self._streams = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=self._timeout
         )
         try:
             await anyio.sleep_forever()
         finally:
-            session, self._session = self._session, None
+            sessions = (self._session, self._streams)
+            self._session = self._streams = None
             with anyio.CancelScope(shield=True):
-                await session.close()
+                for session in sessions:
+                    await session.close()
 
     def _headers(self, msg: Message, param_headers: tuple[ParamHeader, ...]) -> dict[str, str]:
         out = dict(self._static_headers)
@@ -65,15 +72,21 @@ class HttpBackend:
         msg: Message,
         sink: NotificationSink,
         param_headers: tuple[ParamHeader, ...] = (),
+        *,
+        long_lived: bool = False,
     ) -> Message:
+        if long_lived:
+            return await self._post(self._streams, msg, sink, param_headers)
         try:
             with anyio.fail_after(self._request_timeout):
-                return await self._post(msg, sink, param_headers)
+                return await self._post(self._session, msg, sink, param_headers)
         except TimeoutError:
             raise BackendTimeout(self.name, f"no reply within {self._request_timeout:g}s") from None
 
     async def notify(self, msg: Message) -> None:
-        session = self._require_session()
+        session = self._session
+        if session is None:
+            raise BackendUnavailable(self.name, "not started")
         try:
             with anyio.fail_after(self._request_timeout):
                 async with session.post(
@@ -85,15 +98,15 @@ class HttpBackend:
         except aiohttp.ClientError as exc:
             raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
 
-    def _require_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            raise BackendUnavailable(self.name, "not started")
-        return self._session
-
     async def _post(
-        self, msg: Message, sink: NotificationSink, param_headers: tuple[ParamHeader, ...]
+        self,
+        session: aiohttp.ClientSession | None,
+        msg: Message,
+        sink: NotificationSink,
+        param_headers: tuple[ParamHeader, ...],
     ) -> Message:
-        session = self._require_session()
+        if session is None:
+            raise BackendUnavailable(self.name, "not started")
         try:
             async with session.post(
                 self._url, data=jsonrpc.encode(msg), headers=self._headers(msg, param_headers)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import os
 import subprocess
 from collections.abc import Callable
@@ -205,6 +206,8 @@ class StdioBackend:
             target = self._pending.get(token) if isinstance(token, int) else None
             if target is not None:
                 msg["params"] = {**params, "progressToken": target.client_token}
+        elif isinstance(sub := jsonrpc.meta(msg).get(meta.SUBSCRIPTION_ID), int):
+            target = self._pending.get(sub)  # a listen stream's acknowledgement or notification
         elif method == "notifications/message":
             # stdio gives a log message no request id; it can only belong to a request that
             # asked for logs, and is delivered only when exactly one such request is in flight.
@@ -254,6 +257,8 @@ class StdioBackend:
         msg: Message,
         sink: NotificationSink,
         param_headers: tuple[ParamHeader, ...] = (),
+        *,
+        long_lived: bool = False,
     ) -> Message:
         await self._wait_ready()
         bid = next(self._ids)
@@ -267,7 +272,8 @@ class StdioBackend:
         pending = _Pending(msg["id"], token, meta.LOG_LEVEL in req_meta, send, recv)
         self._pending[bid] = pending
         try:
-            with send, recv, anyio.fail_after(self._request_timeout):
+            timeout = math.inf if long_lived else self._request_timeout
+            with send, recv, anyio.fail_after(timeout):
                 await self._write(out)
                 async for note in recv:
                     await sink(note)

@@ -16,6 +16,7 @@ import anyio
 from gateway import errors
 from gateway.backends.base import Backend, NotificationSink
 from gateway.core.catalog import Catalogs
+from gateway.core.listen import Subscriptions
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
@@ -69,6 +70,11 @@ class Dispatcher:
         # before a restart is stale (the spec lets cursors expire).
         self._cursor_key = os.urandom(32)
         self.fan_out_failures: dict[str, int] = {}
+        self.subscriptions = Subscriptions(self.backends, self.catalogs, self._exposures, naming)
+
+    def close_streams(self) -> None:
+        """Shutdown: every open listen ends with its graceful completion result."""
+        self.subscriptions.close_all()
 
     # --- entry points ----------------------------------------------------------------------
 
@@ -125,6 +131,8 @@ class Dispatcher:
             return await self._forward(msg, sink, route, "uri")
         if method == "completion/complete":
             return await self._complete(msg, sink)
+        if method == "subscriptions/listen":
+            return await self.subscriptions.listen(msg, sink)
         only = self._only_backend()
         if only is None:
             raise Refused(codes.METHOD_NOT_FOUND, f"Method not found: {method}")

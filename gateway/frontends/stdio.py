@@ -41,13 +41,23 @@ class StdioFrontend:
         self._write_lock = anyio.Lock()
         self._in_flight: dict[RequestId, anyio.CancelScope] = {}
         self._idle = anyio.Event()
+        self._reading = anyio.CancelScope()
+
+    def stop(self) -> None:
+        """Stop reading, as if stdin had ended; `serve` then drains and returns."""
+        self._reading.cancel()
 
     async def serve(self) -> None:
-        """Serve until stdin ends, then let in-flight requests drain (bounded)."""
+        """Serve until stdin ends (or `stop`), then let in-flight requests drain (bounded).
+
+        The client is gone or going, so open listen streams end gracefully at once rather than
+        holding the drain open."""
         async with anyio.create_task_group() as tg:
-            while (line := await self._read_line()) is not None:
-                if line.strip():
-                    await self._on_line(line, tg)
+            with self._reading:
+                while (line := await self._read_line()) is not None:
+                    if line.strip():
+                        await self._on_line(line, tg)
+            self._dispatcher.close_streams()
             if self._in_flight:
                 with anyio.move_on_after(DRAIN_TIMEOUT):
                     await self._idle.wait()

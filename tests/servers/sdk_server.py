@@ -10,6 +10,14 @@ tools/list, prompts/list, resources/list and resources/templates/list are pagina
 `--page-size` items a page (default 10; `0` disables pagination). `--label` (default "sdk")
 is returned by the `label` tool and the `mem://shared` resource, to tell copies apart.
 completion/complete completes `greet`'s `name` and `mem://items/{id}`'s `id` by prefix.
+
+`ask` elicits a form (one string field `answer`); at 2026-07-28 the SDK turns that into an
+`input_required` tools/call result carrying an `elicitation/create` input request.
+`subscriptions/listen` is served (SDK default bus): `change_tools` publishes
+`notifications/tools/list_changed` (with `toggle=true` it also adds/removes the tool
+`dummy`), `touch` publishes `notifications/resources/updated` for a URI, and
+`close_listens` ends every open listen stream gracefully (each gets its completion result
+`{"resultType": "complete", "_meta": {subscriptionId}}`), as SIGTERM does before exiting.
 """
 
 from __future__ import annotations
@@ -20,13 +28,16 @@ import signal
 import socket
 import sys
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Annotated, Any
 
 import anyio
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.elicitation import AcceptedElicitation, DeclinedElicitation, ElicitationResult
+from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types import (
     INVALID_PARAMS,
@@ -35,8 +46,9 @@ from mcp_types import (
     CompletionContext,
     PromptReference,
     ResourceTemplateReference,
+    SubscriptionsListenRequestParams,
 )
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
 
@@ -105,6 +117,21 @@ async def complete(
     return Completion(values=values, total=len(values), has_more=False)
 
 
+class AskForm(BaseModel):
+    """The form `ask` elicits: one string field."""
+
+    answer: str
+
+
+def ask_question(question: str) -> Elicit[AskForm]:
+    """Resolver for `ask`: elicit the answer to the tool's `question` argument."""
+    return Elicit(question, AskForm)
+
+
+def _dummy() -> str:
+    return "dummy"
+
+
 def _constant(value: str) -> Callable[[], str]:
     def tool() -> str:
         return value
@@ -112,13 +139,33 @@ def _constant(value: str) -> Callable[[], str]:
     return tool
 
 
+# Each built server's subscriptions/listen handler, so shutdown can end listen streams
+# gracefully (MCPServer keeps the one it creates private and never closes it).
+LISTEN_HANDLERS: weakref.WeakKeyDictionary[MCPServer, ListenHandler] = weakref.WeakKeyDictionary()
+
+
+def close_listens(mcp: MCPServer) -> None:
+    """End `mcp`'s open listen streams with their graceful completion result."""
+    handler = LISTEN_HANDLERS.get(mcp)
+    if handler is not None:
+        handler.close()
+
+
 def build_server(page_size: int, label: str = "sdk") -> MCPServer:
+    bus = InMemorySubscriptionBus()
     mcp = MCPServer(
         "sdk-test-server",
         version="1.0.0",
         log_level="WARNING",
         middleware=[ListPager(page_size)],
+        subscriptions=bus,
     )
+    # Serve subscriptions/listen with a handler we hold (same bus `ctx.notify_*` publishes on).
+    listen_handler = ListenHandler(bus)
+    mcp._lowlevel_server.add_request_handler(
+        "subscriptions/listen", SubscriptionsListenRequestParams, listen_handler
+    )
+    LISTEN_HANDLERS[mcp] = listen_handler
 
     @mcp.tool()
     def echo(text: str) -> str:
@@ -173,6 +220,47 @@ def build_server(page_size: int, label: str = "sdk") -> MCPServer:
         """Answer a query for a region (region is mirrored into Mcp-Param-Region)."""
         return f"{region}:{query}"
 
+    @mcp.tool()
+    def ask(
+        question: str,
+        reply: Annotated[ElicitationResult[AskForm], Resolve(ask_question)],
+    ) -> str:
+        """Ask the user `question` (form elicitation); return their answer."""
+        if isinstance(reply, AcceptedElicitation):
+            return f"answer: {reply.data.answer}"
+        if isinstance(reply, DeclinedElicitation):
+            return "declined"
+        return "cancelled"
+
+    dummy_present = False
+
+    @mcp.tool()
+    async def change_tools(ctx: Context, toggle: bool = False) -> str:
+        """Emit notifications/tools/list_changed to listen streams.
+
+        With `toggle`, first add (or remove again) the tool `dummy`."""
+        nonlocal dummy_present
+        if toggle:
+            if dummy_present:
+                mcp.remove_tool("dummy")
+            else:
+                mcp.add_tool(_dummy, name="dummy", description="Toggled by change_tools.")
+            dummy_present = not dummy_present
+        await ctx.notify_tools_changed()
+        return "dummy present" if dummy_present else "dummy absent"
+
+    @mcp.tool()
+    async def touch(uri: str, ctx: Context) -> str:
+        """Emit notifications/resources/updated for `uri` to listen streams subscribed to it."""
+        await ctx.notify_resource_updated(uri)
+        return f"touched {uri}"
+
+    @mcp.tool(name="close_listens")
+    def close_listens_tool() -> str:
+        """End every open subscriptions/listen stream with its graceful completion result."""
+        listen_handler.close()
+        return "closed"
+
     for i in range(EXTRA_TOOLS):
         name = f"t{i:02d}"
         mcp.add_tool(_constant(name), name=name, description=f"Trivial tool {name}.")
@@ -219,6 +307,9 @@ async def serve_stdio(mcp: MCPServer) -> None:
         async def on_sigterm() -> None:
             with anyio.open_signal_receiver(signal.SIGTERM) as signals:
                 async for _ in signals:
+                    # Graceful closure: listen streams get their completion result first.
+                    close_listens(mcp)
+                    await anyio.sleep(0.2)
                     os._exit(0)
 
         tg.start_soon(on_sigterm)
@@ -242,8 +333,16 @@ async def serve_http(mcp: MCPServer, port: int, json_response: bool) -> None:
             await anyio.sleep(0.01)
         print(f"READY {sock.getsockname()[1]}", flush=True)
 
+    async def end_listens_on_exit() -> None:
+        # Open listen streams would hold uvicorn's graceful shutdown for its full timeout;
+        # end them with their completion result as soon as shutdown begins.
+        while not server.should_exit:  # noqa: ASYNC110 - uvicorn offers no event for this
+            await anyio.sleep(0.05)
+        close_listens(mcp)
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(announce)
+        tg.start_soon(end_listens_on_exit)
         await server.serve(sockets=[sock])
         tg.cancel_scope.cancel()
     sock.close()
