@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,13 +24,14 @@ from gateway.routing import cursor as cursors
 from gateway.routing import merge, names
 from gateway.routing import table as routes
 from gateway.routing.names import Naming
-from gateway.routing.table import Exposure, Route
+from gateway.routing.table import Exposure, Route, RouteTable
 
 log = logging.getLogger("gateway")
 
 # Client notifications the gateway consumes itself instead of forwarding.
 LOCAL_NOTIFICATIONS = frozenset({"notifications/cancelled"})
 FAIL_OPEN = "fail_open"
+Finder = Callable[[RouteTable, str], Route | None]
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class Dispatcher:
 
     async def param_headers(self, tool: str) -> tuple[ParamHeader, ...] | None:
         """The `x-mcp-header` annotations of a client-visible tool, if the tool is known."""
-        route = await self._lookup(self.catalogs.table.tool, tool)
+        route = await self._lookup(RouteTable.tool, tool)
         return route.param_headers if route is not None else None
 
     # --- dispatch ----------------------------------------------------------------------------
@@ -121,10 +122,10 @@ class Dispatcher:
         if method in merge.LIST_KEYS:
             return await self._list(msg)
         if method == "tools/call":
-            route = await self._route_name(self.catalogs.table.tool, "tool", params.get("name"))
+            route = await self._route_name(RouteTable.tool, "tool", params.get("name"))
             return await self._forward(msg, sink, route, "name", route.param_headers)
         if method == "prompts/get":
-            route = await self._route_name(self.catalogs.table.prompt, "prompt", params.get("name"))
+            route = await self._route_name(RouteTable.prompt, "prompt", params.get("name"))
             return await self._forward(msg, sink, route, "name")
         if method == "resources/read":
             route = await self._route_uri(params.get("uri"))
@@ -141,14 +142,15 @@ class Dispatcher:
     def _only_backend(self) -> Backend | None:
         return self.backends[self._order[0]] if len(self._order) == 1 else None
 
-    async def _lookup(self, find: Any, key: str) -> Route | None:
-        route: Route | None = find(key)
+    async def _lookup(self, find: Finder, key: str) -> Route | None:
+        """Look a name up; on a miss, refresh stale catalogs and look in the new table."""
+        route = find(self.catalogs.table, key)
         if route is None:
             await self.catalogs.refresh_stale()
-            route = find(key)
+            route = find(self.catalogs.table, key)
         return route
 
-    async def _route_name(self, find: Any, kind: str, name: object) -> Route:
+    async def _route_name(self, find: Finder, kind: str, name: object) -> Route:
         if not isinstance(name, str):
             raise Refused(codes.INVALID_PARAMS, f"params.name must name a {kind}")
         route = await self._lookup(find, name)
@@ -168,7 +170,7 @@ class Dispatcher:
     async def _route_uri(self, uri: object) -> Route:
         if not isinstance(uri, str):
             raise Refused(codes.INVALID_PARAMS, "params.uri must be a string")
-        route = await self._lookup(self.catalogs.table.resource, uri)
+        route = await self._lookup(RouteTable.resource, uri)
         if route is None:
             raise Refused(codes.INVALID_PARAMS, f"Unknown resource: {uri}")
         return route
@@ -222,7 +224,7 @@ class Dispatcher:
         if not isinstance(ref, dict):
             raise Refused(codes.INVALID_PARAMS, "params.ref is required")
         if ref.get("type") == "ref/prompt":
-            route = await self._route_name(self.catalogs.table.prompt, "prompt", ref.get("name"))
+            route = await self._route_name(RouteTable.prompt, "prompt", ref.get("name"))
             new_ref = {**ref, "name": route.name}
         else:
             route = await self._route_uri(ref.get("uri"))
