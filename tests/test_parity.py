@@ -10,7 +10,16 @@ from typing import Any
 import anyio
 import pytest
 from mcp import Client, MCPError
+from mcp.client.context import ClientRequestContext
+from mcp.client.session import IncomingMessage
+from mcp.client.subscriptions import ResourceUpdated, ServerEvent, Subscription, ToolsListChanged
+from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from mcp_types import (
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    ElicitRequestFormParams,
+    ElicitRequestParams,
+    ElicitResult,
+    ErrorData,
     PromptReference,
     ResourceTemplateReference,
     TextContent,
@@ -231,3 +240,142 @@ async def test_concurrent_clients_get_their_own_replies(target: Target) -> None:
             for n in range(4):
                 tg.start_soon(one_client, n)
     assert failures == []
+
+
+async def test_elicitation_round_trip(target: Target) -> None:
+    """basic/patterns/mrtr and client/elicitation: the input_required result reaches the client
+    untouched, its retry (inputResponses + requestState) reaches the same backend, and the
+    client's declared capabilities reach the backend."""
+    asked: list[str] = []
+
+    async def answer_or_decline(
+        context: ClientRequestContext, params: ElicitRequestParams
+    ) -> ElicitResult | ErrorData:
+        assert isinstance(params, ElicitRequestFormParams)
+        asked.append(params.message)
+        if params.message == "no?":
+            return ElicitResult(action="decline")
+        return ElicitResult(action="accept", content={"answer": "42"})
+
+    async with connect(target, elicitation_callback=answer_or_decline) as client:
+        with anyio.fail_after(BOUND):
+            assert text_of(await client.call_tool("ask", {"question": "yes?"})) == "answer: 42"
+            assert text_of(await client.call_tool("ask", {"question": "no?"})) == "declined"
+    assert asked == ["yes?", "no?"]
+
+
+async def test_elicitation_without_the_capability_is_refused(target: Target) -> None:
+    """basic/patterns/mrtr: a client that does not declare elicitation gets -32021."""
+    async with connect(target) as client:
+        with anyio.fail_after(BOUND), pytest.raises(MCPError) as caught:
+            await client.call_tool("ask", {"question": "yes?"})
+    assert caught.value.code == MISSING_REQUIRED_CLIENT_CAPABILITY == -32021
+    assert caught.value.data["requiredCapabilities"] == {"elicitation": {"form": {}}}
+
+
+Frame = tuple[object, str, str | None]
+"""A stamped notification as received: (subscriptionId, method, uri)."""
+
+
+class StampedFrames:
+    """A message_handler recording every notification stamped with a subscriptionId, so the
+    tests see what arrived on the wire, before the SDK's per-listen filter drops anything."""
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+        self._arrived = anyio.Event()
+
+    async def __call__(self, message: IncomingMessage) -> None:
+        if isinstance(message, Exception) or message.params is None:
+            return
+        meta = message.params.meta or {}
+        if SUBSCRIPTION_ID_META_KEY in meta:
+            uri = getattr(message.params, "uri", None)
+            self.frames.append((meta[SUBSCRIPTION_ID_META_KEY], message.method, uri))
+            self._arrived.set()
+            self._arrived = anyio.Event()
+
+    async def wait_for(self, frame: Frame, count: int = 1) -> None:
+        with anyio.fail_after(BOUND):
+            while self.frames.count(frame) < count:
+                await self._arrived.wait()
+
+
+async def next_events(sub: Subscription, until: ServerEvent) -> list[ServerEvent]:
+    """Every event up to and including `until`, bounded by BOUND."""
+    seen: list[ServerEvent] = []
+    with anyio.fail_after(BOUND):
+        async for event in sub:
+            seen.append(event)
+            if event == until:
+                return seen
+    raise AssertionError(f"the stream ended before {until!r}; got {seen!r}")
+
+
+TOOLS_CHANGED = "notifications/tools/list_changed"
+UPDATED = "notifications/resources/updated"
+
+
+async def test_listen_delivers_list_changes_and_resource_updates(target: Target) -> None:
+    """basic/patterns/subscriptions: the acknowledged filter, then exactly the events it covers."""
+    motd = ResourceUpdated(uri="mem://motd")
+    wire = StampedFrames()
+    async with connect(target, message_handler=wire) as client:
+        with anyio.fail_after(BOUND):
+            listening = client.listen(
+                tools_list_changed=True, resource_subscriptions=["mem://motd"]
+            )
+            async with listening as sub:
+                assert sub.honored.tools_list_changed is True
+                assert sub.honored.resource_subscriptions == ["mem://motd"]
+                await client.call_tool("change_tools", {})
+                # The unsubscribed URI first: had it been delivered, it would precede motd.
+                await client.call_tool("touch", {"uri": "mem://greeting"})
+                await client.call_tool("touch", {"uri": "mem://motd"})
+                seen = await next_events(sub, motd)
+                if ToolsListChanged() not in seen:
+                    seen += await next_events(sub, ToolsListChanged())
+                assert sorted(map(repr, seen)) == sorted(map(repr, [ToolsListChanged(), motd]))
+                # A sentinel: nothing else (no duplicate, no greeting) was queued before it.
+                await client.call_tool("touch", {"uri": "mem://motd"})
+                assert await next_events(sub, motd) == [motd]
+                sid = sub.subscription_id
+                await wire.wait_for((sid, UPDATED, "mem://motd"), count=2)
+    assert sorted(wire.frames, key=repr) == [
+        (sid, UPDATED, "mem://motd"),
+        (sid, UPDATED, "mem://motd"),
+        (sid, TOOLS_CHANGED, None),
+    ]
+
+
+async def test_two_listens_on_one_client_are_kept_apart(target: Target) -> None:
+    """basic/patterns/subscriptions: each stream gets only what its own filter asked for,
+    stamped with its own subscriptionId."""
+    motd = ResourceUpdated(uri="mem://motd")
+    wire = StampedFrames()
+    async with connect(target, message_handler=wire) as client:
+        with anyio.fail_after(BOUND):
+            async with (
+                client.listen(tools_list_changed=True) as tools,
+                client.listen(resource_subscriptions=["mem://motd"]) as resources,
+            ):
+                assert tools.honored.tools_list_changed is True
+                assert not tools.honored.resource_subscriptions
+                assert resources.honored.resource_subscriptions == ["mem://motd"]
+                assert not resources.honored.tools_list_changed
+                await client.call_tool("touch", {"uri": "mem://motd"})
+                assert await next_events(resources, motd) == [motd]
+                await client.call_tool("change_tools", {})
+                assert await next_events(tools, ToolsListChanged()) == [ToolsListChanged()]
+                # Sentinels: had the other stream been sent either event, it would come first.
+                await client.call_tool("touch", {"uri": "mem://motd"})
+                assert await next_events(resources, motd) == [motd]
+                await client.call_tool("change_tools", {})
+                assert await next_events(tools, ToolsListChanged()) == [ToolsListChanged()]
+                await wire.wait_for((resources.subscription_id, UPDATED, "mem://motd"), count=2)
+                await wire.wait_for((tools.subscription_id, TOOLS_CHANGED, None), count=2)
+    assert sorted(wire.frames, key=repr) == sorted(
+        [(resources.subscription_id, UPDATED, "mem://motd")] * 2
+        + [(tools.subscription_id, TOOLS_CHANGED, None)] * 2,
+        key=repr,
+    )
