@@ -321,7 +321,7 @@ async def fake_backend(handler: Handler) -> AsyncIterator[str]:
     """A tiny HTTP server on 127.0.0.1 answering every request with `handler`."""
     app = web.Application()
     app.router.add_route("*", "/mcp", handler)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, handler_cancellation=True)
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -478,3 +478,41 @@ async def test_stdio_front_end_is_not_held_up_by_a_notification_to_a_hung_http_b
                 assert reply["result"]["tools"] == []
     finally:
         release.set()
+
+
+async def test_a_cancelled_call_closes_the_http_backend_stream() -> None:
+    """Cancellation on the HTTP hop is closing the response stream: the backend sees its client
+    go away (streamable-http, Cancellation)."""
+    started, gone = anyio.Event(), anyio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        if body["method"] != "tools/call":
+            result = {
+                "resultType": "complete",
+                "supportedVersions": ["2026-07-28"],
+                "capabilities": {"tools": {}},
+                "tools": [{"name": "wait", "inputSchema": {"type": "object"}}],
+            }
+            reply = {"jsonrpc": "2.0", "id": body["id"], "result": result}
+            return web.Response(body=orjson.dumps(reply), content_type="application/json")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            gone.set()  # aiohttp cancels the handler when the client disconnects
+        return response
+
+    async with (
+        fake_backend(handler) as backend_url,
+        gateway(http_backend(backend_url)) as (_, session, url),
+    ):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(post, session, url, call("c-1", "wait"))
+            with anyio.fail_after(BOUND):
+                await started.wait()
+            tg.cancel_scope.cancel()
+        with anyio.fail_after(BOUND):
+            await gone.wait()
