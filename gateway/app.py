@@ -5,12 +5,22 @@ root task group and shuts everything down in order. The only module that wires c
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 from types import TracebackType
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
 from aiohttp import web
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from gateway import __version__
 from gateway.backends.base import Backend
@@ -18,10 +28,16 @@ from gateway.backends.http import HttpBackend
 from gateway.backends.stdio import StdioBackend
 from gateway.config import BackendConfig, Config, StdioTarget
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
+from gateway.core.instrument import InstrumentedBackend
 from gateway.frontends import http as http_frontend
+from gateway.frontends.ops import Operations, make_admin_app
 from gateway.frontends.stdio import StdioFrontend, open_process_stdio
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
+from gateway.telemetry.api import Stats
+from gateway.telemetry.metrics import BackendState, GatewayCollector, Recorder
+from gateway.telemetry.otel import GatewayTelemetry
+from gateway.telemetry.tap import Tap
 
 log = logging.getLogger("gateway")
 
@@ -34,10 +50,50 @@ class StartupError(Exception):
     """The configured backends cannot be served together (e.g. a name collision under `never`)."""
 
 
-def make_backend(config: BackendConfig) -> Backend:
+def make_backend(config: BackendConfig, stats: Stats) -> StdioBackend | HttpBackend:
     if isinstance(config.target, StdioTarget):
-        return StdioBackend(config)
-    return HttpBackend(config)
+        return StdioBackend(config, stats)
+    return HttpBackend(config, stats)
+
+
+def _address(config: BackendConfig) -> tuple[str, int] | None:
+    if isinstance(config.target, StdioTarget):
+        return None
+    url = urlsplit(config.target.url)
+    return url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+
+
+def tracer_provider(config: Config) -> TracerProvider | None:
+    """An SDK tracer provider exporting OTLP over HTTP, when an endpoint is configured (in the
+    config or the standard OTEL_EXPORTER_OTLP_* variables) and OTEL_SDK_DISABLED is not set."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return None
+    endpoint = config.telemetry.otlp_endpoint
+    env_endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    if endpoint is None and env_endpoint is None:
+        return None
+    service = os.environ.get("OTEL_SERVICE_NAME") or config.telemetry.service_name
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    traces_url = f"{endpoint.rstrip('/')}/v1/traces" if endpoint else None
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url)))
+    return provider
+
+
+def access_logger(config: Config) -> logging.Logger | None:
+    target = config.telemetry.access_log
+    if target is None:
+        return None
+    logger = logging.getLogger("gateway.access")
+    logger.propagate = False  # one JSON line per request, not wrapped by the text log format
+    logger.setLevel(logging.INFO)
+    handler: logging.Handler = (
+        logging.StreamHandler(sys.stderr) if target == "stderr" else logging.FileHandler(target)
+    )
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.handlers = [handler]
+    return logger
 
 
 def make_exposure(config: BackendConfig) -> Exposure:
@@ -65,19 +121,41 @@ class Gateway:
     """The running gateway: `async with Gateway(config) as gw:` starts backends and the HTTP
     listener (if configured); `serve_stdio` runs the stdio front end on given streams."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, tracing: trace.TracerProvider | None = None) -> None:
         self.config = config
-        self.backends = [make_backend(b) for b in config.backends]
+        self.registry = CollectorRegistry()
+        self._provider = tracing if tracing is not None else tracer_provider(config)
+        tracer = self._provider.get_tracer("mcp-gateway", __version__) if self._provider else None
+        self.tap = Tap(config.tap) if config.tap is not None else None
+        self.telemetry = GatewayTelemetry(
+            tracer,
+            Recorder(self.registry),
+            access_logger(config),
+            config.telemetry.record_payloads,
+            self.tap,
+        )
+        self.transports = [make_backend(b, self.telemetry.stats) for b in config.backends]
+        self.backends: list[Backend] = [
+            InstrumentedBackend(t, self.telemetry, _address(c))
+            for t, c in zip(self.transports, config.backends, strict=True)
+        ]
         self.dispatcher = Dispatcher(
             self.backends,
             [make_exposure(b) for b in config.backends],
             make_naming(config),
             INFO,
             config.on_backend_failure,
+            self.telemetry,
         )
-        for backend in self.backends:
-            if isinstance(backend, StdioBackend):
-                backend.on_notification = self.dispatcher.backend_notification
+        for transport in self.transports:
+            if isinstance(transport, StdioBackend):
+                transport.on_notification = self.dispatcher.backend_notification
+        self.registry.register(
+            GatewayCollector(self.telemetry.stats, self._backend_states, self._listens)
+        )
+        self.operations = Operations(metrics=self._render_metrics, backends=self._backends_up)
+        self._admin: web.AppRunner | None = None
+        self.admin_url: str | None = None
         self._runner: web.AppRunner | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self.http_url: str | None = None
@@ -88,6 +166,7 @@ class Gateway:
         for backend in self.backends:
             self._tg.start_soon(backend.run, name=f"backend {backend.name}")
         try:
+            await self._start_admin()
             await self._load_catalogs()
             if self.config.listen.http is not None:
                 await self._start_http()
@@ -95,6 +174,43 @@ class Gateway:
             await self.__aexit__(None, None, None)
             raise
         return self
+
+    def _backend_states(self) -> list[BackendState]:
+        catalogs = self.dispatcher.catalogs
+        return [
+            BackendState(
+                name=t.name,
+                up=t.up,
+                restarts=t.restarts if isinstance(t, StdioBackend) else 0,
+                catalog_refreshes=catalogs.refreshes.get(t.name, 0),
+                fanout_failures=self.dispatcher.fan_out_failures.get(t.name, 0),
+            )
+            for t in self.transports
+        ]
+
+    def _listens(self) -> int:
+        return self.dispatcher.subscriptions.active
+
+    def _backends_up(self) -> dict[str, bool]:
+        return {t.name: t.up for t in self.transports}
+
+    def _render_metrics(self, accept: str) -> tuple[bytes, str]:
+        # OpenMetrics carries exemplars (trace ids); the classic text format does not.
+        if "application/openmetrics-text" in accept:
+            body: bytes = openmetrics.generate_latest(self.registry)  # type: ignore[no-untyped-call]
+            return body, openmetrics.CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    async def _start_admin(self) -> None:
+        admin = self.config.listen.admin
+        if admin is None:
+            return
+        self._admin = web.AppRunner(make_admin_app(self.operations), access_log=None)
+        await self._admin.setup()
+        await web.TCPSite(self._admin, admin.host, admin.port).start()
+        port = self._admin.addresses[0][1]
+        self.admin_url = f"http://{admin.host}:{port}"
+        log.info("admin listener (metrics, health) on %s", self.admin_url)
 
     async def _load_catalogs(self) -> None:
         """Learn every backend's catalog before serving, so the first requests route and a
@@ -107,7 +223,7 @@ class Gateway:
     async def _start_http(self) -> None:
         listen = self.config.listen.http
         assert listen is not None
-        app = http_frontend.make_app(self.dispatcher, listen)
+        app = http_frontend.make_app(self.dispatcher, listen, self.operations)
         # handler_cancellation: a client that drops its connection cancels its request.
         self._runner = web.AppRunner(
             app, handler_cancellation=True, access_log=None, shutdown_timeout=HTTP_SHUTDOWN_GRACE
@@ -127,12 +243,19 @@ class Gateway:
         tb: TracebackType | None,
     ) -> None:
         self.dispatcher.close_streams()
-        if self._runner is not None:
-            with anyio.CancelScope(shield=True):
-                await self._runner.cleanup()
+        with anyio.CancelScope(shield=True):
+            for runner in (self._runner, self._admin):
+                if runner is not None:
+                    await runner.cleanup()
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
-        await self._tg.__aexit__(exc_type, exc, tb)
+        try:
+            await self._tg.__aexit__(exc_type, exc, tb)
+        finally:
+            if self.tap is not None:
+                self.tap.close()
+            if self._provider is not None and isinstance(self._provider, TracerProvider):
+                self._provider.force_flush()
 
     async def serve_stdio(
         self, inbound: anyio.abc.ByteReceiveStream, outbound: anyio.abc.ByteSendStream

@@ -25,9 +25,28 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_CONNECT_TIMEOUT = 10.0
 # Whole-request bound; long tool calls are normal in MCP, so this is generous.
 DEFAULT_REQUEST_TIMEOUT = 300.0
+# The admin listener (/metrics, health) defaults to the port OpenTelemetry's Prometheus exporter
+# uses by convention, so scrape configs written for it need no change.
+DEFAULT_ADMIN_PORT = 9464
+# A recording is for looking at, not an archive: 64 MiB per file is hours of busy traffic, and
+# (1 + backups) files bound the disk it can take.
+DEFAULT_TAP_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_TAP_BACKUPS = 3
+# One message beyond this (a huge resource read) is recorded as its size only, so one blob cannot
+# push hours of traffic out of the rotation.
+DEFAULT_TAP_MAX_MESSAGE_BYTES = 1024 * 1024
+DEFAULT_SERVICE_NAME = "mcp-gateway"
+# `telemetry.access_log: stderr` logs to the gateway's stderr; any other value is a file path.
+ACCESS_LOG_STDERR = "stderr"
 
+# Addresses that bind every interface, and so clash with any other host on the same port.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# A redaction rule: dot-separated keys (or `*`, or a list index), none empty.
+_REDACT_PATH = re.compile(r"[^.\s]+(?:\.[^.\s]+)*")
+# An HTTP field name (RFC 9110 token).
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 class ConfigInvalid(Exception):
@@ -49,9 +68,38 @@ class HttpListen:
 
 
 @dataclass(frozen=True)
+class AdminListen:
+    """A separate HTTP listener for /metrics and health, so a stdio-only gateway can be scraped."""
+
+    host: str = DEFAULT_HTTP_HOST
+    port: int = DEFAULT_ADMIN_PORT
+
+
+@dataclass(frozen=True)
 class Listen:
     http: HttpListen | None = None
     stdio: bool = False
+    admin: AdminListen | None = None  # not a front end: it serves no MCP
+
+
+@dataclass(frozen=True)
+class TapConfig:
+    """Opt-in recording of every JSON-RPC message on both hops to a JSON-lines file."""
+
+    path: str  # absolute: a relative path in the file is resolved against the file's directory
+    redact: tuple[str, ...] = ()  # dotted paths into a message; `*` matches one level
+    redact_headers: tuple[str, ...] = ()  # besides Authorization and Cookie, always redacted
+    max_bytes: int = DEFAULT_TAP_MAX_BYTES
+    backups: int = DEFAULT_TAP_BACKUPS
+    max_message_bytes: int = DEFAULT_TAP_MAX_MESSAGE_BYTES
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    service_name: str = DEFAULT_SERVICE_NAME
+    otlp_endpoint: str | None = None  # None: no traces are exported
+    record_payloads: bool = False  # put message bodies on spans (they may hold secrets)
+    access_log: str | None = None  # None: off; "stderr"; or an absolute file path
 
 
 @dataclass(frozen=True)
@@ -102,6 +150,8 @@ class Config:
     source: str = "<config>"
     namespacing: Namespacing = Namespacing()
     on_backend_failure: str = "fail_open"
+    tap: TapConfig | None = None
+    telemetry: TelemetryConfig = TelemetryConfig()
 
 
 # --- YAML with line numbers -------------------------------------------------------------------
@@ -206,6 +256,22 @@ class _Check:
             return DEFAULT_HTTP_PORT
         return value
 
+    def count(self, value: Any, path: tuple[str, ...], default: int, minimum: int = 1) -> int:
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.r.problem(path, f"must be a whole number of at least {minimum}")
+            return default
+        return value
+
+    def boolean(self, value: Any, path: tuple[str, ...], default: bool = False) -> bool:
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.r.problem(path, "must be true or false")
+            return default
+        return value
+
     def strings(self, value: Any, path: tuple[str, ...]) -> tuple[str, ...]:
         if value is None:
             return ()
@@ -230,7 +296,7 @@ class _Check:
 
 
 def _listen(c: _Check, raw: Any) -> Listen:
-    body = c.mapping(raw, ("listen",), {"http", "stdio"})
+    body = c.mapping(raw, ("listen",), {"http", "stdio", "admin"})
     http: HttpListen | None = None
     if body.get("http") is not None:
         path = ("listen", "http")
@@ -254,13 +320,31 @@ def _listen(c: _Check, raw: Any) -> Listen:
                 )
             ),
         )
-    stdio = body.get("stdio", False)
-    if not isinstance(stdio, bool):
-        c.r.problem(("listen", "stdio"), "must be true or false")
-        stdio = False
+    stdio = c.boolean(body.get("stdio"), ("listen", "stdio"))
+    admin = _admin(c, body.get("admin"), http)
     if http is None and not stdio:
-        c.r.problem(("listen",), "name at least one front end: http, stdio or both")
-    return Listen(http=http, stdio=stdio)
+        also = " (admin serves metrics and health, not MCP)" if admin is not None else ""
+        c.r.problem(("listen",), f"name at least one front end: http, stdio or both{also}")
+    return Listen(http=http, stdio=stdio, admin=admin)
+
+
+def _same_interface(a: str, b: str) -> bool:
+    return a == b or bool(WILDCARD_HOSTS & {a, b})
+
+
+def _admin(c: _Check, raw: Any, http: HttpListen | None) -> AdminListen | None:
+    if raw is None:
+        return None
+    path = ("listen", "admin")
+    body = c.mapping(raw, path, {"host", "port"})
+    host = c.string(body.get("host"), path + ("host",), DEFAULT_HTTP_HOST) or DEFAULT_HTTP_HOST
+    port = (
+        DEFAULT_ADMIN_PORT if body.get("port") is None else c.port(body["port"], path + ("port",))
+    )
+    # Port 0 picks a free port for each listener, so only a fixed port can clash.
+    if http is not None and port and port == http.port and _same_interface(http.host, host):
+        c.r.problem(path + ("port",), f"must differ from listen.http.port ({http.port})")
+    return AdminListen(host=host, port=port)
 
 
 def _backend(c: _Check, name: str, raw: Any) -> BackendConfig | None:
@@ -333,7 +417,11 @@ def parse(
         raise ConfigInvalid([f"{source}:{line}: not valid YAML: {exc}"]) from None
     raw = reader.value(node, ()) if node is not None else {}
     check = _Check(reader)
-    top = check.mapping(raw, (), {"listen", "backends", "backends_from", "namespacing", "fan_out"})
+    top = check.mapping(
+        raw,
+        (),
+        {"listen", "backends", "backends_from", "namespacing", "fan_out", "tap", "telemetry"},
+    )
     listen = _listen(check, top.get("listen"))
     backends: list[BackendConfig] = []
     for name, body in check.mapping(top.get("backends"), ("backends",)).items():
@@ -342,9 +430,8 @@ def parse(
             backends.append(backend)
     imported = check.string(top.get("backends_from"), ("backends_from",))
     if imported:
-        base = Path(source).parent if source != "<config>" else Path.cwd()
         try:
-            backends.extend(load_mcp_json(base / imported))
+            backends.extend(load_mcp_json(_beside(source, imported)))
         except ConfigInvalid as exc:
             for problem in exc.problems:
                 reader.problem(("backends_from",), problem)
@@ -358,10 +445,74 @@ def parse(
         source=source,
         namespacing=_namespacing(check, top.get("namespacing")),
         on_backend_failure=_failure_policy(check, top.get("fan_out")),
+        tap=_tap(check, top.get("tap"), source),
+        telemetry=_telemetry(check, top.get("telemetry"), source),
     )
     if reader.problems:
         raise ConfigInvalid(reader.problems)
     return config
+
+
+def _beside(source: str, relative: str) -> Path:
+    """A path named in the config file, relative to that file (or to the cwd for parsed text)."""
+    base = Path(source).parent if source != "<config>" else Path.cwd()
+    return (base / Path(relative).expanduser()).absolute()
+
+
+def _tap(c: _Check, raw: Any, source: str) -> TapConfig | None:
+    if raw is None:
+        return None
+    path = ("tap",)
+    body = c.mapping(
+        raw,
+        path,
+        {"path", "redact", "redact_headers", "max_bytes", "backups", "max_message_bytes"},
+    )
+    file = c.string(body.get("path"), path + ("path",))
+    if not file:
+        c.r.problem(path + ("path",), "is required (the JSON-lines file to record to)")
+    redact = c.strings(body.get("redact"), path + ("redact",))
+    for i, rule in enumerate(redact):
+        if not _REDACT_PATH.fullmatch(rule):
+            c.r.problem(path + ("redact", str(i)), "must be a dotted path like params.arguments.*")
+    headers = c.strings(body.get("redact_headers"), path + ("redact_headers",))
+    for i, name in enumerate(headers):
+        if not _HEADER_NAME.fullmatch(name):
+            c.r.problem(path + ("redact_headers", str(i)), "must be an HTTP header name")
+    return TapConfig(
+        path=str(_beside(source, file)) if file else "",
+        redact=redact,
+        redact_headers=headers,
+        max_bytes=c.count(body.get("max_bytes"), path + ("max_bytes",), DEFAULT_TAP_MAX_BYTES),
+        backups=c.count(body.get("backups"), path + ("backups",), DEFAULT_TAP_BACKUPS, 0),
+        max_message_bytes=c.count(
+            body.get("max_message_bytes"),
+            path + ("max_message_bytes",),
+            DEFAULT_TAP_MAX_MESSAGE_BYTES,
+        ),
+    )
+
+
+def _telemetry(c: _Check, raw: Any, source: str) -> TelemetryConfig:
+    path = ("telemetry",)
+    body = c.mapping(raw, path, {"service_name", "otlp_endpoint", "record_payloads", "access_log"})
+    service = c.string(body.get("service_name"), path + ("service_name",), DEFAULT_SERVICE_NAME)
+    if not service:
+        c.r.problem(path + ("service_name",), "must not be empty")
+    endpoint = c.string(body.get("otlp_endpoint"), path + ("otlp_endpoint",))
+    if endpoint is not None and not re.match(r"^https?://", endpoint):
+        c.r.problem(path + ("otlp_endpoint",), "must be an http:// or https:// URL")
+    access_log = c.string(body.get("access_log"), path + ("access_log",))
+    if access_log == "":
+        c.r.problem(path + ("access_log",), f"must be {ACCESS_LOG_STDERR!r} or a file path")
+    elif access_log is not None and access_log != ACCESS_LOG_STDERR:
+        access_log = str(_beside(source, access_log))
+    return TelemetryConfig(
+        service_name=service or DEFAULT_SERVICE_NAME,
+        otlp_endpoint=endpoint,
+        record_payloads=c.boolean(body.get("record_payloads"), path + ("record_payloads",)),
+        access_log=access_log or None,
+    )
 
 
 def _check_backend_names(reader: _Reader, backends: list[BackendConfig]) -> None:
@@ -474,6 +625,9 @@ def describe(config: Config) -> str:
         lines.append(f"  listen http  http://{h.host}:{h.port}{h.path}")
     if config.listen.stdio:
         lines.append("  listen stdio")
+    if config.listen.admin is not None:
+        a = config.listen.admin
+        lines.append(f"  listen admin http://{a.host}:{a.port} (metrics and health)")
     n = config.namespacing
     lines.append(
         f"  namespacing  prefix={n.prefix} separator={n.separator!r} max={n.max_name_length}"
@@ -487,4 +641,21 @@ def describe(config: Config) -> str:
             lines.append(f"  backend {b.name}: stdio `{cmd}`")
         else:
             lines.append(f"  backend {b.name}: http {b.target.url}")
+    t = config.telemetry
+    lines.append(
+        f"  telemetry    service={t.service_name} traces={t.otlp_endpoint or 'off'}"
+        f" access log={t.access_log or 'off'}"
+        f" payloads on spans={'yes' if t.record_payloads else 'no'}"
+    )
+    if config.tap is not None:
+        tap = config.tap
+        lines.append(
+            f"  tap          {tap.path} (rotates at {_mib(tap.max_bytes)}, keeps {tap.backups}"
+            f" old; redacts {len(tap.redact)} paths, Authorization, Cookie"
+            f"{''.join(', ' + h for h in tap.redact_headers)})"
+        )
     return "\n".join(lines)
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1024 * 1024):g} MiB" if size >= 1024 * 1024 else f"{size} bytes"

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ConfigInvalid, HttpTarget, StdioTarget, load, parse
+from gateway.config import (
+    AdminListen,
+    ConfigInvalid,
+    HttpTarget,
+    StdioTarget,
+    TapConfig,
+    TelemetryConfig,
+    load,
+    parse,
+)
 from tests.support import PYTHON, ROOT, START_BOUND
 
 GOOD = """\
@@ -163,3 +172,143 @@ def test_namespacing_and_policy_values_are_checked() -> None:
         "  a: {stdio: {command: x}, namespace: 'bad ns'}\n"
     )
     assert [p.split(":")[1] for p in found] == ["5", "2", "2", "3"], found
+
+
+MINIMAL = "listen: {stdio: true}\nbackends:\n  a: {stdio: {command: x}}\n"
+
+
+def test_tap_telemetry_and_admin_are_off_or_defaults_when_absent() -> None:
+    config = parse(MINIMAL, env={})
+    assert config.tap is None and config.listen.admin is None
+    assert config.telemetry == TelemetryConfig()
+    assert config.telemetry.service_name == "mcp-gateway" and config.telemetry.access_log is None
+
+
+def test_tap_section_with_a_path_relative_to_the_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "gw.yaml"
+    path.write_text(
+        MINIMAL + "tap:\n"
+        "  path: rec/tap.jsonl\n"
+        "  redact: [params.arguments.password, 'result.*']\n"
+        "  redact_headers: [X-Api-Key]\n"
+        "  max_bytes: 1000\n"
+        "  backups: 0\n"
+    )
+    tap = load(path, env={}).tap
+    assert tap == TapConfig(
+        path=str(tmp_path / "rec" / "tap.jsonl"),
+        redact=("params.arguments.password", "result.*"),
+        redact_headers=("X-Api-Key",),
+        max_bytes=1000,
+        backups=0,
+        max_message_bytes=1024 * 1024,
+    )
+    assert parse(MINIMAL + "tap: {path: /var/t.jsonl}\n", env={}).tap == TapConfig("/var/t.jsonl")
+
+
+def test_tap_values_are_checked_with_their_lines() -> None:
+    found = problems(
+        MINIMAL + "tap:\n"
+        "  redact: ['params..x', ok.path]\n"
+        "  redact_headers: ['bad header']\n"
+        "  max_bytes: 0\n"
+        "  backups: -1\n"
+        "  max_message_bytes: 1.5\n"
+        "  colour: blue\n"
+    )
+    assert sorted(p.split(":", 2)[1] + " " + p.split(": ")[1] for p in found) == [
+        "10 tap.colour",
+        "5 tap.path",  # missing: the line where the section's keys start
+        "5 tap.redact.0",
+        "6 tap.redact_headers.0",
+        "7 tap.max_bytes",
+        "8 tap.backups",
+        "9 tap.max_message_bytes",
+    ], found
+
+
+def test_telemetry_section_parses_and_resolves_an_access_log_file(tmp_path: Path) -> None:
+    path = tmp_path / "gw.yaml"
+    path.write_text(
+        MINIMAL + "telemetry:\n"
+        "  service_name: edge-gw\n"
+        "  otlp_endpoint: http://collector:4318\n"
+        "  record_payloads: true\n"
+        "  access_log: logs/access.log\n"
+    )
+    assert load(path, env={}).telemetry == TelemetryConfig(
+        service_name="edge-gw",
+        otlp_endpoint="http://collector:4318",
+        record_payloads=True,
+        access_log=str(tmp_path / "logs" / "access.log"),
+    )
+    stderr = parse(MINIMAL + "telemetry: {access_log: stderr}\n", env={})
+    assert stderr.telemetry.access_log == "stderr"
+
+
+def test_telemetry_values_are_checked_with_their_lines() -> None:
+    found = problems(
+        MINIMAL + "telemetry:\n"
+        "  service_name: ''\n"
+        "  otlp_endpoint: collector:4317\n"
+        "  record_payloads: sometimes\n"
+        "  access_log: ''\n"
+    )
+    assert [p.split(": ")[1] for p in found] == [
+        "telemetry.service_name",
+        "telemetry.otlp_endpoint",
+        "telemetry.access_log",
+        "telemetry.record_payloads",
+    ], found
+    assert all(p.startswith(f"c.yaml:{n}:") for p, n in zip(found, (5, 6, 8, 7), strict=True))
+
+
+def test_admin_listener_with_stdio_alone_is_valid() -> None:
+    config = parse(
+        "listen:\n  stdio: true\n  admin: {port: 9100}\nbackends:\n  a: {stdio: {command: x}}\n",
+        env={},
+    )
+    assert config.listen.admin == AdminListen(host="127.0.0.1", port=9100)
+    defaults = parse(MINIMAL.replace("{stdio: true}", "{stdio: true, admin: {}}"), env={})
+    assert defaults.listen.admin == AdminListen(port=9464)
+
+
+def test_admin_listener_is_not_a_front_end() -> None:
+    found = problems("listen:\n  admin: {port: 9100}\nbackends:\n  a: {stdio: {command: x}}\n")
+    assert len(found) == 1 and found[0].startswith("c.yaml:2: listen: name at least one front end")
+    assert "admin" in found[0]
+
+
+def test_admin_listener_values_are_checked() -> None:
+    found = problems(
+        "listen:\n"
+        "  http: {port: 8080}\n"
+        "  admin: {port: 8080, path: /x}\n"
+        "backends:\n"
+        "  a: {stdio: {command: x}}\n"
+    )
+    assert sorted(found) == sorted(
+        [
+            "c.yaml:3: listen.admin.port: must differ from listen.http.port (8080)",
+            "c.yaml:3: listen.admin.path: unknown key (expected one of: host, port)",
+        ]
+    )
+    # Port 0 picks a free port for each, so two zeros never clash.
+    text = "listen:\n  http: {port: 0}\n  admin: {port: 0}\nbackends:\n  a: {stdio: {command: x}}\n"
+    assert parse(text, env={}).listen.admin == AdminListen(port=0)
+
+
+def test_check_config_describes_tap_telemetry_and_admin(tmp_path: Path) -> None:
+    path = tmp_path / "gw.yaml"
+    path.write_text(
+        "listen: {stdio: true, admin: {port: 9100}}\n"
+        "backends:\n  a: {stdio: {command: x}}\n"
+        "tap: {path: tap.jsonl, redact_headers: [X-Api-Key]}\n"
+        "telemetry: {otlp_endpoint: 'http://collector:4318', access_log: stderr}\n"
+    )
+    done = run_cli("check-config", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "listen admin http://127.0.0.1:9100" in done.stdout
+    assert f"tap          {tmp_path / 'tap.jsonl'}" in done.stdout
+    assert "X-Api-Key" in done.stdout and "Authorization" in done.stdout
+    assert "traces=http://collector:4318" in done.stdout and "access log=stderr" in done.stdout

@@ -130,7 +130,7 @@ async def gateway(
 
 
 def stdio_of(gw: Gateway) -> StdioBackend:
-    backend = gw.backends[0]
+    backend = gw.transports[0]
     assert isinstance(backend, StdioBackend)
     return backend
 

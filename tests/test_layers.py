@@ -67,9 +67,22 @@ def test_core_sees_backends_only_through_the_protocol_class(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", [m for m in MODULES if m != "gateway.app"])
-def test_only_the_composition_root_touches_telemetry_sdks(name: str) -> None:
-    banned = ("opentelemetry.sdk", "prometheus_client")
-    assert not any(i.startswith(banned) for i in imports(MODULES[name]))
+def test_only_the_composition_root_touches_the_telemetry_sdk(name: str) -> None:
+    assert not any(i.startswith("opentelemetry.sdk") for i in imports(MODULES[name]))
+
+
+@pytest.mark.parametrize(
+    "name", [m for m in MODULES if m not in ("gateway.app", "gateway.telemetry.metrics")]
+)
+def test_prometheus_client_stays_in_the_metrics_exporter(name: str) -> None:
+    assert not any(i.startswith("prometheus_client") for i in imports(MODULES[name]))
+
+
+@pytest.mark.parametrize("name", in_layer("core") + in_layer("backends") + in_layer("frontends"))
+def test_the_data_path_sees_telemetry_only_through_its_api(name: str) -> None:
+    telemetry = {i for i in ours(name) if i.startswith("gateway.telemetry")}
+    assert telemetry <= {"gateway.telemetry.api"}
+    assert not any(i.startswith("opentelemetry") for i in imports(MODULES[name]))
 
 
 @pytest.mark.parametrize("name", list(MODULES))

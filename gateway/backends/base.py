@@ -24,6 +24,11 @@ class Backend(Protocol):
     name: str
     transport: str
 
+    @property
+    def up(self) -> bool:
+        """Whether the backend is reachable now (child running; last HTTP exchange worked)."""
+        ...
+
     async def run(self) -> None:
         """Keep the backend connected until cancelled; the composition root runs this."""
 

@@ -17,10 +17,12 @@ from gateway.errors import BackendProtocolError, BackendTimeout, BackendUnavaila
 from gateway.protocol import headers, jsonrpc, sse
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
+from gateway.telemetry.api import Stats
 
 log = logging.getLogger("gateway.backend")
 
 ACCEPT = "application/json, text/event-stream"
+TRACE_HEADERS = ("traceparent", "tracestate")
 # Open connections kept per backend; more concurrent calls queue for a free connection.
 POOL_SIZE = 100
 # A JSON reply larger than this is refused rather than buffered whole.
@@ -30,8 +32,10 @@ MAX_REPLY_BYTES = 64 * 1024 * 1024
 class HttpBackend:
     transport = "http"
 
-    def __init__(self, config: BackendConfig) -> None:
+    def __init__(self, config: BackendConfig, stats: Stats | None = None) -> None:
         assert isinstance(config.target, HttpTarget)
+        self._stats = stats or Stats()
+        self._up = False
         self.name = config.name
         self._url = config.target.url
         self._static_headers = dict(config.target.headers)
@@ -63,6 +67,10 @@ class HttpBackend:
     def _headers(self, msg: Message, param_headers: tuple[ParamHeader, ...]) -> dict[str, str]:
         out = dict(self._static_headers)
         out.update(headers.derive(msg, param_headers))
+        trace_meta = jsonrpc.meta(msg)
+        for key in TRACE_HEADERS:  # trace context travels in headers too, for HTTP-aware tracing
+            if isinstance(trace_meta.get(key), str):
+                out[key] = trace_meta[key]
         out["Accept"] = ACCEPT
         out["Content-Type"] = "application/json"
         return out
@@ -107,10 +115,13 @@ class HttpBackend:
     ) -> Message:
         if session is None:
             raise BackendUnavailable(self.name, "not started")
+        body = jsonrpc.encode(msg)
+        self._stats.bytes["backend", "out"] += len(body)
         try:
             async with session.post(
-                self._url, data=jsonrpc.encode(msg), headers=self._headers(msg, param_headers)
+                self._url, data=body, headers=self._headers(msg, param_headers)
             ) as resp:
+                self._up = True
                 try:
                     return await self._read_reply(resp, msg, sink)
                 except BaseException:
@@ -118,8 +129,15 @@ class HttpBackend:
                     # this request is cancelled (streamable-http, Cancellation).
                     resp.close()
                     raise
+        except aiohttp.ClientConnectionError as exc:
+            self._up = False
+            raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
         except aiohttp.ClientError as exc:
             raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
+
+    @property
+    def up(self) -> bool:
+        return self._up
 
     async def _read_reply(
         self, resp: aiohttp.ClientResponse, msg: Message, sink: NotificationSink
@@ -128,6 +146,7 @@ class HttpBackend:
         if ctype == "text/event-stream":
             return await self._read_stream(resp, msg, sink)
         body = await resp.content.read(MAX_REPLY_BYTES + 1)
+        self._stats.bytes["backend", "in"] += len(body)
         if len(body) > MAX_REPLY_BYTES:
             raise BackendProtocolError(self.name, f"reply over {MAX_REPLY_BYTES} bytes")
         reply = jsonrpc.decode(body) if body else None
@@ -143,6 +162,7 @@ class HttpBackend:
     ) -> Message:
         decoder = sse.Decoder()
         async for chunk in resp.content.iter_any():
+            self._stats.bytes["backend", "in"] += len(chunk)
             for data in decoder.feed(chunk):
                 reply = await self._on_event(data, msg, sink)
                 if reply is not None:

@@ -26,6 +26,7 @@ from gateway.errors import BackendTimeout, BackendUnavailable
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
+from gateway.telemetry.api import Stats
 
 log = logging.getLogger("gateway.backend")
 
@@ -72,8 +73,9 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 class StdioBackend:
     transport = "stdio"
 
-    def __init__(self, config: BackendConfig) -> None:
+    def __init__(self, config: BackendConfig, stats: Stats | None = None) -> None:
         assert isinstance(config.target, StdioTarget)
+        self._stats = stats or Stats()
         self.name = config.name
         self._target = config.target
         self._connect_timeout = config.connect_timeout
@@ -172,6 +174,7 @@ class StdioBackend:
                 log.error("backend %s: %s; stopping it", self.name, self._last_problem)
                 return
             if line.strip():
+                self._stats.bytes["backend", "in"] += len(line)
                 await self._on_line(line)
 
     # --- inbound ---------------------------------------------------------------------------
@@ -238,6 +241,7 @@ class StdioBackend:
         if proc is None or proc.stdin is None:
             raise BackendUnavailable(self.name, self._last_problem)
         line = jsonrpc.encode(msg) + b"\n"
+        self._stats.bytes["backend", "out"] += len(line)
         try:
             async with self._write_lock:
                 await proc.stdin.send(line)
@@ -308,6 +312,10 @@ class StdioBackend:
     async def notify(self, msg: Message) -> None:
         await self._wait_ready()
         await self._write(msg)
+
+    @property
+    def up(self) -> bool:
+        return self._proc is not None
 
     @property
     def pid(self) -> int | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,14 @@ from gateway.routing import merge, names
 from gateway.routing import table as routes
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure, Route, RouteTable
+from gateway.telemetry.api import (
+    NO_OBSERVATION,
+    STDIO_ORIGIN,
+    NoTelemetry,
+    Observation,
+    Origin,
+    Telemetry,
+)
 
 log = logging.getLogger("gateway")
 
@@ -32,6 +41,8 @@ log = logging.getLogger("gateway")
 LOCAL_NOTIFICATIONS = frozenset({"notifications/cancelled"})
 FAIL_OPEN = "fail_open"
 Finder = Callable[[RouteTable, str], Route | None]
+# The observation of the request the current task is handling, for annotating where it went.
+_observation: ContextVar[Observation] = ContextVar("observation", default=NO_OBSERVATION)
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,9 @@ class Dispatcher:
         naming: Naming,
         info: GatewayInfo,
         on_failure: str = FAIL_OPEN,
+        telemetry: Telemetry | None = None,
     ) -> None:
+        self.telemetry: Telemetry = telemetry or NoTelemetry()
         self.backends = {b.name: b for b in backends}
         self._order = [b.name for b in backends]
         self._exposures = {e.backend: e for e in exposures}
@@ -79,14 +92,37 @@ class Dispatcher:
 
     # --- entry points ----------------------------------------------------------------------
 
-    async def handle(self, msg: Message, sink: NotificationSink) -> Message:
+    async def handle(
+        self, msg: Message, sink: NotificationSink, origin: Origin = STDIO_ORIGIN
+    ) -> Message:
         """The reply to one client request; never raises except for cancellation."""
+        telemetry = self.telemetry
+        telemetry.record("frontend", "in", msg)
+
+        async def tapped(note: Message) -> None:
+            telemetry.record("frontend", "out", note)
+            await sink(note)
+
+        with telemetry.server(msg, origin) as observed:
+            token = _observation.set(observed)
+            try:
+                reply = await self._answer(msg, tapped)
+            finally:
+                _observation.reset(token)
+            observed.finish(reply)
+            telemetry.record("frontend", "out", reply)
+            return reply
+
+    async def _answer(self, msg: Message, sink: NotificationSink) -> Message:
         rejection = meta.check_request(msg)
         if rejection is not None:
+            self.telemetry.stats.rejections[_rejection_reason(rejection)] += 1
             return rejection
         try:
             return await self._dispatch(msg, sink)
         except Refused as exc:
+            if exc.code == codes.INVALID_PARAMS and str(exc).startswith("Unknown"):
+                self.telemetry.stats.rejections["unknown_name"] += 1
             return jsonrpc.error(msg["id"], exc.code, str(exc))
         except Exception as exc:
             return errors.to_wire(exc, msg["id"])
@@ -185,6 +221,7 @@ class Dispatcher:
     ) -> Message:
         """Send a request to its backend under the backend's own name, and show the reply's
         URIs as clients know them."""
+        _observation.get().annotate(target=jsonrpc.params(msg).get(field), backend=route.backend)
         backend = self.backends[route.backend]
         params = jsonrpc.params(msg)
         out = (
@@ -323,6 +360,14 @@ class Dispatcher:
 
 async def _ignore(_: Message) -> None:
     return None
+
+
+def _rejection_reason(reply: Message) -> str:
+    return (
+        "unsupported_version"
+        if jsonrpc.error_code(reply) == codes.UNSUPPORTED_PROTOCOL_VERSION
+        else "invalid_meta"
+    )
 
 
 def _as_failure(backend: str, reply: Message | Exception) -> Exception:

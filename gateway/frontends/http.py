@@ -20,8 +20,10 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from gateway import errors
 from gateway.config import HttpListen
 from gateway.core.dispatcher import Dispatcher
+from gateway.frontends.ops import Operations, add_operations
 from gateway.protocol import codes, headers, jsonrpc, meta, sse
 from gateway.protocol.jsonrpc import Message
+from gateway.telemetry.api import Origin
 
 log = logging.getLogger("gateway.http")
 
@@ -29,6 +31,7 @@ DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 LISTEN = web.AppKey("listen", HttpListen)
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+TRACE_HEADERS = ("traceparent", "tracestate")
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",
@@ -42,11 +45,15 @@ JSON_WINDOW = 10.0
 KEEPALIVE_INTERVAL = 15.0
 
 
-def make_app(dispatcher: Dispatcher, listen: HttpListen) -> web.Application:
+def make_app(
+    dispatcher: Dispatcher, listen: HttpListen, ops: Operations | None = None
+) -> web.Application:
     app = web.Application(client_max_size=listen.max_body_bytes)
     app[DISPATCHER] = dispatcher
     app[LISTEN] = listen
     app.router.add_route("*", listen.path, handle)
+    if ops is not None:
+        add_operations(app, ops)
     return app
 
 
@@ -59,8 +66,14 @@ def _reply(status: int, msg: Message | None = None, **extra: str) -> web.Respons
 
 
 def _reject(
-    status: int, code: int, message: str, id_: jsonrpc.RequestId | None = None
+    request: web.Request,
+    reason: str,
+    status: int,
+    code: int,
+    message: str,
+    id_: jsonrpc.RequestId | None = None,
 ) -> web.Response:
+    request.app[DISPATCHER].telemetry.stats.rejections[reason] += 1
     return _reply(status, jsonrpc.error(id_, code, message))
 
 
@@ -79,11 +92,15 @@ def _guard(request: web.Request, listen: HttpListen) -> web.Response | None:
     if origin is not None and origin not in listen.allowed_origins:
         host = urlsplit(origin).hostname or ""
         if not _is_loopback(host):
-            return _reject(403, codes.INVALID_REQUEST, f"Origin {origin!r} is not allowed")
+            return _reject(
+                request, "origin", 403, codes.INVALID_REQUEST, f"Origin {origin!r} is not allowed"
+            )
     if _is_loopback(listen.host):
         host = urlsplit("//" + request.host).hostname or ""
         if not _is_loopback(host) and host not in listen.allowed_hosts:
-            return _reject(403, codes.INVALID_REQUEST, f"Host {request.host!r} is not allowed")
+            return _reject(
+                request, "host", 403, codes.INVALID_REQUEST, f"Host {request.host!r} is not allowed"
+            )
     return None
 
 
@@ -102,37 +119,70 @@ async def handle(request: web.Request) -> web.StreamResponse:
     if refused is not None:
         return refused
     if request.method != "POST":
+        request.app[DISPATCHER].telemetry.stats.rejections["method_not_allowed"] += 1
         return _reply(405, Allow="POST")
     if request.content_type != "application/json":
-        return _reject(415, codes.INVALID_REQUEST, "Content-Type must be application/json")
+        return _reject(
+            request,
+            "media_type",
+            415,
+            codes.INVALID_REQUEST,
+            "Content-Type must be application/json",
+        )
     if not _accepts(request):
         return _reject(
-            406, codes.INVALID_REQUEST, "Accept must list application/json and text/event-stream"
+            request,
+            "not_acceptable",
+            406,
+            codes.INVALID_REQUEST,
+            "Accept must list application/json and text/event-stream",
         )
+    too_big = f"Body over {listen.max_body_bytes} bytes"
     if request.content_length is not None and request.content_length > listen.max_body_bytes:
-        return _reject(413, codes.INVALID_REQUEST, f"Body over {listen.max_body_bytes} bytes")
+        return _reject(request, "size", 413, codes.INVALID_REQUEST, too_big)
     try:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        return _reject(413, codes.INVALID_REQUEST, f"Body over {listen.max_body_bytes} bytes")
+        return _reject(request, "size", 413, codes.INVALID_REQUEST, too_big)
+    dispatcher = request.app[DISPATCHER]
+    dispatcher.telemetry.stats.bytes["frontend", "in"] += len(body)
     msg = jsonrpc.decode(body)
     if isinstance(msg, jsonrpc.Invalid):
-        return _reject(400, msg.code, msg.message, msg.id)
+        return _reject(request, "invalid_request", 400, msg.code, msg.message, msg.id)
     kind = jsonrpc.kind(msg)
     if kind is jsonrpc.Kind.RESPONSE:
-        return _reject(400, codes.INVALID_REQUEST, "Clients must not send responses", msg["id"])
-    dispatcher = request.app[DISPATCHER]
+        return _reject(
+            request,
+            "invalid_request",
+            400,
+            codes.INVALID_REQUEST,
+            "Clients must not send responses",
+            msg["id"],
+        )
     if kind is jsonrpc.Kind.NOTIFICATION:
         await dispatcher.notify(msg)
         return _reply(202)
     if msg["method"] == "initialize":
         # A legacy client: name the versions we serve, its only diagnostic (basic/versioning).
+        dispatcher.telemetry.stats.rejections["unsupported_version"] += 1
         reply = meta.unsupported_version(msg["id"], jsonrpc.params(msg).get("protocolVersion"))
         return _reply(400, reply)
     mismatch = await _check_headers(request, msg, dispatcher)
     if mismatch is not None:
-        return _reject(400, codes.HEADER_MISMATCH, f"Header mismatch: {mismatch}", msg["id"])
+        return _reject(
+            request,
+            "header_mismatch",
+            400,
+            codes.HEADER_MISMATCH,
+            f"Header mismatch: {mismatch}",
+            msg["id"],
+        )
     return await _answer(request, msg, dispatcher)
+
+
+def _origin(request: web.Request) -> Origin:
+    trace = {k: v for k in TRACE_HEADERS if (v := request.headers.get(k)) is not None}
+    return Origin("http", request.remote, trace)
 
 
 async def _check_headers(request: web.Request, msg: Message, dispatcher: Dispatcher) -> str | None:
@@ -152,7 +202,7 @@ async def _answer(request: web.Request, msg: Message, dispatcher: Dispatcher) ->
 
     async def work() -> None:
         with send:
-            reply = await dispatcher.handle(msg, sink)
+            reply = await dispatcher.handle(msg, sink, _origin(request))
             await send.send((True, reply))
 
     with send, recv:
@@ -171,17 +221,25 @@ async def _relay(
         with anyio.move_on_after(JSON_WINDOW):
             first = await recv.receive()
         if first is not None and first[0]:
+            _count_out(request, jsonrpc.encode(first[1]))
             return _reply(errors.http_status(first[1]), first[1])
         response = web.StreamResponse(status=200, headers=SSE_HEADERS)
         await response.prepare(request)
         if first is not None:
-            await response.write(sse.event(jsonrpc.encode(first[1])))
-        await _stream(response, recv)
+            await response.write(_count_out(request, sse.event(jsonrpc.encode(first[1]))))
+        await _stream(request, response, recv)
     return response
 
 
+def _count_out(request: web.Request, data: bytes) -> bytes:
+    request.app[DISPATCHER].telemetry.stats.bytes["frontend", "out"] += len(data)
+    return data
+
+
 async def _stream(
-    response: web.StreamResponse, recv: MemoryObjectReceiveStream[tuple[bool, Message]]
+    request: web.Request,
+    response: web.StreamResponse,
+    recv: MemoryObjectReceiveStream[tuple[bool, Message]],
 ) -> None:
     """Relay notifications then the reply; quiet periods get SSE comments as keep-alives."""
     while True:
@@ -194,7 +252,7 @@ async def _stream(
         if item is None:
             await response.write(sse.KEEPALIVE)
             continue
-        await response.write(sse.event(jsonrpc.encode(item[1])))
+        await response.write(_count_out(request, sse.event(jsonrpc.encode(item[1]))))
         if item[0]:
             break
     await response.write_eof()

@@ -65,7 +65,9 @@ class StdioFrontend:
 
     async def _read_line(self) -> bytes | None:
         try:
-            return await self._in.receive_until(b"\n", MAX_LINE_BYTES)
+            line = await self._in.receive_until(b"\n", MAX_LINE_BYTES)
+            self._dispatcher.telemetry.stats.bytes["frontend", "in"] += len(line) + 1
+            return line
         except (anyio.EndOfStream, anyio.IncompleteRead, anyio.ClosedResourceError):
             return None
         except anyio.DelimiterNotFound:
@@ -114,6 +116,7 @@ class StdioFrontend:
 
     async def _write(self, msg: Message) -> None:
         data = jsonrpc.encode(msg) + b"\n"
+        self._dispatcher.telemetry.stats.bytes["frontend", "out"] += len(data)
         async with self._write_lock:
             await self._out.send(data)
 

@@ -1,0 +1,57 @@
+"""A backend wrapped so that every request it carries is a CLIENT observation whose trace context
+travels with the request (`_meta` on every transport; the HTTP backend also mirrors it into
+headers)."""
+
+from __future__ import annotations
+
+from gateway.backends.base import Backend, NotificationSink
+from gateway.protocol import jsonrpc
+from gateway.protocol.headers import ParamHeader
+from gateway.protocol.jsonrpc import Message
+from gateway.telemetry.api import Telemetry
+
+
+class InstrumentedBackend:
+    def __init__(
+        self, inner: Backend, telemetry: Telemetry, address: tuple[str, int] | None = None
+    ) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.transport = inner.transport
+        self._telemetry = telemetry
+        self._address = address
+
+    async def run(self) -> None:
+        await self.inner.run()
+
+    @property
+    def up(self) -> bool:
+        return self.inner.up
+
+    async def request(
+        self,
+        msg: Message,
+        sink: NotificationSink,
+        param_headers: tuple[ParamHeader, ...] = (),
+        *,
+        long_lived: bool = False,
+    ) -> Message:
+        telemetry, name = self._telemetry, self.name
+
+        async def tapped(note: Message) -> None:
+            telemetry.record("backend", "in", note, backend=name)
+            await sink(note)
+
+        with telemetry.client(msg, name, self.transport, self._address) as observed:
+            carrier = observed.carrier()
+            if carrier:
+                params = jsonrpc.params(msg)
+                msg = {**msg, "params": {**params, "_meta": {**jsonrpc.meta(msg), **carrier}}}
+            telemetry.record("backend", "out", msg, backend=name)
+            reply = await self.inner.request(msg, tapped, param_headers, long_lived=long_lived)
+            telemetry.record("backend", "in", reply, backend=name)
+            observed.finish(reply)
+            return reply
+
+    async def notify(self, msg: Message) -> None:
+        await self.inner.notify(msg)

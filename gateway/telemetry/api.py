@@ -1,0 +1,106 @@
+"""What the rest of the gateway sees of telemetry: plain counters and per-request observations.
+
+The hot path only bumps integers in `Stats` and opens an `Observation` per request; exporters
+(Prometheus, OpenTelemetry) live in the sibling modules and are wired by `app.py`. The no-op
+implementation here costs next to nothing, so tests and telemetry-less runs pay nothing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a client request came from."""
+
+    frontend: str  # "http" | "stdio"
+    peer: str | None = None
+    # W3C trace context from transport headers (HTTP), used when `_meta` carries none.
+    trace_headers: Mapping[str, str] = field(default_factory=dict)
+
+
+STDIO_ORIGIN = Origin("stdio")
+
+
+@dataclass
+class Stats:
+    """Counters the hot path bumps; exporters read them when scraped."""
+
+    rejections: Counter[str] = field(default_factory=Counter)
+    bytes: Counter[tuple[str, str]] = field(default_factory=Counter)  # (hop, direction)
+    in_flight: Counter[str] = field(default_factory=Counter)  # by frontend
+
+
+class Observation(Protocol):
+    """One request being handled (SERVER) or sent to a backend (CLIENT)."""
+
+    def annotate(self, *, target: str | None = None, backend: str | None = None) -> None: ...
+
+    def carrier(self) -> dict[str, str]:
+        """Trace context to propagate with an outgoing request (`traceparent`, `tracestate`)."""
+        ...
+
+    def finish(self, reply: Message | None) -> None: ...
+
+
+class Telemetry(Protocol):
+    stats: Stats
+
+    def record(self, hop: str, direction: str, msg: Message, backend: str | None = None) -> None:
+        """The traffic tap: one JSON-RPC message on one hop (a no-op unless configured)."""
+
+    def server(self, msg: Message, origin: Origin) -> AbstractContextManager[Observation]: ...
+
+    def client(
+        self, msg: Message, backend: str, transport: str, address: tuple[str, int] | None
+    ) -> AbstractContextManager[Observation]: ...
+
+
+class _NoObservation:
+    def annotate(self, *, target: str | None = None, backend: str | None = None) -> None:
+        return None
+
+    def carrier(self) -> dict[str, str]:
+        return {}
+
+    def finish(self, reply: Message | None) -> None:
+        return None
+
+
+NO_OBSERVATION: Observation = _NoObservation()
+
+
+class NoTelemetry:
+    def __init__(self) -> None:
+        self.stats = Stats()
+
+    def record(self, hop: str, direction: str, msg: Message, backend: str | None = None) -> None:
+        return None
+
+    def server(self, msg: Message, origin: Origin) -> AbstractContextManager[Observation]:
+        return nullcontext(NO_OBSERVATION)
+
+    def client(
+        self, msg: Message, backend: str, transport: str, address: tuple[str, int] | None
+    ) -> AbstractContextManager[Observation]:
+        return nullcontext(NO_OBSERVATION)
+
+
+def error_type(reply: Message | None) -> str:
+    """A bounded description of how a request ended: "" when it succeeded."""
+    if reply is None:
+        return "cancelled"
+    error = reply.get("error")
+    if isinstance(error, dict):
+        return str(error.get("code", "error"))
+    result = reply.get("result")
+    if isinstance(result, dict) and result.get("isError") is True:
+        return "tool_error"
+    return ""

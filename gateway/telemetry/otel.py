@@ -1,0 +1,200 @@
+"""Traces per the OpenTelemetry MCP semantic conventions, durations into Prometheus histograms,
+and one access-log line per client request. Uses only the OpenTelemetry API: the SDK (exporter,
+sampler) is set up by `app.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import orjson
+from opentelemetry import context, propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from gateway.protocol import jsonrpc, meta
+from gateway.telemetry.api import Message, Observation, Origin, Stats, error_type
+from gateway.telemetry.metrics import OTHER, Recorder
+from gateway.telemetry.tap import Tap
+
+# Our own attributes, under our own prefix.
+ATTR_BACKEND = "mcp_gateway.backend"
+ATTR_TRANSPORT = "mcp_gateway.transport"
+ATTR_ERA = "mcp_gateway.era"
+ATTR_FRONTEND = "mcp_gateway.frontend"
+NETWORK_TRANSPORT = {"stdio": "pipe", "http": "tcp"}
+_NAME_ATTR = {"tools/call": "gen_ai.tool.name", "prompts/get": "gen_ai.prompt.name"}
+
+
+def _request_attributes(msg: Message) -> dict[str, Any]:
+    params = jsonrpc.params(msg)
+    method = msg.get("method", "")
+    attrs: dict[str, Any] = {"mcp.method.name": method, "jsonrpc.request.id": str(msg.get("id"))}
+    version = jsonrpc.meta(msg).get(meta.PROTOCOL_VERSION)
+    if isinstance(version, str):
+        attrs["mcp.protocol.version"] = version
+    name_attr = _NAME_ATTR.get(method)
+    if name_attr and isinstance(params.get("name"), str):
+        attrs[name_attr] = params["name"]
+    if method == "resources/read" and isinstance(params.get("uri"), str):
+        attrs["mcp.resource.uri"] = params["uri"]
+    return attrs
+
+
+def _span_target(msg: Message) -> str:
+    params = jsonrpc.params(msg)
+    value = params.get("name") if "name" in params else params.get("uri")
+    return value if isinstance(value, str) else ""
+
+
+class _Observed:
+    def __init__(self, span: trace.Span | None) -> None:
+        self.span = span
+        self.target: str | None = None
+        self.backend: str | None = None
+        self.reply: Message | None = None
+        self.started = time.perf_counter()
+
+    def annotate(self, *, target: str | None = None, backend: str | None = None) -> None:
+        if target is not None:
+            self.target = target
+        if backend is not None:
+            self.backend = backend
+            if self.span is not None:
+                self.span.set_attribute(ATTR_BACKEND, backend)
+
+    def carrier(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        if self.span is not None:
+            propagate.inject(out, context=trace.set_span_in_context(self.span))
+        return out
+
+    def finish(self, reply: Message | None) -> None:
+        self.reply = reply
+
+    def trace_id(self) -> str:
+        if self.span is None:
+            return ""
+        ctx = self.span.get_span_context()
+        return format(ctx.trace_id, "032x") if ctx.is_valid else ""
+
+    def end_span(self, error: str, reply: Message | None) -> None:
+        if self.span is None:
+            return
+        if error:
+            self.span.set_attribute("error.type", error)
+            code = jsonrpc.error_code(reply) if reply is not None else None
+            if code is not None:
+                self.span.set_attribute("rpc.response.status_code", str(code))
+            self.span.set_status(Status(StatusCode.ERROR))
+        self.span.end()
+
+
+class GatewayTelemetry:
+    def __init__(
+        self,
+        tracer: trace.Tracer | None,
+        recorder: Recorder | None,
+        access_log: logging.Logger | None = None,
+        record_payloads: bool = False,
+        tap: Tap | None = None,
+    ) -> None:
+        self.stats = Stats()
+        self._tap = tap
+        self._tracer = tracer
+        self._recorder = recorder
+        self._access = access_log
+        self._payloads = record_payloads
+
+    def record(self, hop: str, direction: str, msg: Message, backend: str | None = None) -> None:
+        if self._tap is not None:
+            self._tap.record(hop, direction, msg, backend=backend)
+
+    def server(self, msg: Message, origin: Origin) -> AbstractContextManager[Observation]:
+        return self._server(msg, origin)
+
+    def client(
+        self, msg: Message, backend: str, transport: str, address: tuple[str, int] | None
+    ) -> AbstractContextManager[Observation]:
+        return self._client(msg, backend, transport, address)
+
+    def _start(
+        self, msg: Message, kind: SpanKind, parent: context.Context | None, extra: dict[str, Any]
+    ) -> trace.Span | None:
+        if self._tracer is None:
+            return None
+        attrs = {**_request_attributes(msg), **extra, ATTR_ERA: "modern"}
+        if self._payloads:
+            attrs["mcp_gateway.request.params"] = orjson.dumps(jsonrpc.params(msg)).decode()
+        name = f"{msg.get('method', '')} {_span_target(msg)}".strip()
+        return self._tracer.start_span(name, context=parent, kind=kind, attributes=attrs)
+
+    @contextmanager
+    def _server(self, msg: Message, origin: Origin) -> Iterator[Observation]:
+        carrier = {k: v for k, v in jsonrpc.meta(msg).items() if k in ("traceparent", "tracestate")}
+        parent = propagate.extract(carrier or dict(origin.trace_headers))
+        extra = {
+            ATTR_FRONTEND: origin.frontend,
+            "network.transport": NETWORK_TRANSPORT[origin.frontend],
+        }
+        observed = _Observed(self._start(msg, SpanKind.SERVER, parent, extra))
+        self.stats.in_flight[origin.frontend] += 1
+        token = context.attach(trace.set_span_in_context(observed.span)) if observed.span else None
+        try:
+            yield observed
+        finally:
+            if token is not None:
+                context.detach(token)
+            self.stats.in_flight[origin.frontend] -= 1
+            self._end_server(msg, origin, observed)
+
+    def _end_server(self, msg: Message, origin: Origin, observed: _Observed) -> None:
+        seconds = time.perf_counter() - observed.started
+        reply = observed.reply
+        error = error_type(reply)
+        if observed.span is not None and observed.target:
+            observed.span.update_name(f"{msg.get('method', '')} {observed.target}")
+        observed.end_span(error, reply)
+        method = str(msg.get("method", ""))
+        if self._recorder is not None:
+            target = observed.target or ("" if method not in _NAME_ATTR else OTHER)
+            self._recorder.server(method, target, error, seconds, observed.trace_id())
+        if self._access is not None:
+            line = {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()),
+                "method": method,
+                "name": _span_target(msg) or None,
+                "backend": observed.backend,
+                "outcome": error or "ok",
+                "duration_ms": round(seconds * 1000, 3),
+                "trace_id": observed.trace_id() or None,
+                "client": origin.peer,
+                "frontend": origin.frontend,
+            }
+            self._access.info("%s", orjson.dumps(line).decode())
+
+    @contextmanager
+    def _client(
+        self, msg: Message, backend: str, transport: str, address: tuple[str, int] | None
+    ) -> Iterator[Observation]:
+        extra: dict[str, Any] = {
+            ATTR_BACKEND: backend,
+            ATTR_TRANSPORT: transport,
+            "network.transport": NETWORK_TRANSPORT.get(transport, transport),
+        }
+        if address is not None:
+            extra["server.address"], extra["server.port"] = address
+        observed = _Observed(self._start(msg, SpanKind.CLIENT, None, extra))
+        try:
+            yield observed
+        finally:
+            seconds = time.perf_counter() - observed.started
+            error = error_type(observed.reply)
+            observed.end_span(error, observed.reply)
+            if self._recorder is not None:
+                method = str(msg.get("method", ""))
+                target = _span_target(msg) if method in _NAME_ATTR else ""
+                self._recorder.client(method, target, backend, error, seconds, observed.trace_id())
