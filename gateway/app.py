@@ -26,7 +26,7 @@ from gateway import __version__
 from gateway.backends.base import Backend
 from gateway.backends.http import HttpBackend
 from gateway.backends.stdio import StdioBackend
-from gateway.config import BackendConfig, Config, StdioTarget
+from gateway.config import BackendConfig, Config, StdioTarget, TapConfig
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.instrument import InstrumentedBackend
 from gateway.frontends import http as http_frontend
@@ -81,6 +81,13 @@ def tracer_provider(config: Config) -> TracerProvider | None:
     return provider
 
 
+def _open_tap(config: TapConfig) -> Tap:
+    try:
+        return Tap(config)
+    except OSError as exc:
+        raise StartupError(f"tap: cannot open {config.path}: {exc.strerror}") from None
+
+
 def access_logger(config: Config) -> logging.Logger | None:
     target = config.telemetry.access_log
     if target is None:
@@ -126,7 +133,7 @@ class Gateway:
         self.registry = CollectorRegistry()
         self._provider = tracing if tracing is not None else tracer_provider(config)
         tracer = self._provider.get_tracer("mcp-gateway", __version__) if self._provider else None
-        self.tap = Tap(config.tap) if config.tap is not None else None
+        self.tap = _open_tap(config.tap) if config.tap is not None else None
         self.telemetry = GatewayTelemetry(
             tracer,
             Recorder(self.registry),
@@ -153,7 +160,12 @@ class Gateway:
         self.registry.register(
             GatewayCollector(self.telemetry.stats, self._backend_states, self._listens)
         )
-        self.operations = Operations(metrics=self._render_metrics, backends=self._backends_up)
+        self._serving = False
+        self.operations = Operations(
+            metrics=self._render_metrics,
+            backends=self._backends_up,
+            serving=lambda: self._serving,
+        )
         self._admin: web.AppRunner | None = None
         self.admin_url: str | None = None
         self._runner: web.AppRunner | None = None
@@ -170,6 +182,7 @@ class Gateway:
             await self._load_catalogs()
             if self.config.listen.http is not None:
                 await self._start_http()
+            self._serving = True
         except BaseException:
             await self.__aexit__(None, None, None)
             raise

@@ -194,7 +194,8 @@ class Dispatcher:
             return route
         only = self._only_backend()
         if only is not None and not self._naming.prefixed and self._passes_filters(kind, name):
-            return Route(only.name, name)  # one unprefixed backend: it answers for itself
+            # One unprefixed backend: it answers for itself.
+            return Route(only.name, name, listed=False)
         raise Refused(codes.INVALID_PARAMS, f"Unknown {kind}: {name}")
 
     def _passes_filters(self, kind: str, name: str) -> bool:
@@ -221,7 +222,9 @@ class Dispatcher:
     ) -> Message:
         """Send a request to its backend under the backend's own name, and show the reply's
         URIs as clients know them."""
-        _observation.get().annotate(target=jsonrpc.params(msg).get(field), backend=route.backend)
+        # Only listed tool and prompt names become metric labels: their number is bounded.
+        target = jsonrpc.params(msg).get(field) if field == "name" and route.listed else None
+        _observation.get().annotate(target=target, backend=route.backend)
         backend = self.backends[route.backend]
         params = jsonrpc.params(msg)
         out = (

@@ -16,6 +16,8 @@ class Operations:
     metrics: Callable[[str], tuple[bytes, str]]
     # backend name -> reachable now
     backends: Callable[[], Mapping[str, bool]]
+    # the front ends are listening (the admin listener starts before them)
+    serving: Callable[[], bool]
 
 
 OPS = web.AppKey("ops", Operations)
@@ -44,10 +46,12 @@ async def _healthz(_: web.Request) -> web.Response:
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    """Ready when every backend is reachable; the body names the ones that are not."""
-    backends = dict(request.app[OPS].backends())
-    ready = all(backends.values())
-    body = {"status": "ready" if ready else "not ready", "backends": backends}
+    """Ready when the front ends listen and every backend is reachable; the body says which."""
+    ops = request.app[OPS]
+    backends = dict(ops.backends())
+    serving = ops.serving()
+    ready = serving and all(backends.values())
+    body = {"status": "ready" if ready else "not ready", "serving": serving, "backends": backends}
     return web.Response(
         status=200 if ready else 503, body=orjson.dumps(body), content_type="application/json"
     )

@@ -53,6 +53,7 @@ class Route:
     backend: str
     name: str  # the backend's own name or URI
     param_headers: tuple[ParamHeader, ...] = ()
+    listed: bool = True  # False: not in any catalog, forwarded to the only backend as is
 
 
 # --- exposing items ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import orjson
@@ -93,6 +94,10 @@ class _Observed:
         self.span.end()
 
 
+# The client request being served by the current task, if any.
+_serving: ContextVar[_Observed | None] = ContextVar("serving", default=None)
+
+
 class GatewayTelemetry:
     def __init__(
         self,
@@ -143,9 +148,11 @@ class GatewayTelemetry:
         observed = _Observed(self._start(msg, SpanKind.SERVER, parent, extra))
         self.stats.in_flight[origin.frontend] += 1
         token = context.attach(trace.set_span_in_context(observed.span)) if observed.span else None
+        current = _serving.set(observed)
         try:
             yield observed
         finally:
+            _serving.reset(current)
             if token is not None:
                 context.detach(token)
             self.stats.in_flight[origin.frontend] -= 1
@@ -196,5 +203,8 @@ class GatewayTelemetry:
             observed.end_span(error, observed.reply)
             if self._recorder is not None:
                 method = str(msg.get("method", ""))
-                target = _span_target(msg) if method in _NAME_ATTR else ""
+                serving = _serving.get()
+                # A name becomes a label only if the client's name was a listed one (bounded).
+                listed = serving is None or bool(serving.target)
+                target = _span_target(msg) if method in _NAME_ATTR and listed else ""
                 self._recorder.client(method, target, backend, error, seconds, observed.trace_id())

@@ -1,0 +1,345 @@
+"""Traces, metrics, health and the access log, observed on an in-process gateway with the OTel
+in-memory exporter and the gateway's own Prometheus registry (via /metrics)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import orjson
+import pytest
+import yaml
+from aiohttp import web
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.app import Gateway
+from gateway.config import parse
+from tests.support import (
+    BOUND,
+    PYTHON,
+    RUDE_SERVER,
+    START_BOUND,
+    call,
+    http_backend,
+    sdk_stdio_command,
+    start_sdk_http,
+    stdio_backend,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+TRACEPARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
+
+
+@pytest.fixture(scope="module")
+def beta_url() -> Iterator[str]:
+    proc, url = start_sdk_http()
+    yield url
+    proc.stop()
+
+
+def headers_for(msg: dict[str, Any]) -> dict[str, str]:
+    out = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": msg["method"],
+    }
+    name = msg["params"].get("name")
+    if isinstance(name, str):
+        out["Mcp-Name"] = name
+    return out
+
+
+async def post(session: aiohttp.ClientSession, url: str, msg: dict[str, Any]) -> dict[str, Any]:
+    with anyio.fail_after(START_BOUND):
+        async with session.post(url, data=orjson.dumps(msg), headers=headers_for(msg)) as resp:
+            body = await resp.read()
+    if resp.content_type == "text/event-stream":
+        body = body.strip().rsplit(b"data: ", 1)[1]
+    reply: dict[str, Any] = orjson.loads(body)
+    return reply
+
+
+def traced(msg: dict[str, Any]) -> dict[str, Any]:
+    msg["params"]["_meta"] = {**msg["params"]["_meta"], "traceparent": TRACEPARENT}
+    return msg
+
+
+@asynccontextmanager
+async def running(
+    backends: dict[str, Any], exporter: InMemorySpanExporter | None = None, **top: Any
+) -> AsyncIterator[tuple[Gateway, aiohttp.ClientSession, str]]:
+    provider = None
+    if exporter is not None:
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    listen = {"http": {"host": "127.0.0.1", "port": 0}}
+    text = yaml.safe_dump({"listen": listen, "backends": backends, **top})
+    with anyio.fail_after(START_BOUND):
+        async with Gateway(parse(text), tracing=provider) as gw, aiohttp.ClientSession() as s:
+            assert gw.http_url is not None
+            yield gw, s, gw.http_url
+
+
+def by_kind(spans: tuple[ReadableSpan, ...], kind: SpanKind) -> list[ReadableSpan]:
+    return [s for s in spans if s.kind == kind]
+
+
+async def test_spans_follow_the_mcp_conventions_and_link_across_hops(beta_url: str) -> None:
+    exporter = InMemorySpanExporter()
+    backends = {"alpha": stdio_backend(sdk_stdio_command()), "beta": http_backend(beta_url)}
+    async with running(backends, exporter) as (_, session, url):
+        exporter.clear()  # catalog loads at start-up are spans of their own
+        reply = await post(session, url, traced(call(7, "alpha_echo", text="hi")))
+        assert reply["result"]["content"][0]["text"] == "hi"
+        await post(session, url, traced(call(8, "beta_echo", text="hi")))
+    spans = exporter.get_finished_spans()
+    servers, clients = by_kind(spans, SpanKind.SERVER), by_kind(spans, SpanKind.CLIENT)
+    server = next(s for s in servers if s.attributes and s.attributes["jsonrpc.request.id"] == "7")
+    assert server.name == "tools/call alpha_echo"
+    assert server.context.trace_id == int(TRACE_ID, 16)  # parented on the client's traceparent
+    assert server.attributes is not None
+    assert server.attributes["mcp.method.name"] == "tools/call"
+    assert server.attributes["gen_ai.tool.name"] == "alpha_echo"
+    assert server.attributes["mcp.protocol.version"] == "2026-07-28"
+    assert server.attributes["network.transport"] == "tcp"
+    assert server.attributes["mcp_gateway.backend"] == "alpha"
+    client = next(c for c in clients if c.parent and c.parent.span_id == server.context.span_id)
+    assert client.name == "tools/call echo"  # the backend's own name on the CLIENT span
+    assert client.attributes is not None
+    assert client.attributes["network.transport"] == "pipe"
+    assert client.attributes["mcp_gateway.transport"] == "stdio"
+    http_client = next(
+        c
+        for c in clients
+        if c.attributes
+        and c.attributes.get("mcp_gateway.backend") == "beta"
+        and c.name == "tools/call echo"
+    )
+    assert http_client.attributes is not None
+    assert http_client.attributes["server.address"] == "127.0.0.1"
+    assert http_client.context.trace_id == int(TRACE_ID, 16)
+
+
+async def test_stdio_backends_get_trace_context_in_meta(tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    notes, requests = tmp_path / "notes.jsonl", tmp_path / "requests.jsonl"
+    rude = stdio_backend([PYTHON, RUDE_SERVER, str(notes), str(requests)])
+    async with running({"rude": rude}, exporter) as (_, session, url):
+        reply = await post(session, url, traced(call(7, "ok")))
+        assert reply["result"]["content"][0]["text"] == "ok"
+    clients = by_kind(exporter.get_finished_spans(), SpanKind.CLIENT)
+    client = next(c for c in clients if c.name == "tools/call ok")
+    sent = [orjson.loads(line) for line in requests.read_bytes().splitlines()]
+    hop = next(m for m in sent if m["method"] == "tools/call")
+    expected = f"00-{client.context.trace_id:032x}-{client.context.span_id:016x}-01"
+    assert hop["params"]["_meta"]["traceparent"] == expected
+    assert client.context.trace_id == int(TRACE_ID, 16)
+
+
+async def test_http_backends_get_trace_context_in_meta_and_headers() -> None:
+    exporter = InMemorySpanExporter()
+    seen: list[tuple[dict[str, str], dict[str, Any]]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        seen.append((dict(request.headers), body))
+        result = {
+            "resultType": "complete",
+            "supportedVersions": ["2026-07-28"],
+            "capabilities": {"tools": {}},
+            "tools": [{"name": "t", "inputSchema": {"type": "object"}}],
+            "content": [],
+        }
+        return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": result})
+
+    app = web.Application()
+    app.router.add_post("/mcp", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        backend_url = f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
+        async with running({"b": http_backend(backend_url)}, exporter) as (_, session, url):
+            await post(session, url, traced(call(1, "t")))
+    finally:
+        await runner.cleanup()
+    headers, body = next((h, b) for h, b in seen if b["method"] == "tools/call")
+    client = next(
+        s
+        for s in exporter.get_finished_spans()
+        if s.kind == SpanKind.CLIENT and s.name == "tools/call t"
+    )
+    expected = f"00-{client.context.trace_id:032x}-{client.context.span_id:016x}-01"
+    assert body["params"]["_meta"]["traceparent"] == expected
+    assert headers["traceparent"] == expected
+
+
+async def test_errors_are_recorded_on_spans() -> None:
+    exporter = InMemorySpanExporter()
+    async with running(
+        {"demo": stdio_backend([PYTHON, "-m", "gateway.demo.server"])}, exporter
+    ) as (_, session, url):
+        exporter.clear()
+        reply = await post(session, url, call(1, "no_such_tool"))
+    assert reply["error"]["code"] == -32602
+    (server,) = by_kind(exporter.get_finished_spans(), SpanKind.SERVER)
+    assert server.attributes is not None
+    assert server.attributes["error.type"] == "-32602"
+    assert server.attributes["rpc.response.status_code"] == "-32602"
+    assert server.status.status_code == StatusCode.ERROR
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+async def test_metrics_count_known_traffic_with_bounded_labels() -> None:
+    demo = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
+    async with running({"demo": demo}) as (_, session, url):
+        for i in range(3):
+            await post(session, url, call(i, "echo", text="x"))
+        await post(session, url, call(9, "totally_unknown_tool"))
+        bad = call(10, "echo", text="x")
+        async with session.post(
+            url, data=orjson.dumps(bad), headers={**headers_for(bad), "Mcp-Name": "other"}
+        ) as resp:
+            assert resp.status == 400
+        metrics_url = url.removesuffix("/mcp") + "/metrics"
+        async with session.get(metrics_url) as resp:
+            text = await resp.text()
+        async with session.get(url.removesuffix("/mcp") + "/readyz") as ready:
+            assert ready.status == 200
+    got = samples(text)
+    ok = (("error_type", ""), ("mcp_method_name", "tools/call"), ("target", "echo"))
+    assert got[("mcp_server_operation_duration_seconds_count", ok)] == 3
+    # The single unprefixed backend answers unknown names itself; they count under "_other".
+    other = [
+        k
+        for k in got
+        if k[0] == "mcp_server_operation_duration_seconds_count" and ("target", "_other") in k[1]
+    ]
+    assert other and "totally_unknown_tool" not in text
+    client = (
+        ("backend", "demo"),
+        ("error_type", ""),
+        ("mcp_method_name", "tools/call"),
+        ("target", "echo"),
+    )
+    assert got[("mcp_client_operation_duration_seconds_count", client)] == 3
+    assert got[("mcp_gateway_rejections_total", (("reason", "header_mismatch"),))] == 1
+    assert got[("mcp_gateway_backend_up", (("backend", "demo"),))] == 1
+    assert got[("mcp_gateway_bytes_total", (("direction", "in"), ("hop", "frontend")))] > 0
+    assert got[("mcp_gateway_catalog_refreshes_total", (("backend", "demo"),))] == 1
+
+
+async def test_exemplars_carry_trace_ids_in_openmetrics() -> None:
+    exporter = InMemorySpanExporter()
+    async with running(
+        {"demo": stdio_backend([PYTHON, "-m", "gateway.demo.server"])}, exporter
+    ) as (_, session, url):
+        await post(session, url, traced(call(1, "echo", text="x")))
+        accept = {"Accept": "application/openmetrics-text; version=1.0.0"}
+        async with session.get(url.removesuffix("/mcp") + "/metrics", headers=accept) as resp:
+            text = await resp.text()
+    assert f'trace_id="{TRACE_ID}"' in text
+
+
+async def test_readyz_names_a_backend_that_is_down() -> None:
+    down = http_backend("http://127.0.0.1:9/mcp", connect_timeout=0.5)
+    demo = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
+    async with running({"demo": demo, "down": down}) as (_, session, url):
+        base = url.removesuffix("/mcp")
+        async with session.get(base + "/healthz") as health:
+            assert health.status == 200
+        async with session.get(base + "/readyz") as ready:
+            assert ready.status == 503
+            assert (await ready.json())["backends"] == {"demo": True, "down": False}
+
+
+async def test_access_log_writes_one_json_line_per_request(tmp_path: Path) -> None:
+    log_file = tmp_path / "access.log"
+    demo = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
+    async with running({"demo": demo}, telemetry={"access_log": str(log_file)}) as (
+        _,
+        session,
+        url,
+    ):
+        await post(session, url, call(1, "echo", text="x"))
+    lines = [orjson.loads(line) for line in log_file.read_bytes().splitlines()]
+    (line,) = [entry for entry in lines if entry["method"] == "tools/call"]
+    assert line["name"] == "echo" and line["backend"] == "demo" and line["outcome"] == "ok"
+    assert line["client"] == "127.0.0.1" and line["duration_ms"] >= 0
+
+
+async def test_spans_are_exported_over_otlp_http() -> None:
+    received: list[ExportTraceServiceRequest] = []
+    got = anyio.Event()
+
+    async def collector(request: web.Request) -> web.Response:
+        export = ExportTraceServiceRequest()
+        export.ParseFromString(await request.read())
+        received.append(export)
+        got.set()
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", collector)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        endpoint = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        demo = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
+        async with running({"demo": demo}, telemetry={"otlp_endpoint": endpoint}) as (
+            _,
+            session,
+            url,
+        ):
+            await post(session, url, call(1, "echo", text="x"))
+        with anyio.fail_after(BOUND):
+            await got.wait()
+    finally:
+        await runner.cleanup()
+    names = {
+        span.name
+        for export in received
+        for resource in export.resource_spans
+        for scope in resource.scope_spans
+        for span in scope.spans
+    }
+    assert {"tools/call echo"} <= names
+
+
+async def test_the_tap_records_both_hops_with_redaction(tmp_path: Path) -> None:
+    path = tmp_path / "traffic.jsonl"
+    demo = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
+    tap = {"path": str(path), "redact": ["params.arguments.text", "result.content"]}
+    async with running({"demo": demo}, tap=tap) as (_, session, url):
+        await post(session, url, call("tapped", "echo", text="secret"))
+    lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    hops = [
+        (entry["hop"], entry["dir"])
+        for entry in lines
+        if entry["msg"].get("id") == "tapped" or entry["msg"].get("method") == "tools/call"
+    ]
+    assert hops[:1] == [("frontend", "in")] and ("frontend", "out") in hops
+    assert ("backend", "out") in hops and ("backend", "in") in hops
+    calls = [e for e in lines if e["msg"].get("method") == "tools/call"]
+    assert all(e["msg"]["params"]["arguments"]["text"] == "[redacted]" for e in calls)
+    assert b"secret" not in path.read_bytes().replace(b"[redacted]", b"")
