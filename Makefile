@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck pytest clean
+.PHONY: install run test lint typecheck pytest clean ci-deps
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,6 +27,16 @@ pytest: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+# System packages some tests use: Debian's `prometheus` (promtool, prometheus) for the Prometheus
+# config checks and the real-scrape test. Best effort: without apt (or root) it says so, and those
+# tests skip with the reason.
+ci-deps:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  sudo=; [ "$$(id -u)" = 0 ] || sudo='sudo -n'; \
+	  { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends prometheus; } >/dev/null \
+	  || echo "ci-deps: could not install prometheus with apt; its tests will skip" >&2; }
 
 clean:
 	rm -rf $(VENV) build *.egg-info
