@@ -244,6 +244,7 @@ async def test_metrics_count_known_traffic_with_bounded_labels() -> None:
     assert got[("mcp_client_operation_duration_seconds_count", client)] == 3
     assert got[("mcp_gateway_rejections_total", (("reason", "header_mismatch"),))] == 1
     assert got[("mcp_gateway_backend_up", (("backend", "demo"),))] == 1
+    assert got[("mcp_gateway_backend_era", (("backend", "demo"), ("era", "modern")))] == 1
     assert got[("mcp_gateway_bytes_total", (("direction", "in"), ("hop", "frontend")))] > 0
     assert got[("mcp_gateway_catalog_refreshes_total", (("backend", "demo"),))] == 1
 

@@ -71,6 +71,7 @@ class BackendState:
     restarts: int
     catalog_refreshes: int
     fanout_failures: int
+    era: str = "modern"
 
 
 class GatewayCollector(Collector):
@@ -129,9 +130,15 @@ class GatewayCollector(Collector):
             "Backends skipped or failing in a fan-out.",
             labels=["backend"],
         )
+        era = GaugeMetricFamily(
+            "mcp_gateway_backend_era",
+            "1 under the protocol era spoken with the backend.",
+            labels=["backend", "era"],
+        )
         for b in self._backends():
+            era.add_metric([b.name, b.era], 1)
             up.add_metric([b.name], 1 if b.up else 0)
             restarts.add_metric([b.name], b.restarts)
             refreshes.add_metric([b.name], b.catalog_refreshes)
             failures.add_metric([b.name], b.fanout_failures)
-        yield from (up, restarts, refreshes, failures)
+        yield from (up, era, restarts, refreshes, failures)
