@@ -9,11 +9,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import anyio
+import orjson
 import yaml
+from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -26,6 +31,7 @@ META: dict[str, Any] = {
     "io.modelcontextprotocol/clientCapabilities": {},
 }
 Message = dict[str, Any]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Every wait in the suite is bounded by this; nothing sleeps.
 BOUND = 5.0
 # Process start-up (interpreter + imports) is slower than a wait on an event; still bounded.
@@ -163,3 +169,55 @@ def request(
 
 def call(rid: int | str, tool: str, token: object = None, **arguments: Any) -> Message:
     return request(rid, "tools/call", {"name": tool, "arguments": arguments}, token)
+
+
+def mirrored_headers(msg: Message) -> dict[str, str]:
+    """The headers a Streamable HTTP client sends with `msg` (streamable-http, Request Metadata)."""
+    out = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": VERSION,
+        "Mcp-Method": msg["method"],
+    }
+    source = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}.get(
+        msg["method"]
+    )
+    if source is not None:
+        out["Mcp-Name"] = msg["params"][source]
+    return out
+
+
+@asynccontextmanager
+async def serve_http(handler: Handler, path: str = "/mcp") -> AsyncIterator[str]:
+    """A tiny HTTP server on 127.0.0.1 answering `path` with `handler`; yields its base URL.
+    Handlers are cancelled when their client disconnects, as a real server's work would be."""
+    app = web.Application()
+    app.router.add_route("*", path, handler)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, handler_cancellation=True)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        with anyio.CancelScope(shield=True):
+            await runner.cleanup()
+
+
+async def messages(resp: aiohttp.ClientResponse) -> AsyncIterator[Message]:
+    """Every JSON-RPC message of a response: one JSON body, or each SSE event until the body
+    ends (comments and `event:` lines carry no message)."""
+    if resp.content_type == "application/json":
+        yield orjson.loads(await resp.read())
+        return
+    assert resp.status == 200, resp.status
+    assert resp.content_type == "text/event-stream", resp.content_type
+    data: list[bytes] = []
+    async for raw in resp.content:
+        line = raw.rstrip(b"\r\n")
+        if not line:
+            if data:
+                yield orjson.loads(b"\n".join(data))
+                data = []
+        elif line.startswith(b"data:"):
+            data.append(line[5:].removeprefix(b" "))
+    assert not data, f"the stream ended inside an event: {data!r}"

@@ -12,7 +12,7 @@ import signal
 import socket
 import sys
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -33,10 +33,13 @@ from gateway.protocol import codes
 from tests.support import (
     BOUND,
     RUDE_SERVER,
-    VERSION,
+    Handler,
     call,
+    messages,
+    mirrored_headers,
     request,
     sdk_stdio_command,
+    serve_http,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -48,36 +51,6 @@ START_BOUND = 20.0
 
 
 # --- building and sending requests ------------------------------------------------------------
-
-
-def mirrored_headers(msg: Message) -> dict[str, str]:
-    """The headers a Streamable HTTP client sends with `msg` (streamable-http, Request Metadata)."""
-    out = {
-        "Content-Type": "application/json",
-        "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": VERSION,
-        "Mcp-Method": msg["method"],
-    }
-    if msg["method"] == "tools/call":
-        out["Mcp-Name"] = msg["params"]["name"]
-    return out
-
-
-async def messages(resp: aiohttp.ClientResponse) -> AsyncIterator[Message]:
-    """Every JSON-RPC message of a gateway response: one JSON body, or each SSE event."""
-    if resp.content_type == "application/json":
-        yield orjson.loads(await resp.read())
-        return
-    assert resp.content_type == "text/event-stream", resp.content_type
-    data: list[bytes] = []
-    async for raw in resp.content:
-        line = raw.rstrip(b"\r\n")
-        if not line:
-            if data:
-                yield orjson.loads(b"\n".join(data))
-                data = []
-        elif line.startswith(b"data:"):
-            data.append(line[5:].removeprefix(b" "))
 
 
 async def post(session: aiohttp.ClientSession, url: str, msg: Message) -> Message:
@@ -313,24 +286,12 @@ async def test_garbage_from_a_stdio_backend_is_dropped_and_replies_still_arrive(
 
 # --- HTTP backends -----------------------------------------------------------------------------
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 
 @asynccontextmanager
 async def fake_backend(handler: Handler) -> AsyncIterator[str]:
     """A tiny HTTP server on 127.0.0.1 answering every request with `handler`."""
-    app = web.Application()
-    app.router.add_route("*", "/mcp", handler)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, handler_cancellation=True)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        with anyio.CancelScope(shield=True):
-            await runner.cleanup()
+    async with serve_http(handler) as base:
+        yield f"{base}/mcp"
 
 
 async def not_json(_: web.Request) -> web.StreamResponse:

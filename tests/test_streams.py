@@ -29,9 +29,10 @@ from tests.support import (
     BOUND,
     ROOT,
     START_BOUND,
-    VERSION,
     call,
     gateway_command,
+    messages,
+    mirrored_headers,
     request,
     sdk_stdio_command,
     stdio_backend,
@@ -62,42 +63,9 @@ def listen(rid: RequestId, notifications: dict[str, Any] | None = None) -> Messa
     return request(rid, "subscriptions/listen", {"notifications": notifications or TOOLS_ONLY})
 
 
-def mirrored_headers(msg: Message) -> dict[str, str]:
-    """The headers a Streamable HTTP client sends with `msg` (streamable-http, Request Metadata)."""
-    out = {
-        "Content-Type": "application/json",
-        "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": VERSION,
-        "Mcp-Method": msg["method"],
-    }
-    if msg["method"] == "tools/call":
-        out["Mcp-Name"] = msg["params"]["name"]
-    return out
-
-
 def post(session: aiohttp.ClientSession, url: str, msg: Message) -> Any:
     """`session.post` of one JSON-RPC message, to be used as `async with`."""
     return session.post(url, data=orjson.dumps(msg), headers=mirrored_headers(msg))
-
-
-async def messages(resp: aiohttp.ClientResponse) -> AsyncIterator[Message]:
-    """Every JSON-RPC message of a response: one JSON body, or each SSE event until the body
-    ends (comments and `event:` lines carry no message)."""
-    if resp.content_type == "application/json":
-        yield orjson.loads(await resp.read())
-        return
-    assert resp.status == 200, resp.status
-    assert resp.content_type == "text/event-stream", resp.content_type
-    data: list[bytes] = []
-    async for raw in resp.content:
-        line = raw.rstrip(b"\r\n")
-        if not line:
-            if data:
-                yield orjson.loads(b"\n".join(data))
-                data = []
-        elif line.startswith(b"data:"):
-            data.append(line[5:].removeprefix(b" "))
-    assert not data, f"the stream ended inside an event: {data!r}"
 
 
 async def ask(session: aiohttp.ClientSession, url: str, msg: Message) -> Message:

@@ -30,7 +30,9 @@ from tests.support import (
     START_BOUND,
     call,
     http_backend,
+    mirrored_headers,
     sdk_stdio_command,
+    serve_http,
     start_sdk_http,
     stdio_backend,
 )
@@ -48,22 +50,9 @@ def beta_url() -> Iterator[str]:
     proc.stop()
 
 
-def headers_for(msg: dict[str, Any]) -> dict[str, str]:
-    out = {
-        "Content-Type": "application/json",
-        "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": "2026-07-28",
-        "Mcp-Method": msg["method"],
-    }
-    name = msg["params"].get("name")
-    if isinstance(name, str):
-        out["Mcp-Name"] = name
-    return out
-
-
 async def post(session: aiohttp.ClientSession, url: str, msg: dict[str, Any]) -> dict[str, Any]:
     with anyio.fail_after(START_BOUND):
-        async with session.post(url, data=orjson.dumps(msg), headers=headers_for(msg)) as resp:
+        async with session.post(url, data=orjson.dumps(msg), headers=mirrored_headers(msg)) as resp:
             body = await resp.read()
     if resp.content_type == "text/event-stream":
         body = body.strip().rsplit(b"data: ", 1)[1]
@@ -164,17 +153,11 @@ async def test_http_backends_get_trace_context_in_meta_and_headers() -> None:
         }
         return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": result})
 
-    app = web.Application()
-    app.router.add_post("/mcp", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        backend_url = f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
-        async with running({"b": http_backend(backend_url)}, exporter) as (_, session, url):
-            await post(session, url, traced(call(1, "t")))
-    finally:
-        await runner.cleanup()
+    async with (
+        serve_http(handler) as base,
+        running({"b": http_backend(f"{base}/mcp")}, exporter) as (_, session, url),
+    ):
+        await post(session, url, traced(call(1, "t")))
     headers, body = next((h, b) for h, b in seen if b["method"] == "tools/call")
     client = next(
         s
@@ -217,7 +200,7 @@ async def test_metrics_count_known_traffic_with_bounded_labels() -> None:
         await post(session, url, call(9, "totally_unknown_tool"))
         bad = call(10, "echo", text="x")
         async with session.post(
-            url, data=orjson.dumps(bad), headers={**headers_for(bad), "Mcp-Name": "other"}
+            url, data=orjson.dumps(bad), headers={**mirrored_headers(bad), "Mcp-Name": "other"}
         ) as resp:
             assert resp.status == 400
         metrics_url = url.removesuffix("/mcp") + "/metrics"
@@ -299,24 +282,13 @@ async def test_spans_are_exported_over_otlp_http() -> None:
         got.set()
         return web.Response(status=200)
 
-    app = web.Application()
-    app.router.add_post("/v1/traces", collector)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        endpoint = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    async with serve_http(collector, "/v1/traces") as endpoint:
         demo = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
-        async with running({"demo": demo}, telemetry={"otlp_endpoint": endpoint}) as (
-            _,
-            session,
-            url,
-        ):
+        telemetry = {"otlp_endpoint": endpoint}
+        async with running({"demo": demo}, telemetry=telemetry) as (_, session, url):
             await post(session, url, call(1, "echo", text="x"))
         with anyio.fail_after(BOUND):
             await got.wait()
-    finally:
-        await runner.cleanup()
     names = {
         span.name
         for export in received
