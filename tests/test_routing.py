@@ -728,8 +728,3 @@ def test_expose_content_uris_ignores_non_lists() -> None:
     block = {"type": "resource_link", "uri": "file:///a"}
     table.expose_content_uris(n, Exposure("b", "ns"), block)
     assert block == {"type": "resource_link", "uri": "file:///a"}
-
-
-def test_visible_names_skip_items_without_a_string_key() -> None:
-    items: list[dict[str, Any]] = [{"name": "a"}, {"name": 1}, {}, {"name": "b"}]
-    assert table.visible_names(items, "name") == ["a", "b"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,7 +222,3 @@ def template_pattern(template: str) -> re.Pattern[str]:
         last = m.end()
     out.append(re.escape(template[last:]))
     return re.compile("".join(out))
-
-
-def visible_names(items: Iterable[Item], key: str) -> list[str]:
-    return [i[key] for i in items if isinstance(i.get(key), str)]

@@ -1,6 +1,6 @@
 """YAML config -> validated, frozen config objects.
 
-A leaf module: it imports nothing else of the gateway. Errors name the file, the line and the
+A leaf package: it imports nothing else of the gateway. Errors name the file, the line and the
 dotted path of the offending value, and all of them are reported at once.
 """
 
@@ -9,290 +9,44 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 import yaml
 
-DEFAULT_HTTP_HOST = "127.0.0.1"
-DEFAULT_HTTP_PORT = 8080
-DEFAULT_HTTP_PATH = "/mcp"
-# 4 MiB holds any realistic tool call; larger bodies are far more likely abuse than use.
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-# How long a backend may take to accept a connection or (stdio) to come back after a crash.
-DEFAULT_CONNECT_TIMEOUT = 10.0
-# Whole-request bound; long tool calls are normal in MCP, so this is generous.
-DEFAULT_REQUEST_TIMEOUT = 300.0
-# The admin listener (/metrics, health) defaults to the port OpenTelemetry's Prometheus exporter
-# uses by convention, so scrape configs written for it need no change.
-DEFAULT_ADMIN_PORT = 9464
-# A recording is for looking at, not an archive: 64 MiB per file is hours of busy traffic, and
-# (1 + backups) files bound the disk it can take.
-DEFAULT_TAP_MAX_BYTES = 64 * 1024 * 1024
-DEFAULT_TAP_BACKUPS = 3
-# One message beyond this (a huge resource read) is recorded as its size only, so one blob cannot
-# push hours of traffic out of the rotation.
-DEFAULT_TAP_MAX_MESSAGE_BYTES = 1024 * 1024
-DEFAULT_SERVICE_NAME = "mcp-gateway"
-# `telemetry.access_log: stderr` logs to the gateway's stderr; any other value is a file path.
-ACCESS_LOG_STDERR = "stderr"
-
-# Addresses that bind every interface, and so clash with any other host on the same port.
-WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-# A redaction rule: dot-separated keys (or `*`, or a list index), none empty.
-_REDACT_PATH = re.compile(r"[^.\s]+(?:\.[^.\s]+)*")
-# An HTTP field name (RFC 9110 token).
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-
-
-class ConfigInvalid(Exception):
-    """The config cannot be used; `problems` lists every reason, each with its line."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = problems
-
-
-@dataclass(frozen=True)
-class HttpListen:
-    host: str = DEFAULT_HTTP_HOST
-    port: int = DEFAULT_HTTP_PORT
-    path: str = DEFAULT_HTTP_PATH
-    allowed_origins: tuple[str, ...] = ()
-    allowed_hosts: tuple[str, ...] = ()
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-
-
-@dataclass(frozen=True)
-class AdminListen:
-    """A separate HTTP listener for /metrics and health, so a stdio-only gateway can be scraped."""
-
-    host: str = DEFAULT_HTTP_HOST
-    port: int = DEFAULT_ADMIN_PORT
-
-
-@dataclass(frozen=True)
-class Listen:
-    http: HttpListen | None = None
-    stdio: bool = False
-    admin: AdminListen | None = None  # not a front end: it serves no MCP
-
-
-@dataclass(frozen=True)
-class TapConfig:
-    """Opt-in recording of every JSON-RPC message on both hops to a JSON-lines file."""
-
-    path: str  # absolute: a relative path in the file is resolved against the file's directory
-    redact: tuple[str, ...] = ()  # dotted paths into a message; `*` matches one level
-    redact_headers: tuple[str, ...] = ()  # besides Authorization and Cookie, always redacted
-    max_bytes: int = DEFAULT_TAP_MAX_BYTES
-    backups: int = DEFAULT_TAP_BACKUPS
-    max_message_bytes: int = DEFAULT_TAP_MAX_MESSAGE_BYTES
-
-
-@dataclass(frozen=True)
-class TelemetryConfig:
-    service_name: str = DEFAULT_SERVICE_NAME
-    otlp_endpoint: str | None = None  # None: no traces are exported
-    record_payloads: bool = False  # put message bodies on spans (they may hold secrets)
-    access_log: str | None = None  # None: off; "stderr"; or an absolute file path
-
-
-@dataclass(frozen=True)
-class StdioTarget:
-    command: str
-    args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    cwd: str | None = None
-
-
-@dataclass(frozen=True)
-class HttpTarget:
-    url: str
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class BackendConfig:
-    name: str
-    target: StdioTarget | HttpTarget
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
-    namespace: str = ""  # empty: the backend's name
-    allow_tools: tuple[str, ...] = ()
-    deny_tools: tuple[str, ...] = ()
-    rename_tools: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def effective_namespace(self) -> str:
-        return self.namespace or self.name
-
-
-PREFIX_MODES = ("auto", "always", "never")
-FAILURE_POLICIES = ("fail_open", "fail_closed")
-
-
-@dataclass(frozen=True)
-class Namespacing:
-    prefix: str = "auto"
-    separator: str = "_"
-    max_name_length: int = 64
-
-
-@dataclass(frozen=True)
-class Config:
-    listen: Listen
-    backends: tuple[BackendConfig, ...]
-    source: str = "<config>"
-    namespacing: Namespacing = Namespacing()
-    on_backend_failure: str = "fail_open"
-    tap: TapConfig | None = None
-    telemetry: TelemetryConfig = TelemetryConfig()
-
-
-# --- YAML with line numbers -------------------------------------------------------------------
-
-
-class _Reader:
-    """Turns a composed YAML node tree into plain values, remembering each value's line."""
-
-    def __init__(self, source: str, env: Mapping[str, str]) -> None:
-        self.source = source
-        self.env = env
-        self.lines: dict[tuple[str, ...], int] = {}
-        # The source text of each scalar: header values and env entries are strings even when
-        # YAML 1.1 would read them as booleans or numbers (`yes`, `on`, `0755`).
-        self.text: dict[tuple[str, ...], str] = {}
-        self.problems: list[str] = []
-        self._scalars = yaml.SafeLoader("")
-
-    def value(self, node: yaml.Node, path: tuple[str, ...]) -> Any:
-        self.lines[path] = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            out: dict[str, Any] = {}
-            for key_node, value_node in node.value:
-                key = str(key_node.value)
-                if key in out:
-                    self.problem(path + (key,), "appears twice", key_node.start_mark.line + 1)
-                out[key] = self.value(value_node, path + (key,))
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            return [self.value(v, path + (str(i),)) for i, v in enumerate(node.value)]
-        scalar = self._scalars.construct_object(node)
-        if isinstance(scalar, str):
-            scalar = self.interpolate(scalar, path)
-        self.text[path] = scalar if isinstance(scalar, str) else str(node.value)
-        return scalar
-
-    def interpolate(self, text: str, path: tuple[str, ...]) -> str:
-        def sub(match: re.Match[str]) -> str:
-            name, default = match.group(1), match.group(2)
-            if name in self.env:
-                return self.env[name]
-            if default is not None:
-                return default
-            self.problem(path, f"environment variable {name} is not set")
-            return ""
-
-        return _ENV_REF.sub(sub, text)
-
-    def problem(self, path: tuple[str, ...], message: str, line: int | None = None) -> None:
-        where = line if line is not None else self._nearest_line(path)
-        dotted = ".".join(path) or "(top level)"
-        self.problems.append(f"{self.source}:{where}: {dotted}: {message}")
-
-    def _nearest_line(self, path: tuple[str, ...]) -> int:
-        while path and path not in self.lines:
-            path = path[:-1]
-        return self.lines.get(path, 1)
-
-
-# --- validation -------------------------------------------------------------------------------
-
-
-class _Check:
-    def __init__(self, reader: _Reader) -> None:
-        self.r = reader
-
-    def mapping(
-        self, value: Any, path: tuple[str, ...], keys: set[str] | None = None
-    ) -> dict[str, Any]:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            self.r.problem(path, "must be a mapping")
-            return {}
-        if keys is not None:
-            allowed = ", ".join(sorted(keys))
-            for key in value.keys() - keys:
-                self.r.problem(path + (key,), f"unknown key (expected one of: {allowed})")
-        return value
-
-    def string(self, value: Any, path: tuple[str, ...], default: str | None = None) -> str | None:
-        if value is None:
-            return default
-        if not isinstance(value, str):
-            self.r.problem(path, "must be a string")
-            return default
-        return value
-
-    def number(self, value: Any, path: tuple[str, ...], default: float) -> float:
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            self.r.problem(path, "must be a positive number")
-            return default
-        return float(value)
-
-    def port(self, value: Any, path: tuple[str, ...]) -> int:
-        if value is None:
-            return DEFAULT_HTTP_PORT
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
-            self.r.problem(path, "must be a port number from 0 to 65535")
-            return DEFAULT_HTTP_PORT
-        return value
-
-    def count(self, value: Any, path: tuple[str, ...], default: int, minimum: int = 1) -> int:
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.r.problem(path, f"must be a whole number of at least {minimum}")
-            return default
-        return value
-
-    def boolean(self, value: Any, path: tuple[str, ...], default: bool = False) -> bool:
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            self.r.problem(path, "must be true or false")
-            return default
-        return value
-
-    def strings(self, value: Any, path: tuple[str, ...]) -> tuple[str, ...]:
-        if value is None:
-            return ()
-        if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
-            self.r.problem(path, "must be a list of strings")
-            return ()
-        return tuple(str(v) for v in value)
-
-    def string_map(self, value: Any, path: tuple[str, ...]) -> dict[str, str]:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            self.r.problem(path, "must be a mapping of names to strings")
-            return {}
-        out: dict[str, str] = {}
-        for key, item in value.items():
-            if isinstance(item, (dict, list)) or item is None:
-                self.r.problem(path + (key,), "must be a string")
-            else:
-                out[key] = item if isinstance(item, str) else self.r.text[path + (key,)]
-        return out
+from gateway.config.mcpjson import load_mcp_json
+from gateway.config.model import (
+    _HEADER_NAME,
+    _NAME,
+    _REDACT_PATH,
+    ACCESS_LOG_STDERR,
+    DEFAULT_ADMIN_PORT,
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_HTTP_HOST,
+    DEFAULT_HTTP_PATH,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_SERVICE_NAME,
+    DEFAULT_TAP_BACKUPS,
+    DEFAULT_TAP_MAX_BYTES,
+    DEFAULT_TAP_MAX_MESSAGE_BYTES,
+    FAILURE_POLICIES,
+    PREFIX_MODES,
+    WILDCARD_HOSTS,
+    AdminListen,
+    BackendConfig,
+    Config,
+    ConfigInvalid,
+    HttpListen,
+    HttpTarget,
+    Listen,
+    Namespacing,
+    StdioTarget,
+    TapConfig,
+    TelemetryConfig,
+)
+from gateway.config.reader import _Check, _Reader
 
 
 def _listen(c: _Check, raw: Any) -> Listen:
@@ -554,56 +308,6 @@ def _failure_policy(c: _Check, raw: Any) -> str:
     return policy or "fail_open"
 
 
-def load_mcp_json(path: Path) -> tuple[BackendConfig, ...]:
-    """Backends from the `mcpServers` JSON that desktop hosts and editors use."""
-    try:
-        data = orjson.loads(path.read_bytes())
-    except OSError as exc:
-        raise ConfigInvalid([f"{path}: cannot read: {exc.strerror}"]) from None
-    except orjson.JSONDecodeError as exc:
-        raise ConfigInvalid([f"{path}: not valid JSON: {exc}"]) from None
-    servers = data.get("mcpServers", data.get("servers")) if isinstance(data, dict) else None
-    if not isinstance(servers, dict):
-        raise ConfigInvalid([f"{path}: no 'mcpServers' object"])
-    problems: list[str] = []
-    out: list[BackendConfig] = []
-    for name, entry in servers.items():
-        where = f"{path}: mcpServers.{name}"
-        if not isinstance(entry, dict) or entry.get("disabled") is True:
-            continue
-        target = _mcp_json_target(entry)
-        if isinstance(target, str):
-            problems.append(f"{where}: {target}")
-        elif not _NAME.match(name):
-            problems.append(f"{where}: a backend name uses letters, digits, '_', '.' and '-'")
-        else:
-            out.append(BackendConfig(name=name, target=target))
-    if problems:
-        raise ConfigInvalid(problems)
-    return tuple(out)
-
-
-def _mcp_json_target(entry: dict[str, Any]) -> StdioTarget | HttpTarget | str:
-    kind = entry.get("type", "http" if "url" in entry else "stdio")
-    if kind in ("http", "streamable-http", "streamableHttp") and isinstance(entry.get("url"), str):
-        headers = entry.get("headers") or {}
-        if not isinstance(headers, dict):
-            return "headers must be an object"
-        return HttpTarget(url=entry["url"], headers={str(k): str(v) for k, v in headers.items()})
-    if kind == "stdio" and isinstance(entry.get("command"), str):
-        args, env = entry.get("args") or [], entry.get("env") or {}
-        if not isinstance(args, list) or not isinstance(env, dict):
-            return "args must be a list and env an object"
-        cwd = entry.get("cwd")
-        return StdioTarget(
-            command=entry["command"],
-            args=tuple(str(a) for a in args),
-            env={str(k): str(v) for k, v in env.items()},
-            cwd=cwd if isinstance(cwd, str) else None,
-        )
-    return f"unsupported server entry (type {kind!r}; needs 'command' or 'url')"
-
-
 def load(
     path: str | Path,
     env: Mapping[str, str] | None = None,
@@ -659,3 +363,37 @@ def describe(config: Config) -> str:
 
 def _mib(size: int) -> str:
     return f"{size / (1024 * 1024):g} MiB" if size >= 1024 * 1024 else f"{size} bytes"
+
+
+__all__ = [
+    "ACCESS_LOG_STDERR",
+    "DEFAULT_ADMIN_PORT",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_HTTP_HOST",
+    "DEFAULT_HTTP_PATH",
+    "DEFAULT_HTTP_PORT",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_REQUEST_TIMEOUT",
+    "DEFAULT_SERVICE_NAME",
+    "DEFAULT_TAP_BACKUPS",
+    "DEFAULT_TAP_MAX_BYTES",
+    "DEFAULT_TAP_MAX_MESSAGE_BYTES",
+    "FAILURE_POLICIES",
+    "PREFIX_MODES",
+    "WILDCARD_HOSTS",
+    "AdminListen",
+    "BackendConfig",
+    "Config",
+    "ConfigInvalid",
+    "HttpListen",
+    "HttpTarget",
+    "Listen",
+    "Namespacing",
+    "StdioTarget",
+    "TapConfig",
+    "TelemetryConfig",
+    "describe",
+    "load",
+    "load_mcp_json",
+    "parse",
+]

@@ -1,0 +1,60 @@
+"""Backends from the `mcpServers` JSON that desktop hosts and editors use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gateway.config.model import _NAME, BackendConfig, ConfigInvalid, HttpTarget, StdioTarget
+
+
+def load_mcp_json(path: Path) -> tuple[BackendConfig, ...]:
+    """Backends from the `mcpServers` JSON that desktop hosts and editors use."""
+    try:
+        data = orjson.loads(path.read_bytes())
+    except OSError as exc:
+        raise ConfigInvalid([f"{path}: cannot read: {exc.strerror}"]) from None
+    except orjson.JSONDecodeError as exc:
+        raise ConfigInvalid([f"{path}: not valid JSON: {exc}"]) from None
+    servers = data.get("mcpServers", data.get("servers")) if isinstance(data, dict) else None
+    if not isinstance(servers, dict):
+        raise ConfigInvalid([f"{path}: no 'mcpServers' object"])
+    problems: list[str] = []
+    out: list[BackendConfig] = []
+    for name, entry in servers.items():
+        where = f"{path}: mcpServers.{name}"
+        if not isinstance(entry, dict) or entry.get("disabled") is True:
+            continue
+        target = _mcp_json_target(entry)
+        if isinstance(target, str):
+            problems.append(f"{where}: {target}")
+        elif not _NAME.match(name):
+            problems.append(f"{where}: a backend name uses letters, digits, '_', '.' and '-'")
+        else:
+            out.append(BackendConfig(name=name, target=target))
+    if problems:
+        raise ConfigInvalid(problems)
+    return tuple(out)
+
+
+def _mcp_json_target(entry: dict[str, Any]) -> StdioTarget | HttpTarget | str:
+    kind = entry.get("type", "http" if "url" in entry else "stdio")
+    if kind in ("http", "streamable-http", "streamableHttp") and isinstance(entry.get("url"), str):
+        headers = entry.get("headers") or {}
+        if not isinstance(headers, dict):
+            return "headers must be an object"
+        return HttpTarget(url=entry["url"], headers={str(k): str(v) for k, v in headers.items()})
+    if kind == "stdio" and isinstance(entry.get("command"), str):
+        args, env = entry.get("args") or [], entry.get("env") or {}
+        if not isinstance(args, list) or not isinstance(env, dict):
+            return "args must be a list and env an object"
+        cwd = entry.get("cwd")
+        return StdioTarget(
+            command=entry["command"],
+            args=tuple(str(a) for a in args),
+            env={str(k): str(v) for k, v in env.items()},
+            cwd=cwd if isinstance(cwd, str) else None,
+        )
+    return f"unsupported server entry (type {kind!r}; needs 'command' or 'url')"

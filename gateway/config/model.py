@@ -1,0 +1,144 @@
+"""The config's frozen objects, its defaults and its one exception (a leaf of the package)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+DEFAULT_HTTP_HOST = "127.0.0.1"
+DEFAULT_HTTP_PORT = 8080
+DEFAULT_HTTP_PATH = "/mcp"
+# 4 MiB holds any realistic tool call; larger bodies are far more likely abuse than use.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# How long a backend may take to accept a connection or (stdio) to come back after a crash.
+DEFAULT_CONNECT_TIMEOUT = 10.0
+# Whole-request bound; long tool calls are normal in MCP, so this is generous.
+DEFAULT_REQUEST_TIMEOUT = 300.0
+# The admin listener (/metrics, health) defaults to the port OpenTelemetry's Prometheus exporter
+# uses by convention, so scrape configs written for it need no change.
+DEFAULT_ADMIN_PORT = 9464
+# A recording is for looking at, not an archive: 64 MiB per file is hours of busy traffic, and
+# (1 + backups) files bound the disk it can take.
+DEFAULT_TAP_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_TAP_BACKUPS = 3
+# One message beyond this (a huge resource read) is recorded as its size only, so one blob cannot
+# push hours of traffic out of the rotation.
+DEFAULT_TAP_MAX_MESSAGE_BYTES = 1024 * 1024
+DEFAULT_SERVICE_NAME = "mcp-gateway"
+# `telemetry.access_log: stderr` logs to the gateway's stderr; any other value is a file path.
+ACCESS_LOG_STDERR = "stderr"
+
+# Addresses that bind every interface, and so clash with any other host on the same port.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# A redaction rule: dot-separated keys (or `*`, or a list index), none empty.
+_REDACT_PATH = re.compile(r"[^.\s]+(?:\.[^.\s]+)*")
+# An HTTP field name (RFC 9110 token).
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+class ConfigInvalid(Exception):
+    """The config cannot be used; `problems` lists every reason, each with its line."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class HttpListen:
+    host: str = DEFAULT_HTTP_HOST
+    port: int = DEFAULT_HTTP_PORT
+    path: str = DEFAULT_HTTP_PATH
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+@dataclass(frozen=True)
+class AdminListen:
+    """A separate HTTP listener for /metrics and health, so a stdio-only gateway can be scraped."""
+
+    host: str = DEFAULT_HTTP_HOST
+    port: int = DEFAULT_ADMIN_PORT
+
+
+@dataclass(frozen=True)
+class Listen:
+    http: HttpListen | None = None
+    stdio: bool = False
+    admin: AdminListen | None = None  # not a front end: it serves no MCP
+
+
+@dataclass(frozen=True)
+class TapConfig:
+    """Opt-in recording of every JSON-RPC message on both hops to a JSON-lines file."""
+
+    path: str  # absolute: a relative path in the file is resolved against the file's directory
+    redact: tuple[str, ...] = ()  # dotted paths into a message; `*` matches one level
+    redact_headers: tuple[str, ...] = ()  # besides Authorization and Cookie, always redacted
+    max_bytes: int = DEFAULT_TAP_MAX_BYTES
+    backups: int = DEFAULT_TAP_BACKUPS
+    max_message_bytes: int = DEFAULT_TAP_MAX_MESSAGE_BYTES
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    service_name: str = DEFAULT_SERVICE_NAME
+    otlp_endpoint: str | None = None  # None: no traces are exported
+    record_payloads: bool = False  # put message bodies on spans (they may hold secrets)
+    access_log: str | None = None  # None: off; "stderr"; or an absolute file path
+
+
+@dataclass(frozen=True)
+class StdioTarget:
+    command: str
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+
+@dataclass(frozen=True)
+class HttpTarget:
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    name: str
+    target: StdioTarget | HttpTarget
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    namespace: str = ""  # empty: the backend's name
+    allow_tools: tuple[str, ...] = ()
+    deny_tools: tuple[str, ...] = ()
+    rename_tools: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def effective_namespace(self) -> str:
+        return self.namespace or self.name
+
+
+PREFIX_MODES = ("auto", "always", "never")
+FAILURE_POLICIES = ("fail_open", "fail_closed")
+
+
+@dataclass(frozen=True)
+class Namespacing:
+    prefix: str = "auto"
+    separator: str = "_"
+    max_name_length: int = 64
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: Listen
+    backends: tuple[BackendConfig, ...]
+    source: str = "<config>"
+    namespacing: Namespacing = Namespacing()
+    on_backend_failure: str = "fail_open"
+    tap: TapConfig | None = None
+    telemetry: TelemetryConfig = TelemetryConfig()
