@@ -1,6 +1,7 @@
 """The gateway's exceptions and the one place where they become wire errors.
 
     GatewayError
+    ├── Refused                  answered by the gateway itself (unknown name, bad cursor, ...)
     └── BackendError             a backend could not answer a request
         ├── BackendUnavailable   not running, crashed mid-call, connection refused
         ├── BackendTimeout       no answer within the configured time
@@ -26,6 +27,16 @@ log = logging.getLogger("gateway")
 
 class GatewayError(Exception):
     code: int = codes.INTERNAL_ERROR
+
+
+class Refused(GatewayError):
+    """A request the gateway answers with an error itself, without calling any backend.
+    `reason` names it for the rejection metric when it is one operators watch."""
+
+    def __init__(self, code: int, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
 
 
 class BackendError(GatewayError):

@@ -18,6 +18,7 @@ from gateway import errors
 from gateway.backends.base import Backend, NotificationSink
 from gateway.core.catalog import Catalogs
 from gateway.core.listen import Subscriptions
+from gateway.errors import Refused
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
@@ -52,14 +53,6 @@ class GatewayInfo:
 
     def as_implementation(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version}
-
-
-class Refused(Exception):
-    """A request the gateway answers with an error itself, without calling any backend."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class Dispatcher:
@@ -120,11 +113,9 @@ class Dispatcher:
             return rejection
         try:
             return await self._dispatch(msg, sink)
-        except Refused as exc:
-            if exc.code == codes.INVALID_PARAMS and str(exc).startswith("Unknown"):
-                self.telemetry.stats.rejections["unknown_name"] += 1
-            return jsonrpc.error(msg["id"], exc.code, str(exc))
         except Exception as exc:
+            if isinstance(exc, Refused) and exc.reason is not None:
+                self.telemetry.stats.rejections[exc.reason] += 1
             return errors.to_wire(exc, msg["id"])
 
     async def notify(self, msg: Message) -> None:
@@ -196,7 +187,7 @@ class Dispatcher:
         if only is not None and not self._naming.prefixed and self._passes_filters(kind, name):
             # One unprefixed backend: it answers for itself.
             return Route(only.name, name, listed=False)
-        raise Refused(codes.INVALID_PARAMS, f"Unknown {kind}: {name}")
+        raise Refused(codes.INVALID_PARAMS, f"Unknown {kind}: {name}", "unknown_name")
 
     def _passes_filters(self, kind: str, name: str) -> bool:
         if kind != "tool":
@@ -209,7 +200,7 @@ class Dispatcher:
             raise Refused(codes.INVALID_PARAMS, "params.uri must be a string")
         route = await self._lookup(RouteTable.resource, uri)
         if route is None:
-            raise Refused(codes.INVALID_PARAMS, f"Unknown resource: {uri}")
+            raise Refused(codes.INVALID_PARAMS, f"Unknown resource: {uri}", "unknown_name")
         return route
 
     async def _forward(
@@ -357,7 +348,7 @@ class Dispatcher:
             return [(b, None) for b in self._order if self.catalogs.has_capability(b, capability)]
         positions = cursors.decode(cursor, self._cursor_key, method)
         if positions is None or any(b not in self.backends for b, _ in positions):
-            raise Refused(codes.INVALID_PARAMS, "Invalid or expired cursor")
+            raise Refused(codes.INVALID_PARAMS, "Invalid or expired cursor", "invalid_cursor")
         return positions
 
 
