@@ -304,7 +304,10 @@ async def test_the_tap_records_both_hops_with_redaction(tmp_path: Path) -> None:
     demo = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
     tap = {"path": str(path), "redact": ["params.arguments.text", "result.content"]}
     async with running({"demo": demo}, tap=tap) as (_, session, url):
-        await post(session, url, call("tapped", "echo", text="secret"))
+        msg = call("tapped", "echo", text="secret")
+        headers = {**mirrored_headers(msg), "Authorization": "Bearer secret"}
+        async with session.post(url, data=orjson.dumps(msg), headers=headers) as resp:
+            assert resp.status == 200
     lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
     hops = [
         (entry["hop"], entry["dir"])
@@ -315,4 +318,7 @@ async def test_the_tap_records_both_hops_with_redaction(tmp_path: Path) -> None:
     assert ("backend", "out") in hops and ("backend", "in") in hops
     calls = [e for e in lines if e["msg"].get("method") == "tools/call"]
     assert all(e["msg"]["params"]["arguments"]["text"] == "[redacted]" for e in calls)
+    first = lines[[e["msg"].get("id") for e in lines].index("tapped")]
+    assert first["headers"]["Mcp-Name"] == "echo"
+    assert first["headers"]["Authorization"] == "[redacted]"
     assert b"secret" not in path.read_bytes().replace(b"[redacted]", b"")

@@ -90,7 +90,7 @@ class Dispatcher:
     ) -> Message:
         """The reply to one client request; never raises except for cancellation."""
         telemetry = self.telemetry
-        telemetry.record("frontend", "in", msg)
+        telemetry.record("frontend", "in", msg, headers=origin.headers)
 
         async def tapped(note: Message) -> None:
             telemetry.record("frontend", "out", note)

@@ -182,7 +182,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
 
 def _origin(request: web.Request) -> Origin:
     trace = {k: v for k in TRACE_HEADERS if (v := request.headers.get(k)) is not None}
-    return Origin("http", request.remote, trace)
+    return Origin("http", request.remote, trace, request.headers)
 
 
 async def _check_headers(request: web.Request, msg: Message, dispatcher: Dispatcher) -> str | None:

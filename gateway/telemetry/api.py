@@ -24,6 +24,8 @@ class Origin:
     peer: str | None = None
     # W3C trace context from transport headers (HTTP), used when `_meta` carries none.
     trace_headers: Mapping[str, str] = field(default_factory=dict)
+    # All request headers (HTTP), for the traffic tap, which redacts them before writing.
+    headers: Mapping[str, str] | None = None
 
 
 STDIO_ORIGIN = Origin("stdio")
@@ -53,7 +55,14 @@ class Observation(Protocol):
 class Telemetry(Protocol):
     stats: Stats
 
-    def record(self, hop: str, direction: str, msg: Message, backend: str | None = None) -> None:
+    def record(
+        self,
+        hop: str,
+        direction: str,
+        msg: Message,
+        backend: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         """The traffic tap: one JSON-RPC message on one hop (a no-op unless configured)."""
 
     def server(self, msg: Message, origin: Origin) -> AbstractContextManager[Observation]: ...
@@ -81,7 +90,14 @@ class NoTelemetry:
     def __init__(self) -> None:
         self.stats = Stats()
 
-    def record(self, hop: str, direction: str, msg: Message, backend: str | None = None) -> None:
+    def record(
+        self,
+        hop: str,
+        direction: str,
+        msg: Message,
+        backend: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         return None
 
     def server(self, msg: Message, origin: Origin) -> AbstractContextManager[Observation]:

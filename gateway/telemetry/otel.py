@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -20,6 +20,8 @@ from gateway.protocol import jsonrpc, meta
 from gateway.telemetry.api import Message, Observation, Origin, Stats, error_type
 from gateway.telemetry.metrics import OTHER, Recorder
 from gateway.telemetry.tap import Tap
+
+log = logging.getLogger("gateway.telemetry")
 
 # Our own attributes, under our own prefix.
 ATTR_BACKEND = "mcp_gateway.backend"
@@ -114,9 +116,21 @@ class GatewayTelemetry:
         self._access = access_log
         self._payloads = record_payloads
 
-    def record(self, hop: str, direction: str, msg: Message, backend: str | None = None) -> None:
-        if self._tap is not None:
-            self._tap.record(hop, direction, msg, backend=backend)
+    def record(
+        self,
+        hop: str,
+        direction: str,
+        msg: Message,
+        backend: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if self._tap is None:
+            return
+        try:
+            self._tap.record(hop, direction, msg, headers=headers, backend=backend)
+        except Exception:
+            # Recording is an observer: it must never fail the request it watches.
+            log.exception("traffic tap: a message could not be recorded")
 
     def server(self, msg: Message, origin: Origin) -> AbstractContextManager[Observation]:
         return self._server(msg, origin)

@@ -105,8 +105,9 @@ def _apply(value: Any, key: str, rules: _Rule) -> Any:
 def redact_headers(headers: Mapping[str, str], names: frozenset[str]) -> dict[str, Any]:
     """Headers as recorded: listed names (lower case) redacted; a repeated name becomes a list."""
     out: dict[str, Any] = {}
-    for name, value in headers.items():
-        shown = REDACTED if name.lower() in names else value
+    for raw_name, value in headers.items():
+        name = str(raw_name)  # aiohttp's case-insensitive `istr` keys are not plain str to orjson
+        shown = REDACTED if name.lower() in names else str(value)
         if name in out:
             held = out[name]
             out[name] = [*held, shown] if isinstance(held, list) else [held, shown]
