@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -221,3 +222,10 @@ async def messages(resp: aiohttp.ClientResponse) -> AsyncIterator[Message]:
         elif line.startswith(b"data:"):
             data.append(line[5:].removeprefix(b" "))
     assert not data, f"the stream ended inside an event: {data!r}"
+
+
+def dead_url() -> str:
+    """An MCP URL on a loopback port where nothing listens (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import os
 import signal
-import socket
 import sys
 import warnings
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +34,7 @@ from tests.support import (
     RUDE_SERVER,
     Handler,
     call,
+    dead_url,
     messages,
     mirrored_headers,
     request,
@@ -61,6 +61,19 @@ async def post(session: aiohttp.ClientSession, url: str, msg: Message) -> Messag
                 assert item.get("id") == msg["id"], item
                 return item
     raise AssertionError(f"no reply to {msg['id']!r}")
+
+
+async def assert_unavailable_promptly(
+    session: aiohttp.ClientSession, url: str, within: float
+) -> None:
+    """A call and a list both get -31001 within `within` seconds, twice: no hang, still serving."""
+    for rid, msg in ((1, call(1, "echo", text="hi")), (2, request(2, "tools/list"))):
+        started = anyio.current_time()
+        with anyio.fail_after(BOUND):
+            reply = await post(session, url, msg)
+        assert reply["id"] == rid
+        assert error_code(reply) == codes.BACKEND_UNAVAILABLE, reply
+        assert anyio.current_time() - started < within
 
 
 def error_code(reply: Message) -> int | None:
@@ -185,14 +198,8 @@ async def test_backend_that_cannot_start_fails_promptly_and_gateway_keeps_servin
 ) -> None:
     missing = str(tmp_path / "no-such-mcp-server")
     async with gateway(stdio_backend([missing], connect_timeout=0.5)) as (_, session, url):
-        for rid, msg in ((1, call(1, "echo", text="hi")), (2, request(2, "tools/list"))):
-            started = anyio.current_time()
-            with anyio.fail_after(BOUND):
-                reply = await post(session, url, msg)
-            assert reply["id"] == rid
-            assert error_code(reply) == codes.BACKEND_UNAVAILABLE, reply
-            # connect_timeout, plus (tools/call over HTTP) the catalog load's own wait.
-            assert anyio.current_time() - started < 1.5
+        # connect_timeout, plus (tools/call over HTTP) the catalog load's own wait.
+        await assert_unavailable_promptly(session, url, within=1.5)
 
 
 async def test_request_timeout_gives_backend_timeout_and_cancels_on_the_child() -> None:
@@ -346,25 +353,13 @@ async def test_broken_http_backend_gives_a_local_error(handler: Handler, code: i
 
 
 async def test_http_backend_where_nothing_listens_is_unavailable() -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    backend = http_backend(f"http://127.0.0.1:{port}/mcp", connect_timeout=0.5)
+    backend = http_backend(dead_url(), connect_timeout=0.5)
     async with gateway(backend) as (_, session, url):
-        for rid, msg in ((1, call(1, "echo", text="hi")), (2, request(2, "tools/list"))):
-            started = anyio.current_time()
-            with anyio.fail_after(BOUND):
-                reply = await post(session, url, msg)
-            assert reply["id"] == rid
-            assert error_code(reply) == codes.BACKEND_UNAVAILABLE, reply
-            assert anyio.current_time() - started < 1.0
+        await assert_unavailable_promptly(session, url, within=1.0)
 
 
 async def test_notification_to_an_http_backend_where_nothing_listens_is_accepted() -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    backend = http_backend(f"http://127.0.0.1:{port}/mcp", connect_timeout=0.5)
+    backend = http_backend(dead_url(), connect_timeout=0.5)
     note: Message = {"jsonrpc": "2.0", "method": "notifications/roots/list_changed"}
     async with gateway(backend) as (_, session, url):
         headers = mirrored_headers(note)

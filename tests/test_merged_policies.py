@@ -3,7 +3,6 @@ policies, shortened names, cursors, host config import. In-process gateway, SDK 
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,6 +21,7 @@ from tests.support import (
     PYTHON,
     START_BOUND,
     Proc,
+    dead_url,
     http_backend,
     sdk_stdio_command,
     stdio_backend,
@@ -58,12 +58,6 @@ async def tool_names(client: Client) -> list[str]:
 
 def text(result: Any) -> str:
     return str(result.content[0].text)
-
-
-def dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}/mcp"
 
 
 async def test_filters_and_renames_shape_the_merged_catalog() -> None:

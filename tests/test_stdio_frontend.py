@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from tests.support import (
     START_BOUND,
     Proc,
     call,
+    dead_url,
     gateway_command,
     http_backend,
     request,
@@ -261,10 +261,7 @@ def test_closing_stdin_exits_zero_and_stops_the_backend(
 def test_notification_to_an_unreachable_http_backend_does_not_stop_the_gateway(
     tmp_path: Path,
 ) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    backend = http_backend(f"http://127.0.0.1:{port}/mcp", connect_timeout=0.5)
+    backend = http_backend(dead_url(), connect_timeout=0.5)
     config = write_config(tmp_path, {"b": backend}, http=False, stdio=True)
     gw = StdioGateway(config)
     try:

@@ -34,6 +34,7 @@ from gateway.telemetry.api import (
     Observation,
     Origin,
     Telemetry,
+    tapped,
 )
 
 log = logging.getLogger("gateway")
@@ -90,20 +91,18 @@ class Dispatcher:
     ) -> Message:
         """The reply to one client request; never raises except for cancellation."""
         telemetry = self.telemetry
-        telemetry.record("frontend", "in", msg, headers=origin.headers)
-
-        async def tapped(note: Message) -> None:
-            telemetry.record("frontend", "out", note)
-            await sink(note)
-
+        if telemetry.tapping:
+            telemetry.record("frontend", "in", msg, headers=origin.headers)
+            sink = tapped(telemetry, sink, "frontend", "out", None)
         with telemetry.server(msg, origin) as observed:
             token = _observation.set(observed)
             try:
-                reply = await self._answer(msg, tapped)
+                reply = await self._answer(msg, sink)
             finally:
                 _observation.reset(token)
             observed.finish(reply)
-            telemetry.record("frontend", "out", reply)
+            if telemetry.tapping:
+                telemetry.record("frontend", "out", reply)
             return reply
 
     async def _answer(self, msg: Message, sink: NotificationSink) -> Message:

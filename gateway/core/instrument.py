@@ -8,7 +8,7 @@ from gateway.backends.base import Backend, NotificationSink
 from gateway.protocol import jsonrpc
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import Telemetry
+from gateway.telemetry.api import Telemetry, tapped
 
 
 class InstrumentedBackend:
@@ -37,19 +37,18 @@ class InstrumentedBackend:
         long_lived: bool = False,
     ) -> Message:
         telemetry, name = self._telemetry, self.name
-
-        async def tapped(note: Message) -> None:
-            telemetry.record("backend", "in", note, backend=name)
-            await sink(note)
-
+        if telemetry.tapping:
+            sink = tapped(telemetry, sink, "backend", "in", name)
         with telemetry.client(msg, name, self.transport, self._address) as observed:
             carrier = observed.carrier()
             if carrier:
                 params = jsonrpc.params(msg)
                 msg = {**msg, "params": {**params, "_meta": {**jsonrpc.meta(msg), **carrier}}}
-            telemetry.record("backend", "out", msg, backend=name)
-            reply = await self.inner.request(msg, tapped, param_headers, long_lived=long_lived)
-            telemetry.record("backend", "in", reply, backend=name)
+            if telemetry.tapping:
+                telemetry.record("backend", "out", msg, backend=name)
+            reply = await self.inner.request(msg, sink, param_headers, long_lived=long_lived)
+            if telemetry.tapping:
+                telemetry.record("backend", "in", reply, backend=name)
             observed.finish(reply)
             return reply
 

@@ -8,12 +8,13 @@ implementation here costs next to nothing, so tests and telemetry-less runs pay 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 Message = dict[str, Any]
+Sink = Callable[[Message], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class Observation(Protocol):
 
 class Telemetry(Protocol):
     stats: Stats
+    # Whether `record` writes anything: callers skip wrapping their sinks when it does not.
+    tapping: bool
 
     def record(
         self,
@@ -89,6 +92,7 @@ NO_OBSERVATION: Observation = _NoObservation()
 class NoTelemetry:
     def __init__(self) -> None:
         self.stats = Stats()
+        self.tapping = False
 
     def record(
         self,
@@ -120,3 +124,13 @@ def error_type(reply: Message | None) -> str:
     if isinstance(result, dict) and result.get("isError") is True:
         return "tool_error"
     return ""
+
+
+def tapped(telemetry: Telemetry, sink: Sink, hop: str, direction: str, backend: str | None) -> Sink:
+    """`sink`, with each notification also handed to the traffic tap."""
+
+    async def record_then_send(note: Message) -> None:
+        telemetry.record(hop, direction, note, backend=backend)
+        await sink(note)
+
+    return record_then_send

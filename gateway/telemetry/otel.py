@@ -111,6 +111,7 @@ class GatewayTelemetry:
     ) -> None:
         self.stats = Stats()
         self._tap = tap
+        self.tapping = tap is not None
         self._tracer = tracer
         self._recorder = recorder
         self._access = access_log
