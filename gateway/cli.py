@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import sys
@@ -61,10 +62,17 @@ def _load_or_exit(path: Path, mcp_json: Path | None = None) -> Config:
         sys.exit(2)
 
 
+def _loop_options() -> dict[str, bool]:
+    # uvloop, when installed, roughly halves the event loop's share of every request's CPU
+    # (bench/README.md); MCP_GATEWAY_UVLOOP=0 turns it off to compare or to debug.
+    wanted = os.environ.get("MCP_GATEWAY_UVLOOP", "1") != "0"
+    return {"use_uvloop": wanted and importlib.util.find_spec("uvloop") is not None}
+
+
 def _run(config: Config) -> None:
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            anyio.run(app.run, config)
+            anyio.run(app.run, config, backend_options=_loop_options())
     except app.StartupError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 
-import aiohttp
 import anyio
 
+from gateway.backends import http1
 from gateway.backends.base import NotificationSink
 from gateway.config import BackendConfig, HttpTarget
 from gateway.errors import BackendProtocolError, BackendTimeout, BackendUnavailable
@@ -21,8 +21,12 @@ from gateway.telemetry.api import Stats
 
 log = logging.getLogger("gateway.backend")
 
-ACCEPT = "application/json, text/event-stream"
 TRACE_HEADERS = ("traceparent", "tracestate")
+# Fixed for every request: the two media types we accept and the one we send.
+FIXED_HEADERS = (
+    ("Accept", "application/json, text/event-stream"),
+    ("Content-Type", "application/json"),
+)
 # Open connections kept per backend; more concurrent calls queue for a free connection.
 POOL_SIZE = 100
 # A JSON reply larger than this is refused rather than buffered whole.
@@ -38,42 +42,36 @@ class HttpBackend:
         self._up = False
         self.name = config.name
         self._url = config.target.url
-        self._static_headers = dict(config.target.headers)
+        http1.Target(self._url)  # a malformed URL fails here, at start-up
+        self._fixed = http1.encode_headers((*FIXED_HEADERS, *config.target.headers.items()))
         self._request_timeout = config.request_timeout
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=config.connect_timeout, sock_connect=config.connect_timeout
-        )
-        self._session: aiohttp.ClientSession | None = None
-        # Listen streams stay open indefinitely; they get their own unpooled session so they
-        # can never use up the connections that calls need.
-        self._streams: aiohttp.ClientSession | None = None
+        self._connect_timeout = config.connect_timeout
+        self._pool: http1.Pool | None = None
+        # Listen streams stay open indefinitely; they get their own unbounded pool so they can
+        # never use up the connections that calls need.
+        self._streams: http1.Pool | None = None
 
     async def run(self) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=POOL_SIZE), timeout=self._timeout
-        )
-        self._streams = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), timeout=self._timeout
-        )
+        self._pool = http1.Pool(self._url, limit=POOL_SIZE, connect_timeout=self._connect_timeout)
+        self._streams = http1.Pool(self._url, limit=None, connect_timeout=self._connect_timeout)
         try:
             await anyio.sleep_forever()
         finally:
-            sessions = (self._session, self._streams)
-            self._session = self._streams = None
-            with anyio.CancelScope(shield=True):
-                for session in sessions:
-                    await session.close()
+            pools = (self._pool, self._streams)
+            self._pool = self._streams = None
+            for pool in pools:
+                await pool.close()
 
-    def _headers(self, msg: Message, param_headers: tuple[ParamHeader, ...]) -> dict[str, str]:
-        out = dict(self._static_headers)
-        out.update(headers.derive(msg, param_headers))
+    def _headers(self, msg: Message, param_headers: tuple[ParamHeader, ...]) -> str:
+        out = headers.derive(msg, param_headers)
         trace_meta = jsonrpc.meta(msg)
         for key in TRACE_HEADERS:  # trace context travels in headers too, for HTTP-aware tracing
             if isinstance(trace_meta.get(key), str):
                 out[key] = trace_meta[key]
-        out["Accept"] = ACCEPT
-        out["Content-Type"] = "application/json"
-        return out
+        try:
+            return self._fixed + http1.encode_headers(out.items())
+        except ValueError as exc:
+            raise BackendProtocolError(self.name, f"cannot mirror the request: {exc}") from None
 
     async def request(
         self,
@@ -86,82 +84,86 @@ class HttpBackend:
         if long_lived:
             return await self._post(self._streams, msg, sink, param_headers)
         try:
-            with anyio.fail_after(self._request_timeout):
-                return await self._post(self._session, msg, sink, param_headers)
+            return await self._post(self._pool, msg, sink, param_headers, self._request_timeout)
         except TimeoutError:
             raise BackendTimeout(self.name, f"no reply within {self._request_timeout:g}s") from None
 
     async def notify(self, msg: Message) -> None:
-        session = self._session
-        if session is None:
+        pool = self._pool
+        if pool is None:
             raise BackendUnavailable(self.name, "not started")
         try:
-            with anyio.fail_after(self._request_timeout):
-                async with session.post(
-                    self._url, data=jsonrpc.encode(msg), headers=self._headers(msg, ())
-                ) as resp:
-                    await resp.read()
+            resp = await pool.request(
+                self._headers(msg, ()), jsonrpc.encode(msg), within=self._request_timeout
+            )
+            try:
+                await resp.read(MAX_REPLY_BYTES)
+            finally:
+                resp.release()
         except TimeoutError:
             raise BackendTimeout(self.name, "notification not accepted in time") from None
-        except aiohttp.ClientError as exc:
+        except http1.HttpClientError as exc:
             raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
 
     async def _post(
         self,
-        session: aiohttp.ClientSession | None,
+        pool: http1.Pool | None,
         msg: Message,
         sink: NotificationSink,
         param_headers: tuple[ParamHeader, ...],
+        within: float | None = None,
     ) -> Message:
-        if session is None:
+        if pool is None:
             raise BackendUnavailable(self.name, "not started")
         body = jsonrpc.encode(msg)
         self._stats.bytes["backend", "out"] += len(body)
         try:
-            async with session.post(
-                self._url, data=body, headers=self._headers(msg, param_headers)
-            ) as resp:
-                self._up = True
-                try:
-                    return await self._read_reply(resp, msg, sink)
-                except BaseException:
-                    # Closing (not releasing) the connection is what tells the backend that
-                    # this request is cancelled (streamable-http, Cancellation).
-                    resp.close()
-                    raise
-        except aiohttp.ClientConnectionError as exc:
+            resp = await pool.request(self._headers(msg, param_headers), body, within=within)
+        except (http1.ConnectFailed, http1.Disconnected) as exc:
             self._up = False
             raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
-        except aiohttp.ClientError as exc:
-            raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
+        except http1.HttpProtocolError as exc:
+            raise BackendProtocolError(self.name, str(exc)) from None
+        self._up = True
+        try:
+            reply = await self._read_reply(resp, msg, sink)
+        except BaseException:
+            # Closing (not releasing) the connection is what tells the backend that this
+            # request is cancelled (streamable-http, Cancellation).
+            resp.abort()
+            raise
+        resp.release()
+        return reply
 
     @property
     def up(self) -> bool:
         return self._up
 
     async def _read_reply(
-        self, resp: aiohttp.ClientResponse, msg: Message, sink: NotificationSink
+        self, resp: http1.Response, msg: Message, sink: NotificationSink
     ) -> Message:
-        ctype = resp.headers.get("Content-Type", "").split(";")[0].strip().lower()
-        if ctype == "text/event-stream":
-            return await self._read_stream(resp, msg, sink)
-        body = await resp.content.read(MAX_REPLY_BYTES + 1)
+        try:
+            if resp.content_type == "text/event-stream":
+                return await self._read_stream(resp, msg, sink)
+            body = await resp.read(MAX_REPLY_BYTES)
+        except http1.Disconnected as exc:
+            raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
+        except http1.HttpProtocolError as exc:
+            raise BackendProtocolError(self.name, str(exc)) from None
         self._stats.bytes["backend", "in"] += len(body)
-        if len(body) > MAX_REPLY_BYTES:
-            raise BackendProtocolError(self.name, f"reply over {MAX_REPLY_BYTES} bytes")
         reply = jsonrpc.decode(body) if body else None
         if isinstance(reply, dict) and jsonrpc.kind(reply) is jsonrpc.Kind.RESPONSE:
             return self._own(reply, msg)
-        detail = f"HTTP {resp.status} {resp.reason or ''}".strip()
+        detail = f"HTTP {resp.status}"
         if resp.status >= 500 or resp.status in (401, 403, 404, 405):
             raise BackendUnavailable(self.name, f"{detail} without a JSON-RPC reply")
         raise BackendProtocolError(self.name, f"{detail}: the reply is not a JSON-RPC response")
 
     async def _read_stream(
-        self, resp: aiohttp.ClientResponse, msg: Message, sink: NotificationSink
+        self, resp: http1.Response, msg: Message, sink: NotificationSink
     ) -> Message:
         decoder = sse.Decoder()
-        async for chunk in resp.content.iter_any():
+        async for chunk in resp.chunks():
             self._stats.bytes["backend", "in"] += len(chunk)
             for data in decoder.feed(chunk):
                 reply = await self._on_event(data, msg, sink)

@@ -7,15 +7,13 @@ backend streams request-scoped notifications first, in which case it becomes an 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
 import logging
-from collections.abc import Callable, Coroutine
-from typing import Any
 from urllib.parse import urlsplit
 
-import anyio
 from aiohttp import web
-from anyio.streams.memory import MemoryObjectReceiveStream
 
 from gateway import errors
 from gateway.config import HttpListen
@@ -37,8 +35,6 @@ SSE_HEADERS = {
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",
 }
-# Notifications buffered between a backend and a slow SSE reader before the backend side waits.
-STREAM_BUFFER = 64
 # A reply that comes within this window goes out as plain JSON; after it, the response turns into
 # an SSE stream so that idle-timeouts of intermediaries see bytes during long calls.
 JSON_WINDOW = 10.0
@@ -195,40 +191,19 @@ async def _check_headers(request: web.Request, msg: Message, dispatcher: Dispatc
 
 
 async def _answer(request: web.Request, msg: Message, dispatcher: Dispatcher) -> web.StreamResponse:
-    send, recv = anyio.create_memory_object_stream[tuple[bool, Message]](STREAM_BUFFER)
+    """Answer with JSON if the reply comes quickly and alone, else as an SSE stream.
 
-    async def sink(note: Message) -> None:
-        await send.send((False, note))
-
-    async def work() -> None:
-        with send:
-            reply = await dispatcher.handle(msg, sink, _origin(request))
-            await send.send((True, reply))
-
-    with send, recv:
-        return await _relay(request, work, recv)
-
-
-async def _relay(
-    request: web.Request,
-    work: Callable[[], Coroutine[Any, Any, None]],
-    recv: MemoryObjectReceiveStream[tuple[bool, Message]],
-) -> web.StreamResponse:
-    """Answer with JSON if the reply comes quickly and alone, else as an SSE stream."""
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(work)
-        first: tuple[bool, Message] | None = None
-        with anyio.move_on_after(JSON_WINDOW):
-            first = await recv.receive()
-        if first is not None and first[0]:
-            _count_out(request, jsonrpc.encode(first[1]))
-            return _reply(errors.http_status(first[1]), first[1])
-        response = web.StreamResponse(status=200, headers=SSE_HEADERS)
-        await response.prepare(request)
-        if first is not None:
-            await response.write(_count_out(request, sse.event(jsonrpc.encode(first[1]))))
-        await _stream(request, response, recv)
-    return response
+    The request is handled in this task: no extra task, queue or cancel scope per request on the
+    common path. Only a request still running when the JSON window closes gets a helper task,
+    which turns the reply into a stream and keeps it alive."""
+    relay = _Relay(request)
+    timer = asyncio.get_running_loop().call_later(JSON_WINDOW, relay.window_closed)
+    try:
+        reply = await dispatcher.handle(msg, relay.note, _origin(request))
+    finally:
+        timer.cancel()
+        await relay.stop_keepalive()
+    return await relay.finish(reply)
 
 
 def _count_out(request: web.Request, data: bytes) -> bytes:
@@ -236,23 +211,58 @@ def _count_out(request: web.Request, data: bytes) -> bytes:
     return data
 
 
-async def _stream(
-    request: web.Request,
-    response: web.StreamResponse,
-    recv: MemoryObjectReceiveStream[tuple[bool, Message]],
-) -> None:
-    """Relay notifications then the reply; quiet periods get SSE comments as keep-alives."""
-    while True:
-        item: tuple[bool, Message] | None = None
-        with anyio.move_on_after(KEEPALIVE_INTERVAL):
-            try:
-                item = await recv.receive()
-            except anyio.EndOfStream:
-                break
-        if item is None:
-            await response.write(sse.KEEPALIVE)
-            continue
-        await response.write(_count_out(request, sse.event(jsonrpc.encode(item[1]))))
-        if item[0]:
-            break
-    await response.write_eof()
+class _Relay:
+    """The reply of one request: a JSON body, or an SSE stream once there is something to send
+    before the reply (a notification, or a keep-alive after the JSON window)."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self._stream: web.StreamResponse | None = None
+        self._lock = asyncio.Lock()
+        self._keepalive: asyncio.Task[None] | None = None
+
+    async def _write(self, data: bytes) -> None:
+        # Notifications and keep-alives come from two tasks; each event goes out whole.
+        async with self._lock:
+            if self._stream is None:
+                self._stream = web.StreamResponse(status=200, headers=SSE_HEADERS)
+                await self._stream.prepare(self._request)
+            await self._stream.write(data)
+
+    async def note(self, note: Message) -> None:
+        try:
+            await self._write(_count_out(self._request, sse.event(jsonrpc.encode(note))))
+        except ConnectionResetError:
+            # The client has gone: that cancels its request, as a disconnect does.
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            await asyncio.sleep(0)
+
+    def window_closed(self) -> None:
+        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
+
+    async def _keep_alive(self) -> None:
+        # Bytes on the wire now, then at every interval, so idle-timeouts of intermediaries
+        # never cut a long call.
+        await self._write(sse.KEEPALIVE)
+        while True:
+            await asyncio.sleep(KEEPALIVE_INTERVAL)
+            await self._write(sse.KEEPALIVE)
+
+    async def stop_keepalive(self) -> None:
+        task = self._keepalive
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionResetError):
+                await task
+
+    async def finish(self, reply: Message) -> web.StreamResponse:
+        body = _count_out(self._request, jsonrpc.encode(reply))
+        if self._stream is None:
+            return web.Response(
+                status=errors.http_status(reply), body=body, content_type="application/json"
+            )
+        await self._write(sse.event(body))
+        await self._stream.write_eof()
+        return self._stream

@@ -21,6 +21,8 @@ from gateway.telemetry.api import Message, Observation, Origin, Stats, error_typ
 from gateway.telemetry.metrics import OTHER, Recorder
 from gateway.telemetry.tap import Tap
 
+TRACE_KEYS = ("traceparent", "tracestate")
+
 log = logging.getLogger("gateway.telemetry")
 
 # Our own attributes, under our own prefix.
@@ -154,8 +156,10 @@ class GatewayTelemetry:
 
     @contextmanager
     def _server(self, msg: Message, origin: Origin) -> Iterator[Observation]:
-        carrier = {k: v for k, v in jsonrpc.meta(msg).items() if k in ("traceparent", "tracestate")}
-        parent = propagate.extract(carrier or dict(origin.trace_headers))
+        parent = None
+        if self._tracer is not None:  # with tracing off, trace context just passes through
+            carrier = {k: v for k in TRACE_KEYS if (v := jsonrpc.meta(msg).get(k)) is not None}
+            parent = propagate.extract(carrier or dict(origin.trace_headers))
         extra = {
             ATTR_FRONTEND: origin.frontend,
             "network.transport": NETWORK_TRANSPORT[origin.frontend],
