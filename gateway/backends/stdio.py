@@ -6,19 +6,16 @@ One child serves every front-end request at once: the gateway gives each request
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
-import math
 import os
 import subprocess
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 
 import anyio
-import anyio.abc
-from anyio.streams.buffered import BufferedByteReceiveStream
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from gateway.backends.base import NotificationSink
 from gateway.config import BackendConfig, StdioTarget
@@ -38,6 +35,10 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 # Notifications queued for one request while its client reads slowly; beyond this, progress and
 # log notifications (which later ones supersede) are dropped rather than stalling the child.
 REQUEST_QUEUE = 256
+# Reads from the child's stdout take up to this much at once.
+READ_CHUNK = 256 * 1024
+# Lines queued for the child beyond this make a writer wait for the pipe to drain.
+WRITE_HIGH_WATER = 1024 * 1024
 # Restart backoff: quick first retry so a crash costs one failed call, doubling to a ceiling so
 # a child that cannot start does not spin; reset once a child has stayed up for a while.
 FIRST_BACKOFF = 0.05
@@ -48,20 +49,56 @@ EXIT_GRACE = 2.0
 TERM_GRACE = 2.0
 
 
-@dataclass(eq=False)
 class _Pending:
-    client_id: jsonrpc.RequestId
-    client_token: object
-    wants_logs: bool
-    send: MemoryObjectSendStream[Message]
-    recv: MemoryObjectReceiveStream[Message]
-    reply: Message | None = None
-    failure: str = ""
-    dropped: int = field(default=0)
+    """One request in flight on the child: its reply, and the notifications its client has not
+    yet been given. A plain future and deque: no stream or task per request."""
+
+    __slots__ = (
+        "_waiter",
+        "client_id",
+        "client_token",
+        "done",
+        "dropped",
+        "failure",
+        "notes",
+        "reply",
+        "wants_logs",
+    )
+
+    def __init__(self, client_id: jsonrpc.RequestId, client_token: object, wants_logs: bool):
+        self.client_id = client_id
+        self.client_token = client_token
+        self.wants_logs = wants_logs
+        self.reply: Message | None = None
+        self.failure = ""
+        self.dropped = 0
+        self.notes: deque[Message] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self.done = False
 
     def finish(self, reply: Message | None, failure: str = "") -> None:
-        self.reply, self.failure = reply, failure
-        self.send.close()
+        self.reply, self.failure, self.done = reply, failure, True
+        self._wake()
+
+    def push(self, note: Message) -> None:
+        if self.done:
+            return
+        if len(self.notes) >= REQUEST_QUEUE:
+            self.dropped += 1
+            return
+        self.notes.append(note)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -82,9 +119,8 @@ class StdioBackend:
         self._request_timeout = config.request_timeout
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
-        self._proc: anyio.abc.Process | None = None
+        self._proc: asyncio.subprocess.Process | None = None
         self._ready = anyio.Event()
-        self._write_lock = anyio.Lock()
         self._last_problem = "not started yet"
         self.restarts = 0
         # Receives notifications that belong to no request (e.g. list changes).
@@ -109,13 +145,16 @@ class StdioBackend:
     async def _run_child(self) -> None:
         command = [self._target.command, *self._target.args]
         try:
-            proc = await anyio.open_process(
-                command,
+            # asyncio's own pipes (not anyio's wrappers): a write is then a synchronous call, so
+            # each line goes out whole without a lock, and reads come in large chunks.
+            proc = await asyncio.create_subprocess_exec(
+                *command,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=child_env(dict(self._target.env)),
                 cwd=self._target.cwd,
+                limit=READ_CHUNK,
             )
         except OSError as exc:
             self._last_problem = f"cannot start {command[0]!r}: {exc.strerror or exc}"
@@ -137,49 +176,42 @@ class StdioBackend:
             with anyio.CancelScope(shield=True):
                 await self._stop(proc)
 
-    async def _stop(self, proc: anyio.abc.Process) -> None:
+    async def _stop(self, proc: asyncio.subprocess.Process) -> None:
         """Close stdin, wait, SIGTERM, wait, SIGKILL, reap (basic/transports/stdio, Shutdown)."""
         if proc.returncode is not None:
             return
         if proc.stdin is not None:
-            await proc.stdin.aclose()
+            proc.stdin.close()
         for grace, escalate in ((EXIT_GRACE, proc.terminate), (TERM_GRACE, proc.kill)):
             with anyio.move_on_after(grace):
                 await proc.wait()
                 return
-            escalate()
+            try:
+                escalate()
+            except ProcessLookupError:
+                break
         await proc.wait()
 
-    async def _drain_stderr(self, proc: anyio.abc.Process) -> None:
+    async def _drain_stderr(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stderr is not None
-        buffered = BufferedByteReceiveStream(proc.stderr)
         child_log = logging.getLogger(f"gateway.backend.{self.name}")
-        try:
-            while True:
-                line = await buffered.receive_until(b"\n", MAX_LINE_BYTES)
-                child_log.info("%s", line.decode(errors="replace").rstrip())
-        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.DelimiterNotFound):
-            return
+        async for line in _lines(proc.stderr):
+            child_log.info("%s", line.decode(errors="replace").rstrip())
 
-    async def _read_stdout(self, proc: anyio.abc.Process) -> None:
+    async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
-        buffered = BufferedByteReceiveStream(proc.stdout)
-        while True:
-            try:
-                line = await buffered.receive_until(b"\n", MAX_LINE_BYTES)
-            except (anyio.EndOfStream, anyio.IncompleteRead):
-                return
-            except anyio.DelimiterNotFound:
-                self._last_problem = f"wrote a line over {MAX_LINE_BYTES} bytes"
-                log.error("backend %s: %s; stopping it", self.name, self._last_problem)
-                return
-            if line.strip():
-                self._stats.bytes["backend", "in"] += len(line)
-                await self._on_line(line)
+        try:
+            async for line in _lines(proc.stdout):
+                if line.strip():
+                    self._stats.bytes["backend", "in"] += len(line) + 1
+                    self._on_line(line)
+        except _LineTooLong:
+            self._last_problem = f"wrote a line over {MAX_LINE_BYTES} bytes"
+            log.error("backend %s: %s; stopping it", self.name, self._last_problem)
 
     # --- inbound ---------------------------------------------------------------------------
 
-    async def _on_line(self, line: bytes) -> None:
+    def _on_line(self, line: bytes) -> None:
         msg = jsonrpc.decode(line)
         if isinstance(msg, jsonrpc.Invalid):
             log.warning(
@@ -198,7 +230,7 @@ class StdioBackend:
             self._on_notification(msg)
         else:
             # A modern server never sends requests (transports/stdio, Receiving Messages).
-            await self._write(jsonrpc.error(msg["id"], -32601, "The gateway accepts no requests"))
+            self._send(jsonrpc.error(msg["id"], -32601, "The gateway accepts no requests"))
 
     def _on_notification(self, msg: Message) -> None:
         method = msg["method"]
@@ -222,12 +254,7 @@ class StdioBackend:
             else:
                 log.debug("backend %s: notification %s matched no request", self.name, method)
             return
-        try:
-            target.send.send_nowait(msg)
-        except anyio.WouldBlock:
-            target.dropped += 1
-        except anyio.ClosedResourceError:
-            pass
+        target.push(msg)
 
     def _fail_all(self, reason: str) -> None:
         pending, self._pending = self._pending, {}
@@ -236,17 +263,27 @@ class StdioBackend:
 
     # --- outbound --------------------------------------------------------------------------
 
-    async def _write(self, msg: Message) -> None:
+    def _send(self, msg: Message) -> asyncio.StreamWriter:
+        """Queue one line for the child; the caller awaits `drain` when the pipe is full."""
         proc = self._proc
-        if proc is None or proc.stdin is None:
+        if proc is None or proc.stdin is None or proc.stdin.is_closing():
             raise BackendUnavailable(self.name, self._last_problem)
         line = jsonrpc.encode(msg) + b"\n"
         self._stats.bytes["backend", "out"] += len(line)
-        try:
-            async with self._write_lock:
-                await proc.stdin.send(line)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            raise BackendUnavailable(self.name, f"cannot write to the child: {exc!r}") from None
+        proc.stdin.write(line)
+        return proc.stdin
+
+    async def _write(self, msg: Message) -> None:
+        stdin = self._send(msg)
+        if stdin.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+            # A child that stops reading its stdin: bounded like a request.
+            try:
+                async with asyncio.timeout(self._request_timeout):
+                    await stdin.drain()
+            except TimeoutError:
+                raise BackendTimeout(self.name, "the child stopped reading its input") from None
+            except (ConnectionError, OSError) as exc:
+                raise BackendUnavailable(self.name, f"cannot write to the child: {exc!r}") from None
 
     async def _wait_ready(self) -> None:
         if self._proc is not None:
@@ -272,42 +309,47 @@ class StdioBackend:
         out = {**msg, "id": bid}
         if token is not None:
             out["params"] = {**params, "_meta": {**req_meta, meta.PROGRESS_TOKEN: bid}}
-        send, recv = anyio.create_memory_object_stream[Message](REQUEST_QUEUE)
-        pending = _Pending(msg["id"], token, meta.LOG_LEVEL in req_meta, send, recv)
+        pending = _Pending(msg["id"], token, meta.LOG_LEVEL in req_meta)
         self._pending[bid] = pending
+        loop = asyncio.get_running_loop()
+        # A timer that finishes the request with a timeout, rather than a cancel scope: one
+        # heap entry per request.
+        timer = None if long_lived else loop.call_later(self._request_timeout, pending.finish, None)
         try:
-            timeout = math.inf if long_lived else self._request_timeout
-            with send, recv, anyio.fail_after(timeout):
-                await self._write(out)
-                async for note in recv:
-                    await sink(note)
-        except TimeoutError:
-            await self._cancel_on_child(bid, "timed out at the gateway")
-            raise BackendTimeout(self.name, f"no reply within {self._request_timeout:g}s") from None
-        except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                await self._cancel_on_child(bid, "cancelled by the client")
+            await self._write(out)
+            while True:
+                while pending.notes:
+                    await sink(pending.notes.popleft())
+                if pending.done:
+                    break
+                await pending.wait()
+        except asyncio.CancelledError:
+            if not pending.done:
+                self._cancel_on_child(bid, "cancelled by the client")
             raise
         finally:
+            if timer is not None:
+                timer.cancel()
             self._pending.pop(bid, None)
         if pending.dropped:
             log.warning(
                 "backend %s: %d notifications dropped for a slow client", self.name, pending.dropped
             )
         if pending.reply is None:
-            raise BackendUnavailable(self.name, pending.failure or "no reply")
+            if not pending.failure:
+                self._cancel_on_child(bid, "timed out at the gateway")
+                raise BackendTimeout(self.name, f"no reply within {self._request_timeout:g}s")
+            raise BackendUnavailable(self.name, pending.failure)
         return pending.reply
 
-    async def _cancel_on_child(self, bid: int, reason: str) -> None:
-        if bid not in self._pending:
-            return
+    def _cancel_on_child(self, bid: int, reason: str) -> None:
         note = {
             "jsonrpc": "2.0",
             "method": "notifications/cancelled",
             "params": {"requestId": bid, "reason": reason},
         }
         with contextlib.suppress(BackendUnavailable):
-            await self._write(note)
+            self._send(note)
 
     async def notify(self, msg: Message) -> None:
         await self._wait_ready()
@@ -324,3 +366,23 @@ class StdioBackend:
     @property
     def in_flight(self) -> int:
         return len(self._pending)
+
+
+class _LineTooLong(Exception):
+    pass
+
+
+async def _lines(stream: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    """The lines of a child's output, read in large chunks: with many requests in flight one
+    read often carries many replies, and each is handled before the next read."""
+    pending = b""
+    while True:
+        chunk = await stream.read(READ_CHUNK)
+        if not chunk:
+            return
+        lines = (pending + chunk).split(b"\n")
+        pending = lines.pop()
+        if len(pending) > MAX_LINE_BYTES:
+            raise _LineTooLong
+        for line in lines:
+            yield line
