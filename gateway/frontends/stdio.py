@@ -10,10 +10,10 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import AsyncIterator
 
 import anyio
 import anyio.abc
-from anyio.streams.buffered import BufferedByteReceiveStream
 from anyio.streams.file import FileReadStream, FileWriteStream
 
 from gateway.core.dispatcher import Dispatcher
@@ -36,10 +36,13 @@ class StdioFrontend:
         outbound: anyio.abc.ByteSendStream,
     ) -> None:
         self._dispatcher = dispatcher
-        self._in = BufferedByteReceiveStream(inbound)
+        self._in = inbound
         self._out = outbound
         self._write_lock = anyio.Lock()
-        self._in_flight: dict[RequestId, anyio.CancelScope] = {}
+        # Plain asyncio tasks, not a task group's: spawning one is a fraction of the cost, and
+        # `serve` still cancels and awaits every one of them before it returns.
+        self._in_flight: dict[RequestId, asyncio.Task[None]] = {}
+        self._notifying: set[asyncio.Task[None]] = set()
         self._idle = anyio.Event()
         self._reading = anyio.CancelScope()
 
@@ -52,29 +55,41 @@ class StdioFrontend:
 
         The client is gone or going, so open listen streams end gracefully at once rather than
         holding the drain open."""
-        async with anyio.create_task_group() as tg:
+        try:
             with self._reading:
-                while (line := await self._read_line()) is not None:
+                async for line in self._lines():
                     if line.strip():
-                        await self._on_line(line, tg)
+                        await self._on_line(line)
             self._dispatcher.close_streams()
             if self._in_flight:
                 with anyio.move_on_after(DRAIN_TIMEOUT):
                     await self._idle.wait()
-            tg.cancel_scope.cancel()
+        finally:
+            tasks = [*self._in_flight.values(), *self._notifying]
+            for task in tasks:
+                task.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _read_line(self) -> bytes | None:
-        try:
-            line = await self._in.receive_until(b"\n", MAX_LINE_BYTES)
-            self._dispatcher.telemetry.stats.bytes["frontend", "in"] += len(line) + 1
-            return line
-        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.ClosedResourceError):
-            return None
-        except anyio.DelimiterNotFound:
-            log.error("stdin: a line over %d bytes; stopping", MAX_LINE_BYTES)
-            return None
+    async def _lines(self) -> AsyncIterator[bytes]:
+        """stdin's lines, read in chunks: a client with many requests in flight often sends
+        several lines per read, and each is handled before the next read."""
+        pending = b""
+        while True:
+            try:
+                chunk = await self._in.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                return
+            lines = (pending + chunk).split(b"\n")
+            pending = lines.pop()
+            for line in lines:
+                self._dispatcher.telemetry.stats.bytes["frontend", "in"] += len(line) + 1
+                yield line
+            if len(pending) > MAX_LINE_BYTES:
+                log.error("stdin: a line over %d bytes; stopping", MAX_LINE_BYTES)
+                return
 
-    async def _on_line(self, line: bytes, tg: anyio.abc.TaskGroup) -> None:
+    async def _on_line(self, line: bytes) -> None:
         msg = jsonrpc.decode(line)
         if isinstance(msg, jsonrpc.Invalid):
             await self._write(jsonrpc.error(msg.id, msg.code, msg.message))
@@ -86,16 +101,17 @@ class StdioFrontend:
                     jsonrpc.error(msg["id"], codes.INVALID_REQUEST, "This id is already in flight")
                 )
                 return
-            scope = anyio.CancelScope()
-            self._in_flight[msg["id"]] = scope
-            self._idle = anyio.Event()
-            tg.start_soon(self._run, msg, scope)
+            if not self._in_flight:
+                self._idle = anyio.Event()
+            self._in_flight[msg["id"]] = asyncio.get_running_loop().create_task(self._run(msg))
         elif kind is jsonrpc.Kind.NOTIFICATION:
             if msg["method"] == "notifications/cancelled":
                 self._cancel(jsonrpc.params(msg).get("requestId"))
             else:
                 # In its own task: a backend slow to take a notification must not stop the reading.
-                tg.start_soon(self._dispatcher.notify, msg)
+                task = asyncio.get_running_loop().create_task(self._dispatcher.notify(msg))
+                self._notifying.add(task)
+                task.add_done_callback(self._notifying.discard)
         else:
             log.debug("stdin: ignored a response for id %r", msg["id"])
 
@@ -103,13 +119,15 @@ class StdioFrontend:
         if isinstance(request_id, (str, int)) and request_id in self._in_flight:
             self._in_flight[request_id].cancel()
 
-    async def _run(self, msg: Message, scope: anyio.CancelScope) -> None:
+    async def _run(self, msg: Message) -> None:
         try:
-            with scope:
-                reply = await self._dispatcher.handle(msg, self._write)
-                await self._write(reply)
+            reply = await self._dispatcher.handle(msg, self._write)
+            await self._write(reply)
+        except asyncio.CancelledError:
+            pass  # a cancelled request sends nothing more (basic/patterns/cancellation)
+        except Exception:
+            log.exception("stdin: request %r failed", msg["id"])
         finally:
-            # A cancelled request sends nothing more (basic/patterns/cancellation).
             del self._in_flight[msg["id"]]
             if not self._in_flight:
                 self._idle.set()
