@@ -151,7 +151,7 @@ class HttpBackend:
         except http1.HttpProtocolError as exc:
             raise BackendProtocolError(self.name, str(exc)) from None
         self._stats.bytes["backend", "in"] += len(body)
-        reply = jsonrpc.decode(body) if body else None
+        reply = jsonrpc.decode(body, keep=True) if body else None
         if isinstance(reply, dict) and jsonrpc.kind(reply) is jsonrpc.Kind.RESPONSE:
             return self._own(reply, msg)
         detail = f"HTTP {resp.status}"
@@ -176,7 +176,7 @@ class HttpBackend:
         raise BackendUnavailable(self.name, "the stream ended before the reply")
 
     async def _on_event(self, data: bytes, msg: Message, sink: NotificationSink) -> Message | None:
-        event = jsonrpc.decode(data)
+        event = jsonrpc.decode(data, keep=True)
         if isinstance(event, jsonrpc.Invalid):
             log.warning("backend %s: dropped an SSE event that is not JSON-RPC", self.name)
             return None

@@ -212,7 +212,7 @@ class StdioBackend:
     # --- inbound ---------------------------------------------------------------------------
 
     def _on_line(self, line: bytes) -> None:
-        msg = jsonrpc.decode(line)
+        msg = jsonrpc.decode(line, keep=True)
         if isinstance(msg, jsonrpc.Invalid):
             log.warning(
                 "backend %s: dropped a line that is not JSON-RPC: %s", self.name, msg.message

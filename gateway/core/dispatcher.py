@@ -234,6 +234,7 @@ class Dispatcher:
         result = reply.get("result")
         if not isinstance(result, dict):
             return
+        jsonrpc.changed(reply)  # the URIs below are rewritten in place
         exposure = self._exposures[backend]
         if method == "tools/call":
             routes.expose_content_uris(self._naming, exposure, result.get("content"))

@@ -1,6 +1,8 @@
 """JSON-RPC 2.0 framing: decode one message, classify it, build replies.
 
-Messages stay the dicts orjson gives us; only the fields routing needs are read.
+Messages stay the dicts orjson gives us; only the fields routing needs are read. A message from
+a backend can also remember the bytes it came from, so that a reply forwarded unchanged goes out
+as the very bytes that came in, never re-encoded.
 """
 
 from __future__ import annotations
@@ -15,6 +17,53 @@ from gateway.protocol import codes
 
 Message = dict[str, Any]
 RequestId = str | int
+
+
+class Received(dict[str, Any]):
+    """A decoded message and, while it is unchanged, its original bytes.
+
+    Changing a top-level member forgets the bytes by itself; code that changes a nested value in
+    place must call `changed(msg)`. Building a new dict (`{**msg, ...}`) gives a plain Message."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, value: dict[str, Any], raw: bytes) -> None:
+        super().__init__(value)
+        self.raw: bytes | None = raw
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.raw = None
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.raw = None
+        super().__delitem__(key)
+
+    def pop(self, *args: Any) -> Any:
+        self.raw = None
+        return super().pop(*args)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self.raw = None
+        return super().setdefault(key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self.raw = None
+        super().update(*args, **kwargs)
+
+    def clear(self) -> None:
+        self.raw = None
+        super().clear()
+
+    def popitem(self) -> tuple[str, Any]:
+        self.raw = None
+        return super().popitem()
+
+
+def changed(msg: Message) -> None:
+    """Note that something inside `msg` was changed in place: it must be encoded afresh."""
+    if isinstance(msg, Received):
+        msg.raw = None
 
 
 class Kind(enum.Enum):
@@ -32,8 +81,12 @@ class Invalid:
     id: RequestId | None = None
 
 
-def decode(raw: bytes | str) -> Message | Invalid:
-    """Parse one JSON-RPC message; never raises."""
+def decode(raw: bytes | str, *, keep: bool = False) -> Message | Invalid:
+    """Parse one JSON-RPC message; never raises. With `keep`, the message remembers `raw`.
+
+    Client messages are not kept: what a backend receives is then exactly what the gateway
+    checked and routed, even if the client's bytes could parse differently elsewhere (a
+    duplicated member, say)."""
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -49,6 +102,8 @@ def decode(raw: bytes | str) -> Message | Invalid:
             raw_id if isinstance(raw_id, (str, int)) and not isinstance(raw_id, bool) else None
         )
         return Invalid(codes.INVALID_REQUEST, problem, readable)
+    if keep:
+        return Received(value, raw if isinstance(raw, bytes) else raw.encode())
     return value
 
 
@@ -92,6 +147,8 @@ def meta(msg: Message) -> dict[str, Any]:
 
 
 def encode(msg: Message) -> bytes:
+    if type(msg) is Received and msg.raw is not None:
+        return msg.raw
     return orjson.dumps(msg)
 
 
