@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
 from urllib.parse import urlsplit
@@ -73,6 +74,7 @@ def _reject(
     return _reply(status, jsonrpc.error(id_, code, message))
 
 
+@functools.lru_cache(maxsize=256)
 def _is_loopback(host: str) -> bool:
     if host in LOOPBACK_NAMES:
         return True
@@ -92,7 +94,7 @@ def _guard(request: web.Request, listen: HttpListen) -> web.Response | None:
                 request, "origin", 403, codes.INVALID_REQUEST, f"Origin {origin!r} is not allowed"
             )
     if _is_loopback(listen.host):
-        host = urlsplit("//" + request.host).hostname or ""
+        host = _hostname(request.host)
         if not _is_loopback(host) and host not in listen.allowed_hosts:
             return _reject(
                 request, "host", 403, codes.INVALID_REQUEST, f"Host {request.host!r} is not allowed"
@@ -100,9 +102,19 @@ def _guard(request: web.Request, listen: HttpListen) -> web.Response | None:
     return None
 
 
+# Header values repeat from request to request: parse each distinct one once (bounded caches).
+@functools.lru_cache(maxsize=256)
+def _hostname(host_header: str) -> str:
+    return urlsplit("//" + host_header).hostname or ""
+
+
 def _accepts(request: web.Request) -> bool:
     # Accept is a list field: several header lines mean the same as one comma-separated line.
-    accept = ",".join(request.headers.getall("Accept", []))
+    return _accepts_value(",".join(request.headers.getall("Accept", [])))
+
+
+@functools.lru_cache(maxsize=256)
+def _accepts_value(accept: str) -> bool:
     kinds = {part.split(";")[0].strip().lower() for part in accept.split(",")}
     if "*/*" in kinds:
         return True

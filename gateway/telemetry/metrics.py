@@ -23,6 +23,7 @@ OTHER = "_other"
 # Distinct `target` values kept per histogram; past this, further names count under OTHER, so a
 # backend with endless tool names cannot blow up the exposition.
 MAX_TARGETS = 500
+MAX_CACHED_CHILDREN = 10_000
 
 
 class Recorder:
@@ -43,6 +44,8 @@ class Recorder:
         )
 
         self._targets: dict[str, set[str]] = {"server": set(), "client": set()}
+        # Label children by label values: `labels()` takes a lock and validates on every call.
+        self._children: dict[tuple[str, ...], Histogram] = {}
 
     def _bounded(self, kind: str, target: str) -> str:
         seen = self._targets[kind]
@@ -53,14 +56,28 @@ class Recorder:
         seen.add(target)
         return target
 
+    def _remember(self, key: tuple[str, ...], child: Histogram) -> None:
+        if len(self._children) >= MAX_CACHED_CHILDREN:
+            self._children.clear()  # catalogs changed a lot over time; a cache, not the truth
+        self._children[key] = child
+
     def server(self, method: str, target: str, error: str, seconds: float, trace_id: str) -> None:
-        child = self.server_duration.labels(method, self._bounded("server", target), error)
+        key = ("server", method, target, error)
+        child = self._children.get(key)
+        if child is None:
+            child = self.server_duration.labels(method, self._bounded("server", target), error)
+            self._remember(key, child)
         child.observe(seconds, {"trace_id": trace_id} if trace_id else None)
 
     def client(
         self, method: str, target: str, backend: str, error: str, seconds: float, trace_id: str
     ) -> None:
-        child = self.client_duration.labels(method, self._bounded("client", target), backend, error)
+        key = ("client", method, target, backend, error)
+        child = self._children.get(key)
+        if child is None:
+            bounded = self._bounded("client", target)
+            child = self.client_duration.labels(method, bounded, backend, error)
+            self._remember(key, child)
         child.observe(seconds, {"trace_id": trace_id} if trace_id else None)
 
 
