@@ -12,6 +12,7 @@ exchange), `TimeoutError` (the deadline passed), `HttpProtocolError` (unparseabl
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import ssl
 from collections import deque
@@ -26,6 +27,7 @@ import httptools
 READ_HIGH_WATER = 1024 * 1024
 # Header values we send must not be able to end the header line early.
 _UNSAFE_VALUE = re.compile(r"[\r\n\x00]")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 class HttpClientError(Exception):
@@ -67,7 +69,7 @@ class Target:
 def encode_headers(headers: Iterable[tuple[str, str]]) -> str:
     lines = []
     for name, value in headers:
-        if _UNSAFE_VALUE.search(name) or _UNSAFE_VALUE.search(value) or ":" in name:
+        if _UNSAFE_VALUE.search(value) or not _TOKEN.fullmatch(name):
             raise ValueError(f"header {name!r} cannot be sent as given")
         lines.append(f"{name}: {value}\r\n")
     return "".join(lines)
@@ -94,6 +96,7 @@ class Response:
         while not conn.complete:
             if conn.buffered > limit:
                 raise HttpProtocolError(f"body over {limit} bytes")
+            conn.resume()  # `limit` bounds what is buffered here, not the high-water mark
             await conn.wait()
         body = b"".join(conn.body)
         conn.body.clear()
@@ -128,9 +131,12 @@ class _Deadline:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float | None) -> None:
         self.waiting_on: _Connection | asyncio.Future[_Connection | None] | None = None
-        self._timer = loop.call_later(timeout, self._expire) if timeout is not None else None
+        self.expired = False
+        self.at = math.inf if timeout is None else loop.time() + timeout
+        self._timer = loop.call_at(self.at, self._expire) if timeout is not None else None
 
     def _expire(self) -> None:
+        self.expired = True
         target = self.waiting_on
         if isinstance(target, _Connection):
             target.fail(TimeoutError())
@@ -153,6 +159,7 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
         self._paused = False
+        self._interim = False
         self._length_known = False
         self.closed = False
         self.used = False
@@ -199,7 +206,13 @@ class _Connection(asyncio.Protocol):
         self.headers[key] = text if previous is None else f"{previous}, {text}"
 
     def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
+        status = self._parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            # An interim reply (100 Continue, 103 Early Hints): the real one follows.
+            self._interim = True
+            self.headers = {}
+            return
+        self.status = status
         self.head_done = True
         self._length_known = (
             "content-length" in self.headers
@@ -216,6 +229,9 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         self.keep_alive = self._parser.should_keep_alive()
         self.complete = True
         self._wake()
@@ -248,6 +264,9 @@ class _Connection(asyncio.Protocol):
 
     def drained(self) -> None:
         self.buffered = 0
+        self.resume()
+
+    def resume(self) -> None:
         if self._paused and self._transport is not None:
             self._paused = False
             self._transport.resume_reading()
@@ -270,7 +289,7 @@ class _Connection(asyncio.Protocol):
                 waiter.set_result(None)
 
     def finish(self) -> None:
-        if self.complete and self.keep_alive and not self.closed:
+        if self.complete and self.keep_alive and not self.closed and not self._paused:
             self._pool.put_back(self)
         else:
             self.close()
@@ -344,6 +363,14 @@ class Pool:
             raise
 
     async def _acquire(self, deadline: _Deadline) -> _Connection:
+        conn = await self._take(deadline)
+        if deadline.expired or self._closed:
+            # Time ran out (or the pool closed) between being handed a connection and resuming.
+            self.put_back(conn)
+            raise TimeoutError if deadline.expired else ConnectFailed("client closed")
+        return conn
+
+    async def _take(self, deadline: _Deadline) -> _Connection:
         while self._idle:
             conn = self._idle.pop()
             if not conn.closed:
@@ -351,7 +378,8 @@ class Pool:
         if self._closed:
             raise ConnectFailed("client closed")
         if self._limit is None or len(self._open) + self._connecting < self._limit:
-            return await self._connect()
+            self._connecting += 1
+            return await self._connect(deadline)
         waiter: asyncio.Future[_Connection | None] = self.loop.create_future()
         self._queue.append(waiter)
         deadline.waiting_on = waiter
@@ -359,25 +387,36 @@ class Pool:
             handed = await waiter
         except BaseException:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self._hand_on(waiter.result())  # what we were handed goes to the next in line
+                # What we were handed (a connection, or a reserved slot) goes to the next in line.
+                self._hand_on(waiter.result())
             raise
-        return handed if handed is not None else await self._connect()
+        if handed is None:  # a slot reserved for us: open a connection in it
+            return await self._connect(deadline)
+        return handed
 
-    async def _connect(self) -> _Connection:
-        self._connecting += 1
+    async def _connect(self, deadline: _Deadline) -> _Connection:
+        """Open a connection in a slot already counted in `_connecting`."""
+        connected = False
         try:
-            async with asyncio.timeout(self._connect_timeout):
+            limit = min(self.loop.time() + self._connect_timeout, deadline.at)
+            async with asyncio.timeout_at(limit):
                 _, conn = await self.loop.create_connection(
                     lambda: _Connection(self),
                     self.target.host,
                     self.target.port,
                     ssl=self._ssl,
                 )
-        except (OSError, TimeoutError) as exc:
-            self._wake_next()  # the slot is free again for the next waiter to try
+            connected = True
+        except TimeoutError:
+            if self.loop.time() >= deadline.at:
+                raise  # the exchange's own deadline, not the connect timeout
+            raise ConnectFailed("connect timed out") from None
+        except OSError as exc:
             raise ConnectFailed(str(exc) or type(exc).__name__) from None
         finally:
             self._connecting -= 1
+            if not connected:
+                self._free_slot()  # whoever waits next may try in our place
         self._open.add(conn)
         return conn
 
@@ -388,6 +427,7 @@ class Pool:
         self._hand_on(conn)
 
     def _hand_on(self, conn: _Connection | None) -> None:
+        """Give a connection, or a reserved slot (None), to the first live waiter."""
         while self._queue:
             waiter = self._queue.popleft()
             if not waiter.done():
@@ -395,15 +435,21 @@ class Pool:
                 return
         if conn is not None:
             self._idle.append(conn)
+        else:
+            self._connecting -= 1  # nobody wanted the reserved slot
 
-    def _wake_next(self) -> None:
-        # A waiter woken with None opens a connection of its own in the freed slot.
+    def _free_slot(self) -> None:
+        if self._closed or not self._queue:
+            return
+        # Reserved now, so that a request arriving before the woken waiter runs cannot take
+        # the same slot and push the pool over its limit.
+        self._connecting += 1
         self._hand_on(None)
 
     def forget(self, conn: _Connection) -> None:
         if conn in self._open:
             self._open.discard(conn)
-            self._wake_next()
+            self._free_slot()
 
     @property
     def connections(self) -> int:
@@ -411,10 +457,11 @@ class Pool:
 
     async def close(self) -> None:
         self._closed = True
-        for conn in list(self._open):
-            conn.close()
-        self._idle.clear()
+        # Waiters first: closing connections must not hand their slots to anyone.
         while self._queue:
             waiter = self._queue.popleft()
             if not waiter.done():
                 waiter.set_exception(ConnectFailed("client closed"))
+        for conn in list(self._open):
+            conn.close()
+        self._idle.clear()

@@ -1,0 +1,268 @@
+"""Bare pass-through baselines: the least any HTTP proxy in Python must cost.
+
+    python -m bench.passthrough --upstream URL [--client raw|aiohttp|gateway] [--port 0]
+
+An aiohttp server on 127.0.0.1 that forwards each POST body unchanged to the upstream and
+returns the upstream's status, body and content type. `raw` forwards with a minimal
+hand-rolled keep-alive pool (the floor); `aiohttp` with an aiohttp.ClientSession (what a
+typical aiohttp-based proxy pays); `gateway` with the gateway's own client
+(gateway/backends/http1.py), to price it alone. Prints `READY http://127.0.0.1:<port>/mcp`
+once listening.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import aiohttp
+import httptools
+from aiohttp import web
+
+from gateway.backends import http1
+
+# Request headers a Streamable HTTP server may act on; everything else is hop-local.
+FORWARD = ("Content-Type", "Accept", "MCP-Protocol-Version", "Mcp-Method", "Mcp-Name")
+SESSION = "Mcp-Session-Id"
+Upstream = tuple[int, bytes | None, bytes | None, bytes]  # status, content type, session, body
+Forward = Callable[[bytes, dict[str, str]], Awaitable[Upstream]]
+
+
+class UpstreamError(Exception):
+    pass
+
+
+class RawConn(asyncio.Protocol):
+    """One keep-alive connection to the upstream, carrying one request at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._waiter: asyncio.Future[Upstream] | None = None
+        self._body: list[bytes] = []
+        self._ctype: bytes | None = None
+        self._session: bytes | None = None
+        self.reusable = True
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.reusable = False
+        self._fail("upstream closed the connection")
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.reusable = False
+            self._fail("unparsable upstream response")
+            if self.transport is not None:
+                self.transport.abort()
+
+    def _fail(self, why: str) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(UpstreamError(why))
+
+    def request(self, data: bytes) -> asyncio.Future[Upstream]:
+        assert self.transport is not None
+        self._waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return self._waiter
+
+    def on_message_begin(self) -> None:
+        self._body = []
+        self._ctype = None
+        self._session = None
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lowered = name.lower()
+        if lowered == b"content-type":
+            self._ctype = value
+        elif lowered == b"mcp-session-id":
+            self._session = value
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.reusable = self._parser.should_keep_alive()
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            reply = (self._parser.get_status_code(), self._ctype, self._session)
+            waiter.set_result((*reply, b"".join(self._body)))
+
+
+class RawPool:
+    """Idle connections are reused last-in first-out; a new one is opened when none is idle,
+    so the pool grows to the peak concurrency and stays there."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise SystemExit(f"only http:// upstreams are supported: {url}")
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.head = f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n".encode()
+        self.idle: list[RawConn] = []
+
+    async def forward(self, body: bytes, headers: dict[str, str]) -> Upstream:
+        conn = self.idle.pop() if self.idle else None
+        if conn is None or conn.transport is None:
+            loop = asyncio.get_running_loop()
+            _, conn = await loop.create_connection(RawConn, self.host, self.port)
+        lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        data = b"%s%sContent-Length: %d\r\n\r\n%s" % (self.head, lines.encode(), len(body), body)
+        try:
+            reply = await conn.request(data)
+        except BaseException:
+            if conn.transport is not None:
+                conn.transport.abort()
+            raise
+        if conn.reusable and conn.transport is not None:
+            self.idle.append(conn)
+        elif conn.transport is not None:
+            conn.transport.close()
+        return reply
+
+    async def close(self) -> None:
+        for conn in self.idle:
+            if conn.transport is not None:
+                conn.transport.close()
+        self.idle.clear()
+
+
+class GatewayClient:
+    """The gateway's own HTTP/1.1 client (gateway/backends/http1.py), measured alone."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.pool: http1.Pool | None = None
+
+    async def forward(self, body: bytes, headers: dict[str, str]) -> Upstream:
+        if self.pool is None:
+            self.pool = http1.Pool(self.url, limit=None, connect_timeout=10.0)
+        resp = await self.pool.request(http1.encode_headers(headers.items()), body, within=30.0)
+        try:
+            data = await resp.read(64 * 1024 * 1024)
+        except BaseException:
+            resp.abort()
+            raise
+        resp.release()
+        ctype = resp.headers.get("content-type")
+        session = resp.headers.get(SESSION.lower())
+        return (
+            resp.status,
+            None if ctype is None else ctype.encode(),
+            None if session is None else session.encode(),
+            data,
+        )
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+
+
+class AiohttpClient:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.session: aiohttp.ClientSession | None = None
+
+    async def forward(self, body: bytes, headers: dict[str, str]) -> Upstream:
+        if self.session is None:
+            # No connection cap: the raw pool has none either.
+            connector = aiohttp.TCPConnector(limit=0)
+            self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        async with self.session.post(self.url, data=body, headers=headers) as resp:
+            data = await resp.read()
+            ctype = resp.headers.get("Content-Type")
+            session = resp.headers.get(SESSION)
+            return (
+                resp.status,
+                None if ctype is None else ctype.encode(),
+                None if session is None else session.encode(),
+                data,
+            )
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+
+def make_app(forward: Forward) -> web.Application:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {name: request.headers[name] for name in FORWARD if name in request.headers}
+        if SESSION in request.headers:
+            headers[SESSION] = request.headers[SESSION]
+        try:
+            status, ctype, session, data = await forward(body, headers)
+        except (OSError, UpstreamError, aiohttp.ClientError) as exc:
+            return web.Response(status=502, text=f"upstream failed: {exc}")
+        out: dict[str, str] = {}
+        if ctype is not None:
+            out["Content-Type"] = ctype.decode()
+        if session is not None:
+            out[SESSION] = session.decode()
+        return web.Response(status=status, body=data, headers=out)
+
+    app = web.Application()
+    app.router.add_post("/mcp", handle)
+    return app
+
+
+async def serve(upstream: str, client: str, port: int) -> None:
+    forwarder: RawPool | AiohttpClient | GatewayClient
+    if client == "raw":
+        forwarder = RawPool(upstream)
+    elif client == "aiohttp":
+        forwarder = AiohttpClient(upstream)
+    else:
+        forwarder = GatewayClient(upstream)
+    runner = web.AppRunner(make_app(forwarder.forward), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    bound = runner.addresses[0][1]
+    sys.stdout.write(f"READY http://127.0.0.1:{bound}/mcp\n")
+    sys.stdout.flush()
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        await forwarder.close()
+
+
+def run(main: Coroutine[Any, Any, None]) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.passthrough", description=__doc__)
+    parser.add_argument("--upstream", required=True, help="the MCP endpoint to forward to")
+    parser.add_argument("--client", choices=["raw", "aiohttp", "gateway"], default="raw")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    run(serve(args.upstream, args.client, args.port))
+
+
+if __name__ == "__main__":
+    main()
