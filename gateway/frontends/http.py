@@ -108,6 +108,12 @@ def _hostname(host_header: str) -> str:
     return urlsplit("//" + host_header).hostname or ""
 
 
+@functools.lru_cache(maxsize=256)
+def _media_type(content_type: str) -> str:
+    # aiohttp's `request.content_type` parses the header afresh for every request.
+    return content_type.split(";")[0].strip().lower()
+
+
 def _accepts(request: web.Request) -> bool:
     # Accept is a list field: several header lines mean the same as one comma-separated line.
     return _accepts_value(",".join(request.headers.getall("Accept", [])))
@@ -129,7 +135,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     if request.method != "POST":
         request.app[DISPATCHER].telemetry.stats.rejections["method_not_allowed"] += 1
         return _reply(405, Allow="POST")
-    if request.content_type != "application/json":
+    if _media_type(request.headers.get("Content-Type", "")) != "application/json":
         return _reject(
             request,
             "media_type",
