@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck pytest clean ci-deps
+.PHONY: install run test lint typecheck pytest clean ci-deps bench
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,8 +17,8 @@ run: install
 	$(VENV)/bin/mcp-gateway run $(ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check gateway tests
-	$(VENV)/bin/ruff format --check gateway tests
+	$(VENV)/bin/ruff check gateway tests bench
+	$(VENV)/bin/ruff format --check gateway tests bench
 
 typecheck: install
 	$(VENV)/bin/mypy
@@ -37,6 +37,11 @@ ci-deps:
 	  { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
 	      apt-get install -y -qq --no-install-recommends prometheus; } >/dev/null \
 	  || echo "ci-deps: could not install prometheus with apt; its tests will skip" >&2; }
+
+# The benchmark (bench/README.md); e.g. `make bench ARGS="--quick --no-proxies"`.
+bench: install
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) -m bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""Benchmark suite for the gateway: echo backend, load generator, baselines and proxies."""
