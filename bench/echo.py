@@ -14,11 +14,12 @@ import itertools
 import os
 import signal
 import sys
-from collections.abc import Coroutine
 from typing import Any, cast
 
 import httptools
 import orjson
+
+from bench import run
 
 MODERN = "2026-07-28"
 LEGACY = ("2025-11-25", "2025-06-18", "2025-03-26")
@@ -289,15 +290,6 @@ async def serve_http(port: int) -> None:
     sys.stdout.flush()
     await stop.wait()
     server.close()
-
-
-def run(main: Coroutine[Any, Any, None]) -> None:
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-    else:
-        uvloop.run(main)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,13 +20,15 @@ import itertools
 import os
 import sys
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httptools
 import orjson
+
+from bench import run
 
 MODERN = "2026-07-28"
 LEGACY = "2025-11-25"
@@ -775,14 +777,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.concurrency < 1:
         parser.error("--concurrency must be at least 1")
     return args
-
-
-def run(main: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

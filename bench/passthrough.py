@@ -16,14 +16,15 @@ import argparse
 import asyncio
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, cast
+from collections.abc import Awaitable, Callable
+from typing import cast
 from urllib.parse import urlsplit
 
 import aiohttp
 import httptools
 from aiohttp import web
 
+from bench import run
 from gateway.backends import http1
 
 # Request headers a Streamable HTTP server may act on; everything else is hop-local.
@@ -141,6 +142,15 @@ class RawPool:
         self.idle.clear()
 
 
+def _upstream(status: int, ctype: str | None, session: str | None, data: bytes) -> Upstream:
+    return (
+        status,
+        None if ctype is None else ctype.encode(),
+        None if session is None else session.encode(),
+        data,
+    )
+
+
 class GatewayClient:
     """The gateway's own HTTP/1.1 client (gateway/backends/http1.py), measured alone."""
 
@@ -158,13 +168,8 @@ class GatewayClient:
             resp.abort()
             raise
         resp.release()
-        ctype = resp.headers.get("content-type")
-        session = resp.headers.get(SESSION.lower())
-        return (
-            resp.status,
-            None if ctype is None else ctype.encode(),
-            None if session is None else session.encode(),
-            data,
+        return _upstream(
+            resp.status, resp.headers.get("content-type"), resp.headers.get(SESSION.lower()), data
         )
 
     async def close(self) -> None:
@@ -184,13 +189,8 @@ class AiohttpClient:
             self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         async with self.session.post(self.url, data=body, headers=headers) as resp:
             data = await resp.read()
-            ctype = resp.headers.get("Content-Type")
-            session = resp.headers.get(SESSION)
-            return (
-                resp.status,
-                None if ctype is None else ctype.encode(),
-                None if session is None else session.encode(),
-                data,
+            return _upstream(
+                resp.status, resp.headers.get("Content-Type"), resp.headers.get(SESSION), data
             )
 
     async def close(self) -> None:
@@ -244,15 +244,6 @@ async def serve(upstream: str, client: str, port: int) -> None:
     finally:
         await runner.cleanup()
         await forwarder.close()
-
-
-def run(main: Coroutine[Any, Any, None]) -> None:
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-    else:
-        uvloop.run(main)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,6 +20,13 @@ DIRECT = "direct"
 GATEWAY = "gateway"
 PASSTHROUGH_RAW = "passthrough-raw"
 PASSTHROUGH_AIOHTTP = "passthrough-aiohttp"
+# The gateway's own HTTP/1.1 client (gateway/backends/http1.py) behind the same bare server.
+PASSTHROUGH_HTTP1 = "passthrough-http1"
+PASSTHROUGH_NAMES = {
+    "raw": PASSTHROUGH_RAW,
+    "gateway": PASSTHROUGH_HTTP1,
+    "aiohttp": PASSTHROUGH_AIOHTTP,
+}
 NO_TELEMETRY = "n/a"  # subjects that have no telemetry switch (everything but the gateway)
 
 # The goals the gateway is held to (HTTP->HTTP, tools/call, telemetry off unless said otherwise).

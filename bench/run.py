@@ -38,8 +38,7 @@ from bench.report import (
     GATEWAY,
     NO_TELEMETRY,
     PAIRINGS,
-    PASSTHROUGH_AIOHTTP,
-    PASSTHROUGH_RAW,
+    PASSTHROUGH_NAMES,
     LoadResult,
     RoundPair,
     Series,
@@ -517,7 +516,7 @@ def uses_uvloop(pid: int) -> bool | None:
 
 
 async def start_passthrough(run: Run, procs: Procs, client: str) -> Subject:
-    name = PASSTHROUGH_RAW if client == "raw" else PASSTHROUGH_AIOHTTP
+    name = PASSTHROUGH_NAMES[client]
     argv = [PY, "-m", "bench.passthrough", "--upstream", run.echo_url, "--client", client]
     proc = await start_proc(procs, name, [*argv, "--port", "0"], run.env)
     url = (await proc.wait_line("stdout", READY, START_BOUND)).group(1)
@@ -552,8 +551,8 @@ async def start_ours(run: Run, procs: Procs, pairing: str) -> list[Subject]:
         names.append(f"gateway (telemetry {tel})")
         jobs.append(start_gateway(run, procs, pairing, tel))
     if run.opts.passthroughs and pairing == "http->http":
-        for client in ("raw", "aiohttp"):
-            names.append(PASSTHROUGH_RAW if client == "raw" else PASSTHROUGH_AIOHTTP)
+        for client in PASSTHROUGH_NAMES:
+            names.append(PASSTHROUGH_NAMES[client])
             jobs.append(start_passthrough(run, procs, client))
     results = await asyncio.gather(*jobs, return_exceptions=True)
     subjects: list[Subject] = []
@@ -653,7 +652,7 @@ async def probe(run: Run, subject: Subject, concurrency: int, base: int, method:
     """A few requests before a proxy's first measurement at this method and concurrency: one
     that manages a few dozen requests per second must not be given 10000 of them, and one that
     mostly times out at this concurrency is not measured at it (the reason is returned)."""
-    if subject.name in (GATEWAY, PASSTHROUGH_RAW, PASSTHROUGH_AIOHTTP):
+    if subject.name == GATEWAY or subject.name in PASSTHROUGH_NAMES.values():
         return None
     if base <= MIN_ADAPTED_REQUESTS:
         return None
