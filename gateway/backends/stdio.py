@@ -195,8 +195,14 @@ class StdioBackend:
     async def _drain_stderr(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stderr is not None
         child_log = logging.getLogger(f"gateway.backend.{self.name}")
-        async for line in _lines(proc.stderr):
-            child_log.info("%s", line.decode(errors="replace").rstrip())
+        try:
+            async for line in _lines(proc.stderr):
+                child_log.info("%s", line.decode(errors="replace").rstrip())
+        except _LineTooLong:
+            child_log.warning("a stderr line over %d bytes; the rest is discarded", MAX_LINE_BYTES)
+            # Keep reading: a child blocked on a full stderr pipe would stop answering.
+            while await proc.stderr.read(READ_CHUNK):
+                pass
 
     async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -229,8 +235,10 @@ class StdioBackend:
         elif kind is jsonrpc.Kind.NOTIFICATION:
             self._on_notification(msg)
         else:
-            # A modern server never sends requests (transports/stdio, Receiving Messages).
-            self._send(jsonrpc.error(msg["id"], -32601, "The gateway accepts no requests"))
+            # A modern server never sends requests (transports/stdio, Receiving Messages). The
+            # reader must outlive a child whose stdin is already gone.
+            with contextlib.suppress(BackendUnavailable):
+                self._send(jsonrpc.error(msg["id"], -32601, "The gateway accepts no requests"))
 
     def _on_notification(self, msg: Message) -> None:
         method = msg["method"]
