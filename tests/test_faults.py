@@ -258,15 +258,17 @@ async def test_closing_the_http_request_cancels_the_call_on_the_child(tmp_path: 
 
 
 async def test_timed_out_request_closes_its_notification_stream(tmp_path: Path) -> None:
-    """Regression: a timed-out call once left its notification stream to the garbage collector."""
+    """Regression: a timed-out call once left its notification stream to the garbage collector.
+    Requests now keep no stream; what must not outlive a timeout is the request's entry."""
     notes, requests = tmp_path / "notes.jsonl", tmp_path / "requests.jsonl"
     backend = stdio_backend(rude_command(notes, requests), request_timeout=0.3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
-        async with gateway(backend) as (_, session, url):
+        async with gateway(backend) as (gw, session, url):
             with anyio.fail_after(START_BOUND):
                 reply = await post(session, url, call(1, "hang"))
             assert error_code(reply) == codes.BACKEND_TIMEOUT, reply
+            assert stdio_of(gw).in_flight == 0
             gc.collect()
     leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert not [m for m in leaks if "MemoryObjectSendStream" in m], leaks

@@ -23,6 +23,7 @@ from gateway.errors import BackendTimeout, BackendUnavailable
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
+from gateway.protocol.lines import LineSplitter
 from gateway.telemetry.api import Stats
 
 log = logging.getLogger("gateway.backend")
@@ -383,14 +384,9 @@ class _LineTooLong(Exception):
 async def _lines(stream: asyncio.StreamReader) -> AsyncIterator[bytes]:
     """The lines of a child's output, read in large chunks: with many requests in flight one
     read often carries many replies, and each is handled before the next read."""
-    pending = b""
-    while True:
-        chunk = await stream.read(READ_CHUNK)
-        if not chunk:
-            return
-        lines = (pending + chunk).split(b"\n")
-        pending = lines.pop()
-        if len(pending) > MAX_LINE_BYTES:
-            raise _LineTooLong
-        for line in lines:
+    splitter = LineSplitter(MAX_LINE_BYTES)
+    while chunk := await stream.read(READ_CHUNK):
+        for line in splitter.feed(chunk):
             yield line
+        if splitter.overflowing:
+            raise _LineTooLong

@@ -236,11 +236,13 @@ class _Relay:
     def __init__(self, request: web.Request) -> None:
         self._request = request
         self._stream: web.StreamResponse | None = None
-        self._lock = asyncio.Lock()
+        self._lock: asyncio.Lock | None = None  # made on first use: most replies never stream
         self._keepalive: asyncio.Task[None] | None = None
 
     async def _write(self, data: bytes) -> None:
         # Notifications and keep-alives come from two tasks; each event goes out whole.
+        if self._lock is None:
+            self._lock = asyncio.Lock()
         async with self._lock:
             if self._stream is None:
                 self._stream = web.StreamResponse(status=200, headers=SSE_HEADERS)

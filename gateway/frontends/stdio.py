@@ -19,6 +19,7 @@ from anyio.streams.file import FileReadStream, FileWriteStream
 from gateway.core.dispatcher import Dispatcher
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.protocol.lines import LineSplitter
 
 log = logging.getLogger("gateway.stdio")
 
@@ -74,18 +75,16 @@ class StdioFrontend:
     async def _lines(self) -> AsyncIterator[bytes]:
         """stdin's lines, read in chunks: a client with many requests in flight often sends
         several lines per read, and each is handled before the next read."""
-        pending = b""
+        splitter = LineSplitter(MAX_LINE_BYTES)
         while True:
             try:
                 chunk = await self._in.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 return
-            lines = (pending + chunk).split(b"\n")
-            pending = lines.pop()
-            for line in lines:
+            for line in splitter.feed(chunk):
                 self._dispatcher.telemetry.stats.bytes["frontend", "in"] += len(line) + 1
                 yield line
-            if len(pending) > MAX_LINE_BYTES:
+            if splitter.overflowing:
                 log.error("stdin: a line over %d bytes; stopping", MAX_LINE_BYTES)
                 return
 
