@@ -13,7 +13,6 @@ from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
-from aiohttp import web
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -30,7 +29,8 @@ from gateway.config import BackendConfig, Config, StdioTarget, TapConfig
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.instrument import InstrumentedBackend
 from gateway.frontends import http as http_frontend
-from gateway.frontends.ops import Operations, make_admin_app
+from gateway.frontends.ops import Operations, operation_routes
+from gateway.frontends.server import Server
 from gateway.frontends.stdio import StdioFrontend, open_process_stdio
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
@@ -166,9 +166,9 @@ class Gateway:
             backends=self._backends_up,
             serving=lambda: self._serving,
         )
-        self._admin: web.AppRunner | None = None
+        self._admin: Server | None = None
         self.admin_url: str | None = None
-        self._runner: web.AppRunner | None = None
+        self._http: Server | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self.http_url: str | None = None
 
@@ -218,10 +218,8 @@ class Gateway:
         admin = self.config.listen.admin
         if admin is None:
             return
-        self._admin = web.AppRunner(make_admin_app(self.operations), access_log=None)
-        await self._admin.setup()
-        await web.TCPSite(self._admin, admin.host, admin.port).start()
-        port = self._admin.addresses[0][1]
+        self._admin = Server(operation_routes(self.operations))
+        port = await self._admin.start(admin.host, admin.port)
         self.admin_url = f"http://{admin.host}:{port}"
         log.info("admin listener (metrics, health) on %s", self.admin_url)
 
@@ -236,15 +234,10 @@ class Gateway:
     async def _start_http(self) -> None:
         listen = self.config.listen.http
         assert listen is not None
-        app = http_frontend.make_app(self.dispatcher, listen, self.operations)
-        # handler_cancellation: a client that drops its connection cancels its request.
-        self._runner = web.AppRunner(
-            app, handler_cancellation=True, access_log=None, shutdown_timeout=HTTP_SHUTDOWN_GRACE
-        )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, listen.host, listen.port)
-        await site.start()
-        port = self._runner.addresses[0][1]
+        routes = http_frontend.routes(self.dispatcher, listen, self.operations)
+        # A client that drops its connection cancels its request (server.py).
+        self._http = Server(routes, max_body=listen.max_body_bytes)
+        port = await self._http.start(listen.host, listen.port)
         host = f"[{listen.host}]" if ":" in listen.host else listen.host
         self.http_url = f"http://{host}:{port}{listen.path}"
         log.info("listening on %s", self.http_url)
@@ -257,9 +250,9 @@ class Gateway:
     ) -> None:
         self.dispatcher.close_streams()
         with anyio.CancelScope(shield=True):
-            for runner in (self._runner, self._admin):
-                if runner is not None:
-                    await runner.cleanup()
+            for server in (self._http, self._admin):
+                if server is not None:
+                    await server.close(HTTP_SHUTDOWN_GRACE)
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
         try:

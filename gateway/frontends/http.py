@@ -1,4 +1,4 @@
-"""The Streamable HTTP front end (basic/transports/streamable-http), an aiohttp application.
+"""The Streamable HTTP front end (basic/transports/streamable-http), served by `server.py`.
 
 Checks run cheapest first: origin and host, method, media types, size, JSON, mirrored headers;
 only then does the dispatcher see the message. A reply goes out as one JSON body unless the
@@ -14,64 +14,45 @@ import ipaddress
 import logging
 from urllib.parse import urlsplit
 
-from aiohttp import web
-
 from gateway import errors
 from gateway.config import HttpListen
 from gateway.core.dispatcher import Dispatcher
-from gateway.frontends.ops import Operations, add_operations
+from gateway.frontends.ops import Operations, operation_routes
+from gateway.frontends.server import Handler, Reply, Request, Stream
 from gateway.protocol import codes, headers, jsonrpc, meta, sse
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import Origin
+from gateway.telemetry.api import Origin, Stats
 
 log = logging.getLogger("gateway.http")
 
-DISPATCHER = web.AppKey("dispatcher", Dispatcher)
-LISTEN = web.AppKey("listen", HttpListen)
-
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 TRACE_HEADERS = ("traceparent", "tracestate")
-SSE_HEADERS = {
-    "Content-Type": "text/event-stream",
-    "Cache-Control": "no-cache",
-    "X-Accel-Buffering": "no",
-}
+SSE_HEADERS = (
+    ("Content-Type", "text/event-stream"),
+    ("Cache-Control", "no-cache"),
+    ("X-Accel-Buffering", "no"),
+)
+JSON = "application/json"
 # A reply that comes within this window goes out as plain JSON; after it, the response turns into
 # an SSE stream so that idle-timeouts of intermediaries see bytes during long calls.
 JSON_WINDOW = 10.0
 KEEPALIVE_INTERVAL = 15.0
 
 
-def make_app(
+def routes(
     dispatcher: Dispatcher, listen: HttpListen, ops: Operations | None = None
-) -> web.Application:
-    app = web.Application(client_max_size=listen.max_body_bytes)
-    app[DISPATCHER] = dispatcher
-    app[LISTEN] = listen
-    app.router.add_route("*", listen.path, handle)
-    if ops is not None:
-        add_operations(app, ops)
-    return app
+) -> dict[str, Handler]:
+    """The listener's routes: the MCP endpoint, and the operator endpoints when given."""
+    endpoint = Endpoint(dispatcher, listen)
+    out: dict[str, Handler] = dict(operation_routes(ops)) if ops is not None else {}
+    out[listen.path] = endpoint.handle
+    return out
 
 
-def _reply(status: int, msg: Message | None = None, **extra: str) -> web.Response:
+def _reply(status: int, msg: Message | None = None, **extra: str) -> Reply:
     if msg is None:
-        return web.Response(status=status, headers=extra)
-    return web.Response(
-        status=status, body=jsonrpc.encode(msg), content_type="application/json", headers=extra
-    )
-
-
-def _reject(
-    request: web.Request,
-    reason: str,
-    status: int,
-    code: int,
-    message: str,
-    id_: jsonrpc.RequestId | None = None,
-) -> web.Response:
-    request.app[DISPATCHER].telemetry.stats.rejections[reason] += 1
-    return _reply(status, jsonrpc.error(id_, code, message))
+        return Reply(status, headers=extra.items())
+    return Reply(status, jsonrpc.encode(msg), JSON, extra.items())
 
 
 @functools.lru_cache(maxsize=256)
@@ -84,21 +65,17 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _guard(request: web.Request, listen: HttpListen) -> web.Response | None:
-    """DNS-rebinding protection (streamable-http, Security & Endpoint)."""
+def _guard(request: Request, listen: HttpListen) -> tuple[str, str] | None:
+    """DNS-rebinding protection (streamable-http, Security & Endpoint): what is refused, why."""
     origin = request.headers.get("Origin")
     if origin is not None and origin not in listen.allowed_origins:
         host = urlsplit(origin).hostname or ""
         if not _is_loopback(host):
-            return _reject(
-                request, "origin", 403, codes.INVALID_REQUEST, f"Origin {origin!r} is not allowed"
-            )
+            return "origin", f"Origin {origin!r} is not allowed"
     if _is_loopback(listen.host):
         host = _hostname(request.host)
         if not _is_loopback(host) and host not in listen.allowed_hosts:
-            return _reject(
-                request, "host", 403, codes.INVALID_REQUEST, f"Host {request.host!r} is not allowed"
-            )
+            return "host", f"Host {request.host!r} is not allowed"
     return None
 
 
@@ -110,13 +87,12 @@ def _hostname(host_header: str) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _media_type(content_type: str) -> str:
-    # aiohttp's `request.content_type` parses the header afresh for every request.
     return content_type.split(";")[0].strip().lower()
 
 
-def _accepts(request: web.Request) -> bool:
+def _accepts(request: Request) -> bool:
     # Accept is a list field: several header lines mean the same as one comma-separated line.
-    return _accepts_value(",".join(request.headers.getall("Accept", [])))
+    return _accepts_value(",".join(request.headers.getall("Accept")))
 
 
 @functools.lru_cache(maxsize=256)
@@ -127,117 +103,125 @@ def _accepts_value(accept: str) -> bool:
     return "application/json" in kinds and "text/event-stream" in kinds
 
 
-async def handle(request: web.Request) -> web.StreamResponse:
-    listen = request.app[LISTEN]
-    refused = _guard(request, listen)
-    if refused is not None:
-        return refused
-    if request.method != "POST":
-        request.app[DISPATCHER].telemetry.stats.rejections["method_not_allowed"] += 1
-        return _reply(405, Allow="POST")
-    if _media_type(request.headers.get("Content-Type", "")) != "application/json":
-        return _reject(
-            request,
-            "media_type",
-            415,
-            codes.INVALID_REQUEST,
-            "Content-Type must be application/json",
-        )
-    if not _accepts(request):
-        return _reject(
-            request,
-            "not_acceptable",
-            406,
-            codes.INVALID_REQUEST,
-            "Accept must list application/json and text/event-stream",
-        )
-    too_big = f"Body over {listen.max_body_bytes} bytes"
-    if request.content_length is not None and request.content_length > listen.max_body_bytes:
-        return _reject(request, "size", 413, codes.INVALID_REQUEST, too_big)
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return _reject(request, "size", 413, codes.INVALID_REQUEST, too_big)
-    dispatcher = request.app[DISPATCHER]
-    dispatcher.telemetry.stats.bytes["frontend", "in"] += len(body)
-    msg = jsonrpc.decode(body)
-    if isinstance(msg, jsonrpc.Invalid):
-        return _reject(request, "invalid_request", 400, msg.code, msg.message, msg.id)
-    kind = jsonrpc.kind(msg)
-    if kind is jsonrpc.Kind.RESPONSE:
-        return _reject(
-            request,
-            "invalid_request",
-            400,
-            codes.INVALID_REQUEST,
-            "Clients must not send responses",
-            msg["id"],
-        )
-    if kind is jsonrpc.Kind.NOTIFICATION:
-        await dispatcher.notify(msg)
-        return _reply(202)
-    if msg["method"] == "initialize":
-        # A legacy client: name the versions we serve, its only diagnostic (basic/versioning).
-        dispatcher.telemetry.stats.rejections["unsupported_version"] += 1
-        reply = meta.unsupported_version(msg["id"], jsonrpc.params(msg).get("protocolVersion"))
-        return _reply(400, reply)
-    mismatch = await _check_headers(request, msg, dispatcher)
-    if mismatch is not None:
-        return _reject(
-            request,
-            "header_mismatch",
-            400,
-            codes.HEADER_MISMATCH,
-            f"Header mismatch: {mismatch}",
-            msg["id"],
-        )
-    return await _answer(request, msg, dispatcher)
+class Endpoint:
+    """The MCP endpoint of one HTTP listener."""
+
+    def __init__(self, dispatcher: Dispatcher, listen: HttpListen) -> None:
+        self.dispatcher = dispatcher
+        self.listen = listen
+        self._stats = dispatcher.telemetry.stats
+
+    def _reject(
+        self,
+        reason: str,
+        status: int,
+        code: int,
+        message: str,
+        id_: jsonrpc.RequestId | None = None,
+    ) -> Reply:
+        self._stats.rejections[reason] += 1
+        return _reply(status, jsonrpc.error(id_, code, message))
+
+    async def handle(self, request: Request) -> Reply | None:
+        listen = self.listen
+        refused = _guard(request, listen)
+        if refused is not None:
+            return self._reject(refused[0], 403, codes.INVALID_REQUEST, refused[1])
+        if request.method != "POST":
+            self._stats.rejections["method_not_allowed"] += 1
+            return _reply(405, Allow="POST")
+        if _media_type(request.headers.get("Content-Type") or "") != JSON:
+            return self._reject(
+                "media_type", 415, codes.INVALID_REQUEST, "Content-Type must be application/json"
+            )
+        if not _accepts(request):
+            return self._reject(
+                "not_acceptable",
+                406,
+                codes.INVALID_REQUEST,
+                "Accept must list application/json and text/event-stream",
+            )
+        if request.too_big:
+            too_big = f"Body over {listen.max_body_bytes} bytes"
+            return self._reject("size", 413, codes.INVALID_REQUEST, too_big)
+        body = request.body
+        self._stats.bytes["frontend", "in"] += len(body)
+        msg = jsonrpc.decode(body)
+        if isinstance(msg, jsonrpc.Invalid):
+            return self._reject("invalid_request", 400, msg.code, msg.message, msg.id)
+        kind = jsonrpc.kind(msg)
+        if kind is jsonrpc.Kind.RESPONSE:
+            return self._reject(
+                "invalid_request",
+                400,
+                codes.INVALID_REQUEST,
+                "Clients must not send responses",
+                msg["id"],
+            )
+        dispatcher = self.dispatcher
+        if kind is jsonrpc.Kind.NOTIFICATION:
+            await dispatcher.notify(msg)
+            return _reply(202)
+        if msg["method"] == "initialize":
+            # A legacy client: name the versions we serve, its only diagnostic (basic/versioning).
+            self._stats.rejections["unsupported_version"] += 1
+            reply = meta.unsupported_version(msg["id"], jsonrpc.params(msg).get("protocolVersion"))
+            return _reply(400, reply)
+        mismatch = await _check_headers(request, msg, dispatcher)
+        if mismatch is not None:
+            return self._reject(
+                "header_mismatch",
+                400,
+                codes.HEADER_MISMATCH,
+                f"Header mismatch: {mismatch}",
+                msg["id"],
+            )
+        return await self._answer(request, msg)
+
+    async def _answer(self, request: Request, msg: Message) -> Reply | None:
+        """Answer with JSON if the reply comes quickly and alone, else as an SSE stream.
+
+        The request is handled in this task: no extra task, queue or cancel scope per request
+        on the common path. Only a request still running when the JSON window closes gets a
+        helper task, which turns the reply into a stream and keeps it alive."""
+        relay = _Relay(request, self._stats)
+        timer = asyncio.get_running_loop().call_later(JSON_WINDOW, relay.window_closed)
+        try:
+            reply = await self.dispatcher.handle(msg, relay.note, _origin(request))
+        finally:
+            timer.cancel()
+            await relay.stop_keepalive()
+        return await relay.finish(reply)
 
 
-def _origin(request: web.Request) -> Origin:
+def _origin(request: Request) -> Origin:
     trace = {k: v for k in TRACE_HEADERS if (v := request.headers.get(k)) is not None}
-    return Origin("http", request.remote, trace, request.headers)
+    return Origin("http", request.remote, trace, request.headers.raw)
 
 
-async def _check_headers(request: web.Request, msg: Message, dispatcher: Dispatcher) -> str | None:
+async def _check_headers(request: Request, msg: Message, dispatcher: Dispatcher) -> str | None:
     param_specs = None
     if msg["method"] == "tools/call":
         name = jsonrpc.params(msg).get("name")
         if isinstance(name, str):
             param_specs = await dispatcher.param_headers(name)
-    return headers.check(lambda h: request.headers.getall(h, []), msg, param_specs)
-
-
-async def _answer(request: web.Request, msg: Message, dispatcher: Dispatcher) -> web.StreamResponse:
-    """Answer with JSON if the reply comes quickly and alone, else as an SSE stream.
-
-    The request is handled in this task: no extra task, queue or cancel scope per request on the
-    common path. Only a request still running when the JSON window closes gets a helper task,
-    which turns the reply into a stream and keeps it alive."""
-    relay = _Relay(request)
-    timer = asyncio.get_running_loop().call_later(JSON_WINDOW, relay.window_closed)
-    try:
-        reply = await dispatcher.handle(msg, relay.note, _origin(request))
-    finally:
-        timer.cancel()
-        await relay.stop_keepalive()
-    return await relay.finish(reply)
-
-
-def _count_out(request: web.Request, data: bytes) -> bytes:
-    request.app[DISPATCHER].telemetry.stats.bytes["frontend", "out"] += len(data)
-    return data
+    return headers.check(request.headers.getall, msg, param_specs)
 
 
 class _Relay:
     """The reply of one request: a JSON body, or an SSE stream once there is something to send
     before the reply (a notification, or a keep-alive after the JSON window)."""
 
-    def __init__(self, request: web.Request) -> None:
+    def __init__(self, request: Request, stats: Stats) -> None:
         self._request = request
-        self._stream: web.StreamResponse | None = None
+        self._stats = stats
+        self._stream: Stream | None = None
         self._lock: asyncio.Lock | None = None  # made on first use: most replies never stream
         self._keepalive: asyncio.Task[None] | None = None
+
+    def _count_out(self, data: bytes) -> bytes:
+        self._stats.bytes["frontend", "out"] += len(data)
+        return data
 
     async def _write(self, data: bytes) -> None:
         # Notifications and keep-alives come from two tasks; each event goes out whole.
@@ -245,13 +229,12 @@ class _Relay:
             self._lock = asyncio.Lock()
         async with self._lock:
             if self._stream is None:
-                self._stream = web.StreamResponse(status=200, headers=SSE_HEADERS)
-                await self._stream.prepare(self._request)
+                self._stream = self._request.stream(200, SSE_HEADERS)
             await self._stream.write(data)
 
     async def note(self, note: Message) -> None:
         try:
-            await self._write(_count_out(self._request, sse.event(jsonrpc.encode(note))))
+            await self._write(self._count_out(sse.event(jsonrpc.encode(note))))
         except ConnectionResetError:
             # The client has gone: that cancels its request, as a disconnect does.
             task = asyncio.current_task()
@@ -277,12 +260,10 @@ class _Relay:
             with contextlib.suppress(asyncio.CancelledError, ConnectionResetError):
                 await task
 
-    async def finish(self, reply: Message) -> web.StreamResponse:
-        body = _count_out(self._request, jsonrpc.encode(reply))
+    async def finish(self, reply: Message) -> Reply | None:
+        body = self._count_out(jsonrpc.encode(reply))
         if self._stream is None:
-            return web.Response(
-                status=errors.http_status(reply), body=body, content_type="application/json"
-            )
+            return Reply(errors.http_status(reply), body, JSON)
         await self._write(sse.event(body))
-        await self._stream.write_eof()
-        return self._stream
+        await self._stream.end()
+        return None

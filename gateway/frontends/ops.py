@@ -7,7 +7,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import orjson
-from aiohttp import web
+
+from gateway.frontends.server import Handler, Reply, Request
+
+JSON = "application/json"
+READ_METHODS = frozenset({"GET", "HEAD"})
+NOT_ALLOWED = Reply(405, headers=(("Allow", "GET, HEAD"),))
 
 
 @dataclass(frozen=True)
@@ -20,38 +25,27 @@ class Operations:
     serving: Callable[[], bool]
 
 
-OPS = web.AppKey("ops", Operations)
+def operation_routes(ops: Operations) -> dict[str, Handler]:
+    async def metrics(request: Request) -> Reply:
+        if request.method not in READ_METHODS:
+            return NOT_ALLOWED
+        body, content_type = ops.metrics(request.headers.get("Accept") or "")
+        return Reply(200, body, content_type)
 
+    async def healthz(request: Request) -> Reply:
+        if request.method not in READ_METHODS:
+            return NOT_ALLOWED
+        return Reply(200, b'{"status":"ok"}', JSON)
 
-def add_operations(app: web.Application, ops: Operations) -> None:
-    app[OPS] = ops
-    app.router.add_get("/metrics", _metrics)
-    app.router.add_get("/healthz", _healthz)
-    app.router.add_get("/readyz", _readyz)
+    async def readyz(request: Request) -> Reply:
+        """Ready when the front ends listen and every backend is reachable; the body says which."""
+        if request.method not in READ_METHODS:
+            return NOT_ALLOWED
+        backends = dict(ops.backends())
+        serving = ops.serving()
+        ready = serving and all(backends.values())
+        status = "ready" if ready else "not ready"
+        body = {"status": status, "serving": serving, "backends": backends}
+        return Reply(200 if ready else 503, orjson.dumps(body), JSON)
 
-
-def make_admin_app(ops: Operations) -> web.Application:
-    app = web.Application()
-    add_operations(app, ops)
-    return app
-
-
-async def _metrics(request: web.Request) -> web.Response:
-    body, content_type = request.app[OPS].metrics(request.headers.get("Accept", ""))
-    return web.Response(body=body, headers={"Content-Type": content_type})
-
-
-async def _healthz(_: web.Request) -> web.Response:
-    return web.Response(body=b'{"status":"ok"}', content_type="application/json")
-
-
-async def _readyz(request: web.Request) -> web.Response:
-    """Ready when the front ends listen and every backend is reachable; the body says which."""
-    ops = request.app[OPS]
-    backends = dict(ops.backends())
-    serving = ops.serving()
-    ready = serving and all(backends.values())
-    body = {"status": "ready" if ready else "not ready", "serving": serving, "backends": backends}
-    return web.Response(
-        status=200 if ready else 503, body=orjson.dumps(body), content_type="application/json"
-    )
+    return {"/metrics": metrics, "/healthz": healthz, "/readyz": readyz}

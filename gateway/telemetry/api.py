@@ -8,13 +8,15 @@ implementation here costs next to nothing, so tests and telemetry-less runs pay 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 Message = dict[str, Any]
 Sink = Callable[[Message], Awaitable[None]]
+# Header fields as received: a mapping, or (name, value) pairs in arrival order with repeats.
+HeaderFields = Mapping[str, str] | Iterable[tuple[str, str]]
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ class Origin:
     # W3C trace context from transport headers (HTTP), used when `_meta` carries none.
     trace_headers: Mapping[str, str] = field(default_factory=dict)
     # All request headers (HTTP), for the traffic tap, which redacts them before writing.
-    headers: Mapping[str, str] | None = None
+    headers: HeaderFields | None = None
 
 
 STDIO_ORIGIN = Origin("stdio")
@@ -64,7 +66,7 @@ class Telemetry(Protocol):
         direction: str,
         msg: Message,
         backend: str | None = None,
-        headers: Mapping[str, str] | None = None,
+        headers: HeaderFields | None = None,
     ) -> None:
         """The traffic tap: one JSON-RPC message on one hop (a no-op unless configured)."""
 
@@ -100,7 +102,7 @@ class NoTelemetry:
         direction: str,
         msg: Message,
         backend: str | None = None,
-        headers: Mapping[str, str] | None = None,
+        headers: HeaderFields | None = None,
     ) -> None:
         return None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -17,7 +17,7 @@ from opentelemetry import context, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gateway.protocol import jsonrpc, meta
-from gateway.telemetry.api import Message, Observation, Origin, Stats, error_type
+from gateway.telemetry.api import HeaderFields, Message, Observation, Origin, Stats, error_type
 from gateway.telemetry.metrics import OTHER, Recorder
 from gateway.telemetry.tap import Tap
 
@@ -125,7 +125,7 @@ class GatewayTelemetry:
         direction: str,
         msg: Message,
         backend: str | None = None,
-        headers: Mapping[str, str] | None = None,
+        headers: HeaderFields | None = None,
     ) -> None:
         if self._tap is None:
             return

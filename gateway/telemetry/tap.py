@@ -26,6 +26,7 @@ import orjson
 
 from gateway.config import TapConfig
 from gateway.protocol.jsonrpc import Message
+from gateway.telemetry.api import HeaderFields
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +103,11 @@ def _apply(value: Any, key: str, rules: _Rule) -> Any:
     return value
 
 
-def redact_headers(headers: Mapping[str, str], names: frozenset[str]) -> dict[str, Any]:
+def redact_headers(headers: HeaderFields, names: frozenset[str]) -> dict[str, Any]:
     """Headers as recorded: listed names (lower case) redacted; a repeated name becomes a list."""
     out: dict[str, Any] = {}
-    for raw_name, value in headers.items():
+    fields = headers.items() if isinstance(headers, Mapping) else headers
+    for raw_name, value in fields:
         name = str(raw_name)  # aiohttp's case-insensitive `istr` keys are not plain str to orjson
         shown = REDACTED if name.lower() in names else str(value)
         if name in out:
@@ -147,7 +149,7 @@ class Tap:
         hop: str,
         direction: str,
         msg: Message,
-        headers: Mapping[str, str] | None = None,
+        headers: HeaderFields | None = None,
         backend: str | None = None,
     ) -> None:
         """Record one message as seen by the gateway: `hop` frontend|backend, `direction` in|out."""
