@@ -6,6 +6,7 @@ from the body actually sent; nothing the front-end client sent in its own header
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import anyio
@@ -31,6 +32,13 @@ FIXED_HEADERS = (
 POOL_SIZE = 100
 # A JSON reply larger than this is refused rather than buffered whole.
 MAX_REPLY_BYTES = 64 * 1024 * 1024
+
+
+@functools.lru_cache(maxsize=1024)
+def _encoded(fields: tuple[tuple[str, str], ...]) -> str:
+    # The mirrored headers repeat from call to call (method, version, tool name): validate and
+    # encode each distinct set once.
+    return http1.encode_headers(fields)
 
 
 class HttpBackend:
@@ -69,7 +77,7 @@ class HttpBackend:
             if isinstance(trace_meta.get(key), str):
                 out[key] = trace_meta[key]
         try:
-            return self._fixed + http1.encode_headers(out.items())
+            return self._fixed + _encoded(tuple(out.items()))
         except ValueError as exc:
             raise BackendProtocolError(self.name, f"cannot mirror the request: {exc}") from None
 

@@ -94,16 +94,17 @@ class Dispatcher:
         if telemetry.tapping:
             telemetry.record("frontend", "in", msg, headers=origin.headers)
             sink = tapped(telemetry, sink, "frontend", "out", None)
-        with telemetry.server(msg, origin) as observed:
-            token = _observation.set(observed)
-            try:
-                reply = await self._answer(msg, sink)
-            finally:
-                _observation.reset(token)
-            observed.finish(reply)
-            if telemetry.tapping:
-                telemetry.record("frontend", "out", reply)
-            return reply
+        observed = telemetry.server(msg, origin)
+        token = _observation.set(observed)
+        reply: Message | None = None
+        try:
+            reply = await self._answer(msg, sink)
+        finally:
+            _observation.reset(token)
+            observed.end(reply)
+        if telemetry.tapping:
+            telemetry.record("frontend", "out", reply)
+        return reply
 
     async def _answer(self, msg: Message, sink: NotificationSink) -> Message:
         rejection = meta.check_request(msg)
@@ -135,7 +136,9 @@ class Dispatcher:
 
     async def param_headers(self, tool: str) -> tuple[ParamHeader, ...] | None:
         """The `x-mcp-header` annotations of a client-visible tool, if the tool is known."""
-        route = await self._lookup(RouteTable.tool, tool)
+        route = self.catalogs.table.tool(tool)  # the common case, without a coroutine
+        if route is None:
+            route = await self._lookup(RouteTable.tool, tool)
         return route.param_headers if route is not None else None
 
     # --- dispatch ----------------------------------------------------------------------------

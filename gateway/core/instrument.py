@@ -39,7 +39,9 @@ class InstrumentedBackend:
         telemetry, name = self._telemetry, self.name
         if telemetry.tapping:
             sink = tapped(telemetry, sink, "backend", "in", name)
-        with telemetry.client(msg, name, self.transport, self._address) as observed:
+        observed = telemetry.client(msg, name, self.transport, self._address)
+        reply: Message | None = None
+        try:
             carrier = observed.carrier()
             if carrier:
                 params = jsonrpc.params(msg)
@@ -49,8 +51,11 @@ class InstrumentedBackend:
             reply = await self.inner.request(msg, sink, param_headers, long_lived=long_lived)
             if telemetry.tapping:
                 telemetry.record("backend", "in", reply, backend=name)
-            observed.finish(reply)
-            return reply
+        except BaseException:
+            observed.end(None)
+            raise
+        observed.end(reply)
+        return reply
 
     async def notify(self, msg: Message) -> None:
         await self.inner.notify(msg)

@@ -190,8 +190,13 @@ class Endpoint:
             reply = await self.dispatcher.handle(msg, relay.note, _origin(request))
         finally:
             timer.cancel()
-            await relay.stop_keepalive()
-        return await relay.finish(reply)
+            if relay.keepalive is not None:
+                await relay.stop_keepalive()
+        body = relay.count_out(jsonrpc.encode(reply))
+        if relay.stream is None:
+            return Reply(errors.http_status(reply), body, JSON)
+        await relay.finish_stream(body)
+        return None
 
 
 def _origin(request: Request) -> Origin:
@@ -215,11 +220,11 @@ class _Relay:
     def __init__(self, request: Request, stats: Stats) -> None:
         self._request = request
         self._stats = stats
-        self._stream: Stream | None = None
+        self.stream: Stream | None = None
         self._lock: asyncio.Lock | None = None  # made on first use: most replies never stream
-        self._keepalive: asyncio.Task[None] | None = None
+        self.keepalive: asyncio.Task[None] | None = None
 
-    def _count_out(self, data: bytes) -> bytes:
+    def count_out(self, data: bytes) -> bytes:
         self._stats.bytes["frontend", "out"] += len(data)
         return data
 
@@ -228,13 +233,13 @@ class _Relay:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if self._stream is None:
-                self._stream = self._request.stream(200, SSE_HEADERS)
-            await self._stream.write(data)
+            if self.stream is None:
+                self.stream = self._request.stream(200, SSE_HEADERS)
+            await self.stream.write(data)
 
     async def note(self, note: Message) -> None:
         try:
-            await self._write(self._count_out(sse.event(jsonrpc.encode(note))))
+            await self._write(self.count_out(sse.event(jsonrpc.encode(note))))
         except ConnectionResetError:
             # The client has gone: that cancels its request, as a disconnect does.
             task = asyncio.current_task()
@@ -243,7 +248,7 @@ class _Relay:
             await asyncio.sleep(0)
 
     def window_closed(self) -> None:
-        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
+        self.keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
 
     async def _keep_alive(self) -> None:
         # Bytes on the wire now, then at every interval, so idle-timeouts of intermediaries
@@ -254,16 +259,14 @@ class _Relay:
             await self._write(sse.KEEPALIVE)
 
     async def stop_keepalive(self) -> None:
-        task = self._keepalive
+        task = self.keepalive
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, ConnectionResetError):
                 await task
 
-    async def finish(self, reply: Message) -> Reply | None:
-        body = self._count_out(jsonrpc.encode(reply))
-        if self._stream is None:
-            return Reply(errors.http_status(reply), body, JSON)
+    async def finish_stream(self, body: bytes) -> None:
+        """The reply as the stream's last event."""
+        assert self.stream is not None
         await self._write(sse.event(body))
-        await self._stream.end()
-        return None
+        await self.stream.end()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -44,7 +43,8 @@ class Stats:
 
 
 class Observation(Protocol):
-    """One request being handled (SERVER) or sent to a backend (CLIENT)."""
+    """One request being handled (SERVER) or sent to a backend (CLIENT), from its start until
+    `end`. Explicit begin/end rather than a context manager: it runs on every request."""
 
     def annotate(self, *, target: str | None = None, backend: str | None = None) -> None: ...
 
@@ -52,7 +52,9 @@ class Observation(Protocol):
         """Trace context to propagate with an outgoing request (`traceparent`, `tracestate`)."""
         ...
 
-    def finish(self, reply: Message | None) -> None: ...
+    def end(self, reply: Message | None) -> None:
+        """Record the outcome, once, in the task that began it; None: cancelled or failed."""
+        ...
 
 
 class Telemetry(Protocol):
@@ -70,11 +72,15 @@ class Telemetry(Protocol):
     ) -> None:
         """The traffic tap: one JSON-RPC message on one hop (a no-op unless configured)."""
 
-    def server(self, msg: Message, origin: Origin) -> AbstractContextManager[Observation]: ...
+    def server(self, msg: Message, origin: Origin) -> Observation:
+        """Begin observing a client request."""
+        ...
 
     def client(
         self, msg: Message, backend: str, transport: str, address: tuple[str, int] | None
-    ) -> AbstractContextManager[Observation]: ...
+    ) -> Observation:
+        """Begin observing a request to a backend."""
+        ...
 
 
 class _NoObservation:
@@ -84,7 +90,7 @@ class _NoObservation:
     def carrier(self) -> dict[str, str]:
         return {}
 
-    def finish(self, reply: Message | None) -> None:
+    def end(self, reply: Message | None) -> None:
         return None
 
 
@@ -106,13 +112,13 @@ class NoTelemetry:
     ) -> None:
         return None
 
-    def server(self, msg: Message, origin: Origin) -> AbstractContextManager[Observation]:
-        return nullcontext(NO_OBSERVATION)
+    def server(self, msg: Message, origin: Origin) -> Observation:
+        return NO_OBSERVATION
 
     def client(
         self, msg: Message, backend: str, transport: str, address: tuple[str, int] | None
-    ) -> AbstractContextManager[Observation]:
-        return nullcontext(NO_OBSERVATION)
+    ) -> Observation:
+        return NO_OBSERVATION
 
 
 def error_type(reply: Message | None) -> str:

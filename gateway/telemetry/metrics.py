@@ -3,12 +3,21 @@ gateway's counters and backend states when scraped (nothing extra on the hot pat
 
 from __future__ import annotations
 
+import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
+from prometheus_client.utils import floatToGoString
 
 from gateway.telemetry.api import Stats
 
@@ -26,26 +35,85 @@ MAX_TARGETS = 500
 MAX_CACHED_CHILDREN = 10_000
 
 
+class _Series:
+    """One label set of a histogram: per-bucket counts (not cumulative), sum, last exemplars."""
+
+    __slots__ = ("counts", "exemplars", "sum")
+
+    def __init__(self, buckets: int) -> None:
+        self.counts = [0] * buckets
+        self.exemplars: list[Exemplar | None] = [None] * buckets
+        self.sum = 0.0
+
+
+class DurationHistogram(Collector):
+    """A Prometheus histogram observed from the event loop only.
+
+    prometheus_client's Histogram takes a lock per bucket, sum and exemplar on every
+    observation; observations here all happen on the one event-loop thread and scrapes on the
+    same thread, so a list index and an add are enough. The exposition is built at scrape time.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: tuple[str, ...],
+        buckets: tuple[float, ...],
+        registry: CollectorRegistry,
+    ) -> None:
+        self._name = name
+        self._doc = documentation
+        self._labelnames = labelnames
+        self._bounds = buckets
+        self._le = [floatToGoString(b) for b in buckets] + ["+Inf"]  # type: ignore[no-untyped-call]
+        self._series: dict[tuple[str, ...], _Series] = {}
+        registry.register(self)
+
+    def series(self, labels: tuple[str, ...]) -> _Series:
+        found = self._series.get(labels)
+        if found is None:
+            found = self._series[labels] = _Series(len(self._le))
+        return found
+
+    def observe(self, series: _Series, seconds: float, trace_id: str) -> None:
+        index = bisect_left(self._bounds, seconds)
+        series.counts[index] += 1
+        series.sum += seconds
+        if trace_id:
+            series.exemplars[index] = Exemplar({"trace_id": trace_id}, seconds, time.time())
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
+        for labels, series in sorted(self._series.items()):
+            total = 0
+            buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
+            for le, count, exemplar in zip(self._le, series.counts, series.exemplars, strict=True):
+                total += count
+                buckets.append((le, total) if exemplar is None else (le, total, exemplar))
+            family.add_metric(labels, buckets, series.sum)
+        yield family
+
+
 class Recorder:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.server_duration = Histogram(
+        self.server_duration = DurationHistogram(
             "mcp_server_operation_duration_seconds",
             "Time the gateway took to answer a client request.",
-            ["mcp_method_name", "target", "error_type"],
-            buckets=DURATION_BUCKETS,
-            registry=registry,
+            ("mcp_method_name", "target", "error_type"),
+            DURATION_BUCKETS,
+            registry,
         )
-        self.client_duration = Histogram(
+        self.client_duration = DurationHistogram(
             "mcp_client_operation_duration_seconds",
             "Time a backend took to answer a request from the gateway.",
-            ["mcp_method_name", "target", "backend", "error_type"],
-            buckets=DURATION_BUCKETS,
-            registry=registry,
+            ("mcp_method_name", "target", "backend", "error_type"),
+            DURATION_BUCKETS,
+            registry,
         )
-
         self._targets: dict[str, set[str]] = {"server": set(), "client": set()}
-        # Label children by label values: `labels()` takes a lock and validates on every call.
-        self._children: dict[tuple[str, ...], Histogram] = {}
+        # Series by the label values as given (before bounding), so a lookup is one dict get.
+        self._children: dict[tuple[str, ...], _Series] = {}
 
     def _bounded(self, kind: str, target: str) -> str:
         seen = self._targets[kind]
@@ -56,7 +124,7 @@ class Recorder:
         seen.add(target)
         return target
 
-    def _remember(self, key: tuple[str, ...], child: Histogram) -> None:
+    def _remember(self, key: tuple[str, ...], child: _Series) -> None:
         if len(self._children) >= MAX_CACHED_CHILDREN:
             self._children.clear()  # catalogs changed a lot over time; a cache, not the truth
         self._children[key] = child
@@ -65,9 +133,10 @@ class Recorder:
         key = ("server", method, target, error)
         child = self._children.get(key)
         if child is None:
-            child = self.server_duration.labels(method, self._bounded("server", target), error)
+            bounded = self._bounded("server", target)
+            child = self.server_duration.series((method, bounded, error))
             self._remember(key, child)
-        child.observe(seconds, {"trace_id": trace_id} if trace_id else None)
+        self.server_duration.observe(child, seconds, trace_id)
 
     def client(
         self, method: str, target: str, backend: str, error: str, seconds: float, trace_id: str
@@ -76,9 +145,9 @@ class Recorder:
         child = self._children.get(key)
         if child is None:
             bounded = self._bounded("client", target)
-            child = self.client_duration.labels(method, bounded, backend, error)
+            child = self.client_duration.series((method, bounded, backend, error))
             self._remember(key, child)
-        child.observe(seconds, {"trace_id": trace_id} if trace_id else None)
+        self.client_duration.observe(child, seconds, trace_id)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -56,7 +54,11 @@ def _span_target(msg: Message) -> str:
 
 
 class _Observed:
-    def __init__(self, span: trace.Span | None) -> None:
+    __slots__ = ("backend", "msg", "reply", "span", "started", "target", "telemetry")
+
+    def __init__(self, telemetry: GatewayTelemetry, msg: Message, span: trace.Span | None) -> None:
+        self.telemetry = telemetry
+        self.msg = msg
         self.span = span
         self.target: str | None = None
         self.backend: str | None = None
@@ -77,9 +79,6 @@ class _Observed:
             propagate.inject(out, context=trace.set_span_in_context(self.span))
         return out
 
-    def finish(self, reply: Message | None) -> None:
-        self.reply = reply
-
     def trace_id(self) -> str:
         if self.span is None:
             return ""
@@ -96,6 +95,41 @@ class _Observed:
                 self.span.set_attribute("rpc.response.status_code", str(code))
             self.span.set_status(Status(StatusCode.ERROR))
         self.span.end()
+
+
+class _ServerObserved(_Observed):
+    __slots__ = ("context_token", "origin", "serving_token")
+
+    def __init__(
+        self, telemetry: GatewayTelemetry, msg: Message, span: trace.Span | None, origin: Origin
+    ) -> None:
+        super().__init__(telemetry, msg, span)
+        self.origin = origin
+        self.context_token = (
+            context.attach(trace.set_span_in_context(span)) if span is not None else None
+        )
+        self.serving_token = _serving.set(self)
+
+    def end(self, reply: Message | None) -> None:
+        _serving.reset(self.serving_token)
+        if self.context_token is not None:
+            context.detach(self.context_token)
+        self.reply = reply
+        self.telemetry._end_server(self)
+
+
+class _ClientObserved(_Observed):
+    __slots__ = ("backend_name",)
+
+    def __init__(
+        self, telemetry: GatewayTelemetry, msg: Message, span: trace.Span | None, backend: str
+    ) -> None:
+        super().__init__(telemetry, msg, span)
+        self.backend_name = backend
+
+    def end(self, reply: Message | None) -> None:
+        self.reply = reply
+        self.telemetry._end_client(self)
 
 
 # The client request being served by the current task, if any.
@@ -135,14 +169,6 @@ class GatewayTelemetry:
             # Recording is an observer: it must never fail the request it watches.
             log.exception("traffic tap: a message could not be recorded")
 
-    def server(self, msg: Message, origin: Origin) -> AbstractContextManager[Observation]:
-        return self._server(msg, origin)
-
-    def client(
-        self, msg: Message, backend: str, transport: str, address: tuple[str, int] | None
-    ) -> AbstractContextManager[Observation]:
-        return self._client(msg, backend, transport, address)
-
     def _start(
         self, msg: Message, kind: SpanKind, parent: context.Context | None, extra: dict[str, Any]
     ) -> trace.Span | None:
@@ -154,30 +180,22 @@ class GatewayTelemetry:
         name = f"{msg.get('method', '')} {_span_target(msg)}".strip()
         return self._tracer.start_span(name, context=parent, kind=kind, attributes=attrs)
 
-    @contextmanager
-    def _server(self, msg: Message, origin: Origin) -> Iterator[Observation]:
-        parent = None
+    def server(self, msg: Message, origin: Origin) -> Observation:
+        span = None
         if self._tracer is not None:  # with tracing off, trace context just passes through
             carrier = {k: v for k in TRACE_KEYS if (v := jsonrpc.meta(msg).get(k)) is not None}
             parent = propagate.extract(carrier or dict(origin.trace_headers))
-        extra = {
-            ATTR_FRONTEND: origin.frontend,
-            "network.transport": NETWORK_TRANSPORT[origin.frontend],
-        }
-        observed = _Observed(self._start(msg, SpanKind.SERVER, parent, extra))
+            extra = {
+                ATTR_FRONTEND: origin.frontend,
+                "network.transport": NETWORK_TRANSPORT[origin.frontend],
+            }
+            span = self._start(msg, SpanKind.SERVER, parent, extra)
         self.stats.in_flight[origin.frontend] += 1
-        token = context.attach(trace.set_span_in_context(observed.span)) if observed.span else None
-        current = _serving.set(observed)
-        try:
-            yield observed
-        finally:
-            _serving.reset(current)
-            if token is not None:
-                context.detach(token)
-            self.stats.in_flight[origin.frontend] -= 1
-            self._end_server(msg, origin, observed)
+        return _ServerObserved(self, msg, span, origin)
 
-    def _end_server(self, msg: Message, origin: Origin, observed: _Observed) -> None:
+    def _end_server(self, observed: _ServerObserved) -> None:
+        msg, origin = observed.msg, observed.origin
+        self.stats.in_flight[origin.frontend] -= 1
         seconds = time.perf_counter() - observed.started
         reply = observed.reply
         error = error_type(reply)
@@ -202,28 +220,32 @@ class GatewayTelemetry:
             }
             self._access.info("%s", orjson.dumps(line).decode())
 
-    @contextmanager
-    def _client(
+    def client(
         self, msg: Message, backend: str, transport: str, address: tuple[str, int] | None
-    ) -> Iterator[Observation]:
-        extra: dict[str, Any] = {
-            ATTR_BACKEND: backend,
-            ATTR_TRANSPORT: transport,
-            "network.transport": NETWORK_TRANSPORT.get(transport, transport),
-        }
-        if address is not None:
-            extra["server.address"], extra["server.port"] = address
-        observed = _Observed(self._start(msg, SpanKind.CLIENT, None, extra))
-        try:
-            yield observed
-        finally:
-            seconds = time.perf_counter() - observed.started
-            error = error_type(observed.reply)
-            observed.end_span(error, observed.reply)
-            if self._recorder is not None:
-                method = str(msg.get("method", ""))
-                serving = _serving.get()
-                # A name becomes a label only if the client's name was a listed one (bounded).
-                listed = serving is None or bool(serving.target)
-                target = _span_target(msg) if method in _NAME_ATTR and listed else ""
-                self._recorder.client(method, target, backend, error, seconds, observed.trace_id())
+    ) -> Observation:
+        span = None
+        if self._tracer is not None:
+            extra: dict[str, Any] = {
+                ATTR_BACKEND: backend,
+                ATTR_TRANSPORT: transport,
+                "network.transport": NETWORK_TRANSPORT.get(transport, transport),
+            }
+            if address is not None:
+                extra["server.address"], extra["server.port"] = address
+            span = self._start(msg, SpanKind.CLIENT, None, extra)
+        return _ClientObserved(self, msg, span, backend)
+
+    def _end_client(self, observed: _ClientObserved) -> None:
+        seconds = time.perf_counter() - observed.started
+        error = error_type(observed.reply)
+        observed.end_span(error, observed.reply)
+        if self._recorder is not None:
+            msg = observed.msg
+            method = str(msg.get("method", ""))
+            serving = _serving.get()
+            # A name becomes a label only if the client's name was a listed one (bounded).
+            listed = serving is None or bool(serving.target)
+            target = _span_target(msg) if method in _NAME_ATTR and listed else ""
+            self._recorder.client(
+                method, target, observed.backend_name, error, seconds, observed.trace_id()
+            )
