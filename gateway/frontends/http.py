@@ -26,7 +26,6 @@ from gateway.telemetry.api import Origin, Stats
 log = logging.getLogger("gateway.http")
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-TRACE_HEADERS = ("traceparent", "tracestate")
 SSE_HEADERS = (
     ("Content-Type", "text/event-stream"),
     ("Cache-Control", "no-cache"),
@@ -200,8 +199,7 @@ class Endpoint:
 
 
 def _origin(request: Request) -> Origin:
-    trace = {k: v for k in TRACE_HEADERS if (v := request.headers.get(k)) is not None}
-    return Origin("http", request.remote, trace, request.headers.raw)
+    return Origin("http", request.remote, request.headers.raw)
 
 
 async def _check_headers(request: Request, msg: Message, dispatcher: Dispatcher) -> str | None:

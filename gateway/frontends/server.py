@@ -233,7 +233,14 @@ def _inflate(body: bytes, coding: str, limit: int) -> bytes | None:
         # "deflate" is zlib-wrapped by the RFC, raw in the wild: accept both.
         decoder = zlib.decompressobj(-zlib.MAX_WBITS)
         out = decoder.decompress(body, limit + 1)
-    return None if len(out) > limit or decoder.unconsumed_tail else out
+    if len(out) > limit or decoder.unconsumed_tail:
+        return None
+    if not decoder.eof:
+        raise zlib.error("the body ends inside the compressed data")
+    return out
+
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 def _error_body(message: str) -> bytes:
@@ -259,7 +266,9 @@ class _Connection(asyncio.Protocol):
         # the message being parsed
         self._url = b""
         self._raw_headers: list[tuple[str, str]] = []
+        self._headers = Headers([])
         self._body: list[bytes] = []
+        self._continue = False  # a 100 (Continue) waits for the responses ahead of it
         self._size = 0
         self.began = 0.0  # loop time a message began arriving; 0 when between messages
         self.last_done = 0.0
@@ -286,8 +295,8 @@ class _Connection(asyncio.Protocol):
             return
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            pass  # an Upgrade we do not act on: the request is served as a plain one
+        except httptools.HttpParserUpgrade as upgrade:
+            self._decline_upgrade(data[upgrade.args[0] :])
         except httptools.HttpParserError as exc:
             self._refuse(400, f"Malformed HTTP request: {exc}")
 
@@ -305,6 +314,7 @@ class _Connection(asyncio.Protocol):
         self._raw_headers = []
         self._body = []
         self._size = 0
+        self._continue = False
         self.began = self._loop.time()
 
     def on_url(self, url: bytes) -> None:
@@ -314,9 +324,13 @@ class _Connection(asyncio.Protocol):
         self._raw_headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
+        self._headers = Headers(self._raw_headers)
+        self._raw_headers = []  # trailer fields land here, unread (RFC 9110 6.5.1)
+        if self._parser.should_upgrade():
+            return  # parsed again without the offer: see _decline_upgrade
         length = 0
         expect = False
-        for name, value in self._raw_headers:
+        for name, value in self._headers.raw:
             lowered = name.lower()
             if lowered == "content-length":
                 length = int(value) if value.isdigit() else 0
@@ -324,8 +338,12 @@ class _Connection(asyncio.Protocol):
                 expect = value.strip().lower() == "100-continue"
         if length > self._server.max_body:
             self._too_big()
-        elif expect and self._transport is not None:
-            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        elif expect and self._transport is not None and self._parser.get_http_version() != "1.0":
+            # (RFC 9110 10.1.1: an HTTP/1.0 request's expectation is ignored)
+            if self._task is None:
+                self._transport.write(_CONTINUE)
+            else:
+                self._continue = True  # sent once the earlier responses are (RFC 9112 9.3.2)
 
     def on_body(self, body: bytes) -> None:
         self._size += len(body)
@@ -335,7 +353,8 @@ class _Connection(asyncio.Protocol):
             self._body.append(body)
 
     def on_message_complete(self) -> None:
-        if self._ignoring:
+        self._continue = False
+        if self._ignoring or self._parser.should_upgrade():
             return
         self._deliver(self._request(b"".join(self._body), too_big=False))
 
@@ -344,7 +363,7 @@ class _Connection(asyncio.Protocol):
     def _request(self, body: bytes, *, too_big: bool) -> Request:
         parser = self._parser
         keep_alive = parser.should_keep_alive() and not too_big and not self._closing
-        headers = Headers(self._raw_headers)
+        headers = self._headers
         self.began = 0.0
         coding = headers.get("content-encoding")
         if coding is not None and body and not too_big:
@@ -368,6 +387,25 @@ class _Connection(asyncio.Protocol):
             return
         self._ignoring = True
         self._deliver(self._request(b"", too_big=True))
+
+    def _decline_upgrade(self, rest: bytes) -> None:
+        """An Upgrade we do not act on (RFC 9110 7.8): llhttp stops at the end of the head and
+        takes what follows (the body too) for the new protocol. The head is parsed again without
+        the offer, so that the request is served, body and all, and the connection goes on."""
+        method = self._parser.get_method()
+        if method == b"CONNECT":
+            self._refuse(501, "CONNECT is not supported")
+            return
+        version = self._parser.get_http_version().encode()
+        lines = [b"%b %b HTTP/%b" % (method, self._url, version)]
+        for name, value in self._headers.raw:
+            lowered = name.lower()
+            if lowered == "connection":
+                value = ",".join(t for t in value.split(",") if t.strip().lower() != "upgrade")
+            if lowered != "upgrade" and value.strip():
+                lines.append(f"{name}: {value}".encode("latin-1"))
+        self._parser = httptools.HttpRequestParser(self)
+        self.data_received(b"\r\n".join(lines) + b"\r\n\r\n" + rest)
 
     def _deliver(self, request: Request) -> None:
         if self._task is None:
@@ -397,15 +435,20 @@ class _Connection(asyncio.Protocol):
             self.last_done = self._loop.time()
         if self._transport is not None and (not request.keep_alive or self._closing):
             self._transport.close()
+        elif self._continue and self._transport is not None:
+            self._continue = False
+            self._transport.write(_CONTINUE)
 
     async def _answer(self, request: Request) -> None:
         try:
             reply = await self._server.route(request)
-        except (ConnectionError, asyncio.CancelledError):
+        except asyncio.CancelledError:
             if self._transport is not None:
                 self._transport.close()
             raise
-        except Exception:
+        except Exception as exc:
+            if self._transport is None and isinstance(exc, ConnectionError):
+                return  # the client has gone (a write to it failed): nothing is left to answer
             log.exception("unhandled error answering %s %s", request.method, request.path)
             if request.streamed is not None:
                 request.keep_alive = False  # the response cannot be completed: end it by closing
@@ -416,6 +459,8 @@ class _Connection(asyncio.Protocol):
             return
         if reply is None:
             reply = Reply(500)
+        if self._closing:
+            request.keep_alive = False  # the connection ends after this: say so (RFC 9112 9.6)
         body = reply.body
         headers = reply.headers
         if request.keep_alive and not request.chunked:

@@ -14,20 +14,35 @@ from typing import Any, Protocol
 
 Message = dict[str, Any]
 Sink = Callable[[Message], Awaitable[None]]
+TRACE_HEADERS = ("traceparent", "tracestate")
 # Header fields as received: a mapping, or (name, value) pairs in arrival order with repeats.
 HeaderFields = Mapping[str, str] | Iterable[tuple[str, str]]
 
 
-@dataclass(frozen=True)
 class Origin:
-    """Where a client request came from."""
+    """Where a client request came from. A plain class: one is made per request."""
 
-    frontend: str  # "http" | "stdio"
-    peer: str | None = None
-    # W3C trace context from transport headers (HTTP), used when `_meta` carries none.
-    trace_headers: Mapping[str, str] = field(default_factory=dict)
-    # All request headers (HTTP), for the traffic tap, which redacts them before writing.
-    headers: HeaderFields | None = None
+    __slots__ = ("frontend", "headers", "peer")
+
+    def __init__(
+        self, frontend: str, peer: str | None = None, headers: HeaderFields | None = None
+    ) -> None:
+        self.frontend = frontend  # "http" | "stdio"
+        self.peer = peer
+        # All request headers (HTTP), for the traffic tap (which redacts them) and trace context.
+        self.headers = headers
+
+    def trace_headers(self) -> dict[str, str]:
+        """W3C trace context from transport headers, used when `_meta` carries none."""
+        if self.headers is None:
+            return {}
+        fields = self.headers.items() if isinstance(self.headers, Mapping) else self.headers
+        out: dict[str, str] = {}
+        for name, value in fields:
+            key = name.lower()
+            if key in TRACE_HEADERS:
+                out.setdefault(key, value)
+        return out
 
 
 STDIO_ORIGIN = Origin("stdio")

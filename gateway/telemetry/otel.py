@@ -184,7 +184,7 @@ class GatewayTelemetry:
         span = None
         if self._tracer is not None:  # with tracing off, trace context just passes through
             carrier = {k: v for k in TRACE_KEYS if (v := jsonrpc.meta(msg).get(k)) is not None}
-            parent = propagate.extract(carrier or dict(origin.trace_headers))
+            parent = propagate.extract(carrier or origin.trace_headers())
             extra = {
                 ATTR_FRONTEND: origin.frontend,
                 "network.transport": NETWORK_TRANSPORT[origin.frontend],
