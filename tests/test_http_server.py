@@ -26,6 +26,7 @@ import orjson
 import pytest
 
 from gateway.frontends.server import (
+    MAX_HEAD,
     PIPELINE_DEPTH,
     Handler,
     Headers,
@@ -1235,3 +1236,164 @@ def test_headers_lookups_ignore_case_and_keep_repeats() -> None:
     assert "x-DUP" in headers
     assert "missing" not in headers
     assert headers.items() == raw
+
+
+# --- limits and refusals the server answers itself -----------------------------------------------
+
+
+async def test_a_head_over_the_limit_is_refused_with_431_before_it_ends() -> None:
+    """RFC 6585 5: header fields too large get 431. llhttp alone would buffer a header of any
+    size, so the server counts head bytes itself and refuses once MAX_HEAD is passed, without
+    waiting for the head to end; the handler is never called and the connection closes."""
+    recorder = Recorder()
+    async with serving({"/mcp": recorder}) as srv:
+        client = await srv.connect()
+        await client.send(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
+        await client.send(b"a" * (MAX_HEAD + 1024))  # no end of line: the head never ends
+        resp = await client.response()
+        assert resp.status == 431
+        assert resp.json()["error"]["code"] == -32600
+        assert await client.closed_by_server()
+        assert recorder.requests == []
+        assert (await srv.exchange(request(b"next"))).body == b"next"
+
+
+async def test_a_head_just_under_the_limit_is_served() -> None:
+    """MAX_HEAD bounds the head; a large head that fits is an ordinary request."""
+    recorder = Recorder()
+    async with serving({"/mcp": recorder}) as srv:
+        resp = await srv.exchange(request(b"x", "X-Big: " + "a" * (MAX_HEAD - 1024)))
+    assert (resp.status, resp.body) == (200, b"x")
+
+
+@pytest.mark.parametrize("hosts", [[], ["a", "b"]], ids=["none", "two"])
+async def test_an_http11_request_without_exactly_one_host_is_400(hosts: list[str]) -> None:
+    """RFC 9112 3.2: a server MUST answer 400 to an HTTP/1.1 request that lacks Host or has
+    more than one; the handler is not called and the connection closes."""
+    recorder = Recorder()
+    head = "".join(f"Host: {h}\r\n" for h in hosts)
+    raw = f"POST /mcp HTTP/1.1\r\n{head}Content-Length: 2\r\n\r\nhi".encode()
+    async with serving({"/mcp": recorder}) as srv:
+        client = await srv.connect()
+        await client.send(raw)
+        resp = await client.response()
+        assert resp.status == 400
+        assert resp.json()["error"]["code"] == -32600
+        assert resp.get("Connection") == "close"
+        assert await client.closed_by_server()
+    assert recorder.requests == []
+
+
+async def test_an_http10_request_without_host_is_served() -> None:
+    """RFC 9112 3.2 requires Host of HTTP/1.1 requests only."""
+    recorder = Recorder()
+    async with serving({"/mcp": recorder}) as srv:
+        client = await srv.connect()
+        await client.send(b"POST /mcp HTTP/1.0\r\nContent-Length: 2\r\n\r\nhi")
+        resp = await client.response()
+    assert (resp.status, resp.body) == (200, b"hi")
+
+
+@pytest.mark.parametrize("coding", ["br", "gzip, deflate", "compress"])
+async def test_an_unsupported_content_coding_is_415(coding: str) -> None:
+    """RFC 9110 15.5.16: a body in a content coding the server does not support gets 415
+    (stacked codings included); the handler never sees the undecoded bytes."""
+    recorder = Recorder()
+    async with serving({"/mcp": recorder}) as srv:
+        resp = await srv.exchange(request(b"\x1f\x8b....", f"Content-Encoding: {coding}"))
+    assert resp.status == 415
+    assert resp.json()["error"]["code"] == -32600
+    assert recorder.requests == []
+
+
+async def test_identity_coding_is_the_body_as_sent() -> None:
+    """RFC 9110 8.4.1: `identity` means no coding."""
+    recorder = Recorder()
+    async with serving({"/mcp": recorder}) as srv:
+        resp = await srv.exchange(request(b"plain", "Content-Encoding: identity"))
+    assert (resp.status, resp.body) == (200, b"plain")
+
+
+async def test_a_413_reaches_a_client_still_sending_a_large_body() -> None:
+    """RFC 9112 9.6: after answering early, the server closes its side but keeps reading (and
+    dropping) for a while, so the client's unread data cannot reset the answer away before the
+    client has read it."""
+    recorder = Recorder(413)
+    body = pattern(8 * 1024 * 1024)
+    async with serving({"/mcp": recorder}) as srv:
+        client = await srv.connect()
+        client.writer.write(request(body))  # buffered; sent while we read the answer
+
+        async def send_rest() -> None:
+            with suppress(ConnectionError):
+                await client.writer.drain()
+
+        sender = asyncio.ensure_future(send_rest())
+        resp = await client.response()
+        await sender
+    assert resp.status == 413
+    assert recorder.requests[0].too_big
+    assert resp.get("Connection") == "close"
+
+
+async def test_a_streamed_answer_to_head_has_no_body() -> None:
+    """RFC 9110 9.3.2: a response to HEAD has no content, also when the handler streams; the
+    connection stays usable."""
+
+    async def handler(req: Request) -> None:
+        stream = req.stream(200, [("Content-Type", "text/event-stream")])
+        await stream.write(b"data: x\n\n")
+        await stream.end()
+
+    async with serving({"/mcp": handler}) as srv:
+        client = await srv.connect()
+        await client.send(request(b"", method="HEAD"))
+        head = await client.response("HEAD")
+        assert head.status == 200
+        await client.send(request(b""))
+        resp = await client.response()
+        assert resp.chunks == [b"data: x\n\n"]
+
+
+async def test_a_stream_started_while_closing_says_connection_close() -> None:
+    """RFC 9112 9.6: a response on a connection that will close says so, streamed or whole."""
+    started = asyncio.Event()
+    go = asyncio.Event()
+
+    async def handler(req: Request) -> None:
+        started.set()
+        await go.wait()
+        stream = req.stream(200, [])
+        await stream.write(b"late")
+        await stream.end()
+
+    async with serving({"/mcp": handler}) as srv:
+        client = await srv.connect()
+        await client.send(request(b""))
+        await wait(started)
+        closing = asyncio.ensure_future(srv.server.close(BOUND))
+        await until(lambda: all(c.closing for c in srv.server.connections))
+        go.set()
+        resp = await client.response()
+        await closing
+    assert resp.get("Connection") == "close"
+    assert resp.body == b"late"
+
+
+async def test_a_client_that_never_reads_a_whole_reply_is_dropped_after_the_idle_timeout() -> None:
+    """A reply too large for the socket buffers waits for the client to read; a client that
+    reads nothing for the idle timeout loses the connection instead of holding the server's
+    task (and the reply) forever."""
+    big = pattern(16 * 1024 * 1024)
+
+    async def handler(req: Request) -> Reply:
+        return Reply(200, big)
+
+    async with serving({"/mcp": handler}, idle_timeout=IDLE) as srv:
+        client = await srv.connect()
+        await client.send(request(b""), request(b""))  # a second request keeps the task waiting
+        conns = list(srv.server.connections)
+        assert len(conns) == 1
+        await until(lambda: conns[0].task is None and not srv.server.connections)
+        head = await client.read_head()  # what was sent before the drop is still readable
+        assert head.status == 200

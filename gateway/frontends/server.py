@@ -14,6 +14,7 @@ cancels its request's task, so work for a caller that has gone stops.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import zlib
@@ -34,8 +35,16 @@ PIPELINE_DEPTH = 16
 # HTTP/1.1 keep-alive connections with nothing to do are closed after this long, as are
 # connections whose request has not fully arrived in that time (a slow or stuck sender).
 IDLE_TIMEOUT = 75.0
+# The request line and header fields together; a longer head gets 431 (RFC 6585 5). llhttp
+# itself would buffer a header of any size.
+MAX_HEAD = 64 * 1024
+# After answering a request whose body we stopped reading (413, 400), the rest of the input is
+# read and dropped this long before the connection closes, so that the client is not reset
+# before it has read the answer.
+LINGER = 2.0
 # Content codings a request body may use; anything else is refused (RFC 9110 15.5.16).
 _INFLATE_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": 0}
+JSON = "application/json"
 
 
 class Reply:
@@ -62,26 +71,30 @@ Handler = Callable[["Request"], Awaitable[Reply | None]]
 class Headers:
     """A request's header fields in arrival order; lookups ignore case, repeats are kept."""
 
-    __slots__ = ("_first", "raw")
+    __slots__ = ("_index", "raw")
 
     def __init__(self, raw: list[tuple[str, str]]) -> None:
         self.raw = raw
-        first: dict[str, str] = {}
+        index: dict[str, list[str]] = {}
         for name, value in raw:
-            first.setdefault(name.lower(), value)
-        self._first = first
+            key = name.lower()
+            values = index.get(key)
+            if values is None:
+                index[key] = [value]
+            else:
+                values.append(value)
+        self._index = index
 
     def get(self, name: str, default: str | None = None) -> str | None:
-        return self._first.get(name.lower(), default)
+        values = self._index.get(name.lower())
+        return default if values is None else values[0]
 
     def __contains__(self, name: str) -> bool:
-        return name.lower() in self._first
+        return name.lower() in self._index
 
     def getall(self, name: str) -> list[str]:
-        key = name.lower()
-        if key not in self._first:
-            return []
-        return [value for n, value in self.raw if n.lower() == key]
+        """Every value of the field, in order (the list is shared: do not change it)."""
+        return self._index.get(name.lower(), [])
 
     def items(self) -> list[tuple[str, str]]:
         return self.raw
@@ -96,6 +109,7 @@ class Request:
         "keep_alive",
         "method",
         "path",
+        "refusal",
         "remote",
         "streamed",
         "too_big",
@@ -123,6 +137,8 @@ class Request:
         self.streamed: Stream | None = None
         # HTTP/1.0 has no chunked coding: a streamed reply to it ends by closing the connection.
         self.chunked = True
+        # A request the server answers itself (status, why): it never reaches a handler.
+        self.refusal: tuple[int, str] | None = None
 
     @property
     def host(self) -> str:
@@ -131,9 +147,11 @@ class Request:
     def stream(self, status: int, headers: Iterable[tuple[str, str]]) -> Stream:
         """Start a response whose body the handler writes as it goes (chunked)."""
         assert self.streamed is None, "one response per request"
-        if not self.chunked:
+        if not self.chunked or self._conn.closing:
             self.keep_alive = False
-        self.streamed = Stream(self._conn, status, headers, self.keep_alive, self.chunked)
+        self.streamed = Stream(
+            self._conn, status, headers, self.keep_alive, self.chunked, self.method == "HEAD"
+        )
         return self.streamed
 
 
@@ -148,14 +166,16 @@ class Stream:
         headers: Iterable[tuple[str, str]],
         keep_alive: bool,
         chunked: bool,
+        head_only: bool = False,
     ) -> None:
         self._conn = conn
         self._chunked = chunked
+        self._head_only = head_only  # the answer to HEAD: the head, and no body
         self.ended = False
         conn.write(_head(status, headers, None if chunked else -1, keep_alive=keep_alive))
 
     async def write(self, data: bytes) -> None:
-        if not data:
+        if not data or self._head_only:
             return
         conn = self._conn
         conn.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
@@ -165,7 +185,7 @@ class Stream:
     async def end(self) -> None:
         if not self.ended:
             self.ended = True
-            if self._chunked:
+            if self._chunked and not self._head_only:
                 self._conn.write(b"0\r\n\r\n")
 
 
@@ -261,8 +281,10 @@ class _Connection(asyncio.Protocol):
         self._drain_waiter: asyncio.Future[None] | None = None
         self.paused = False
         self._reading = True
-        self._closing = False  # no more requests: close once the current one is answered
+        self.closing = False  # no more requests: close once the current one is answered
         self._ignoring = False  # the rest of the input is discarded (answered early)
+        self._in_body = False  # between the end of a head and the end of its message
+        self._head_bytes = 0  # bytes received while a head was incomplete
         # the message being parsed
         self._url = b""
         self._raw_headers: list[tuple[str, str]] = []
@@ -284,7 +306,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
-        self._server.connections.discard(self)
+        self._server.forget(self)
         self._queue.clear()
         if self._task is not None:
             self._task.cancel()
@@ -293,12 +315,23 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._ignoring:
             return
+        if not self._in_body:
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
             self._decline_upgrade(data[upgrade.args[0] :])
         except httptools.HttpParserError as exc:
             self._refuse(400, f"Malformed HTTP request: {exc}")
+            return
+        if not self._in_body and self._head_bytes > MAX_HEAD and not self._ignoring:
+            self._refuse(431, f"Request head over {MAX_HEAD} bytes")
+
+    def eof_received(self) -> None:
+        """The client ended its side. On TCP that looks the same whether it half-closed or went
+        away; as with aiohttp's server it counts as gone: the connection closes and any request
+        of its being answered is cancelled (MCP clients do not half-close)."""
+        return None
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -324,6 +357,8 @@ class _Connection(asyncio.Protocol):
         self._raw_headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
+        self._in_body = True
+        self._head_bytes = 0
         self._headers = Headers(self._raw_headers)
         self._raw_headers = []  # trailer fields land here, unread (RFC 9110 6.5.1)
         if self._parser.should_upgrade():
@@ -354,6 +389,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._continue = False
+        self._in_body = False
         if self._ignoring or self._parser.should_upgrade():
             return
         self._deliver(self._request(b"".join(self._body), too_big=False))
@@ -362,23 +398,32 @@ class _Connection(asyncio.Protocol):
 
     def _request(self, body: bytes, *, too_big: bool) -> Request:
         parser = self._parser
-        keep_alive = parser.should_keep_alive() and not too_big and not self._closing
+        keep_alive = parser.should_keep_alive() and not too_big and not self.closing
         headers = self._headers
         self.began = 0.0
+        refusal = None
         coding = headers.get("content-encoding")
-        if coding is not None and body and not too_big:
+        if coding is not None and not too_big:
             coding = coding.strip().lower()
             if coding in _INFLATE_WBITS:
-                try:
-                    inflated = _inflate(body, coding, self._server.max_body)
-                except zlib.error:
-                    inflated, keep_alive = b"", False
-                too_big = inflated is None
-                body = inflated or b""
+                if body:
+                    try:
+                        inflated = _inflate(body, coding, self._server.max_body)
+                    except zlib.error:
+                        inflated, keep_alive = b"", False
+                    too_big = inflated is None
+                    body = inflated or b""
+            elif coding != "identity":
+                refusal = (415, f"Content-Encoding {coding!r} is not supported")
         method = parser.get_method().decode("latin-1")
         request = Request(self, method, _path(self._url), headers, body, keep_alive, too_big)
         if parser.get_http_version() == "1.0":
             request.chunked = False
+        elif len(headers.getall("host")) != 1:
+            refusal = (400, "An HTTP/1.1 request has exactly one Host header")  # RFC 9112 3.2
+        if refusal is not None:
+            request.refusal = refusal
+            request.keep_alive = False
         return request
 
     def _too_big(self) -> None:
@@ -422,8 +467,8 @@ class _Connection(asyncio.Protocol):
                 await self._answer(request)
                 if self._transport is None or not request.keep_alive:
                     break
-                if self.paused:
-                    await self.drain()
+                if self.paused and not await self._drained_in_time():
+                    break
                 if not self._queue:
                     break
                 request = self._queue.popleft()
@@ -433,15 +478,42 @@ class _Connection(asyncio.Protocol):
         finally:
             self._task = None
             self.last_done = self._loop.time()
-        if self._transport is not None and (not request.keep_alive or self._closing):
-            self._transport.close()
+        if self._transport is not None and (not request.keep_alive or self.closing):
+            self._close()
         elif self._continue and self._transport is not None:
             self._continue = False
             self._transport.write(_CONTINUE)
 
+    async def _drained_in_time(self) -> bool:
+        """Wait for a slow reader to take the answer before reading on; one that takes nothing
+        for the idle timeout is dropped (the idle sweep never sees a connection with a task)."""
+        try:
+            await asyncio.wait_for(self.drain(), self._server.idle_timeout)
+        except TimeoutError:
+            if self._transport is not None:
+                self._transport.abort()
+            return False
+        return True
+
+    def _close(self) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        if self._ignoring and transport.can_write_eof():
+            # The client may still be sending what we stopped reading: end our side, drop what
+            # comes, then close, so that its unread data cannot reset the answer away.
+            transport.write_eof()
+            self._loop.call_later(LINGER, transport.close)
+        else:
+            transport.close()
+
     async def _answer(self, request: Request) -> None:
         try:
-            reply = await self._server.route(request)
+            if request.refusal is not None:
+                status, why = request.refusal
+                reply: Reply | None = Reply(status, _error_body(why), JSON)
+            else:
+                reply = await self._server.route(request)
         except asyncio.CancelledError:
             if self._transport is not None:
                 self._transport.close()
@@ -459,7 +531,7 @@ class _Connection(asyncio.Protocol):
             return
         if reply is None:
             reply = Reply(500)
-        if self._closing:
+        if self.closing:
             request.keep_alive = False  # the connection ends after this: say so (RFC 9112 9.6)
         body = reply.body
         headers = reply.headers
@@ -475,16 +547,18 @@ class _Connection(asyncio.Protocol):
         self.write(head + body if request.method != "HEAD" else head)
 
     def _refuse(self, status: int, message: str) -> None:
-        """A request we cannot parse: answer it (after any earlier ones) and close."""
+        """Input we cannot take (unparseable, a head too large). With nothing being answered it
+        gets `status` and the connection closes; otherwise the connection closes after the
+        request being answered, and what came after it gets no answer."""
         self._ignoring = True
-        self._closing = True
+        self.closing = True
         body = _error_body(message.replace('"', "'"))
-        data = _head(status, (), len(body), keep_alive=False, content_type="application/json")
+        data = _head(status, (), len(body), keep_alive=False, content_type=JSON)
         if self._task is None and self._transport is not None:
             self._transport.write(data + body)
-            self._transport.close()
+            self._close()
         else:
-            self._queue.clear()  # the earlier request's answer ends the connection
+            self._queue.clear()
 
     # --- writing ------------------------------------------------------------------------------
 
@@ -525,7 +599,7 @@ class _Connection(asyncio.Protocol):
 
     def shut(self) -> None:
         """Take no further requests; close now if nothing is being answered."""
-        self._closing = True
+        self.closing = True
         self._queue.clear()
         if self._task is None and self._transport is not None:
             self._transport.close()
@@ -558,6 +632,12 @@ class Server:
         self.loop = asyncio.get_running_loop()
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
+        self._emptied: asyncio.Event | None = None  # set when closing and the last one is gone
+
+    def forget(self, conn: _Connection) -> None:
+        self.connections.discard(conn)
+        if not self.connections and self._emptied is not None:
+            self._emptied.set()
 
     async def start(self, host: str, port: int) -> int:
         """Listen; the port bound (useful with port 0)."""
@@ -570,7 +650,7 @@ class Server:
     async def route(self, request: Request) -> Reply | None:
         handler = self.routes.get(request.path)
         if handler is None:
-            return Reply(404, _error_body("Not Found"), "application/json")
+            return Reply(404, _error_body("Not Found"), JSON)
         return await handler(request)
 
     def _schedule_sweep(self) -> None:
@@ -595,10 +675,19 @@ class Server:
         tasks = {conn.task for conn in self.connections if conn.task is not None}
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
+        # Requests still running are cancelled; connections that finished theirs have a moment
+        # more to hand the last bytes over before they are cut.
         for conn in list(self.connections):
-            conn.abort()
+            if conn.task is not None:
+                conn.abort()
         left = {conn.task for conn in self.connections if conn.task is not None}
         if left:
             await asyncio.wait(left, timeout=1.0)
+        if self.connections:
+            self._emptied = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._emptied.wait(), 1.0)
+        for conn in list(self.connections):
+            conn.abort()
         if self._server is not None:
             await self._server.wait_closed()
