@@ -92,3 +92,10 @@ def test_no_imports_inside_functions(name: str) -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             nested = [n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))]
             assert not nested, f"{name}.{node.name} imports inside a function"
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_the_package_does_not_need_aiohttp(name: str) -> None:
+    """aiohttp is a test and bench dependency only (pyproject.toml): the gateway serves and calls
+    HTTP with its own small HTTP/1.1 code, so an installed gateway must not import it."""
+    assert not any(i.startswith("aiohttp") for i in imports(MODULES[name]))
