@@ -585,9 +585,10 @@ async def test_meta_without_client_capabilities_is_invalid_params(url: str) -> N
     assert_error(reply, 400, INVALID_PARAMS)
 
 
-async def test_initialize_from_legacy_client_names_supported_versions(url: str) -> None:
-    """basic/versioning, Backward Compatibility: a modern-only server names its versions in the
-    error it returns to `initialize`."""
+async def test_initialize_from_a_legacy_client_opens_a_session(url: str) -> None:
+    """basic/versioning, Backward Compatibility: a dual-era server answers `initialize` and
+    serves the client under the negotiated legacy revision; on HTTP the session is named by a
+    minted Mcp-Session-Id (2025-11-25 transports, Session Management)."""
     body = {
         "jsonrpc": "2.0",
         "id": 1,
@@ -599,8 +600,10 @@ async def test_initialize_from_legacy_client_names_supported_versions(url: str) 
         },
     }
     reply = await post(url, body, mirror=False)
-    msg = assert_error(reply, 400, UNSUPPORTED_PROTOCOL_VERSION)
-    assert VERSION in msg["error"]["data"]["supported"]
+    assert reply.status == 200, reply.body
+    assert reply.json()["result"]["protocolVersion"] == "2025-11-25"
+    session_id = reply.headers["Mcp-Session-Id"]
+    assert len(session_id) >= 32 and all(0x21 <= ord(c) <= 0x7E for c in session_id)
 
 
 async def test_session_id_is_ignored_and_never_echoed(url: str) -> None:

@@ -28,6 +28,7 @@ from gateway.config.model import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SERVICE_NAME,
+    DEFAULT_SESSION_IDLE_TIMEOUT,
     DEFAULT_TAP_BACKUPS,
     DEFAULT_TAP_MAX_BYTES,
     DEFAULT_TAP_MAX_MESSAGE_BYTES,
@@ -57,7 +58,15 @@ def _listen(c: _Check, raw: Any) -> Listen:
         h = c.mapping(
             body["http"],
             path,
-            {"host", "port", "path", "allowed_origins", "allowed_hosts", "max_body_bytes"},
+            {
+                "host",
+                "port",
+                "path",
+                "allowed_origins",
+                "allowed_hosts",
+                "max_body_bytes",
+                "session_idle_timeout",
+            },
         )
         url_path = c.string(h.get("path"), path + ("path",), DEFAULT_HTTP_PATH) or "/"
         if not url_path.startswith("/"):
@@ -71,6 +80,13 @@ def _listen(c: _Check, raw: Any) -> Listen:
             max_body_bytes=int(
                 c.number(
                     h.get("max_body_bytes"), path + ("max_body_bytes",), DEFAULT_MAX_BODY_BYTES
+                )
+            ),
+            session_idle_timeout=float(
+                c.number(
+                    h.get("session_idle_timeout"),
+                    path + ("session_idle_timeout",),
+                    DEFAULT_SESSION_IDLE_TIMEOUT,
                 )
             ),
         )

@@ -11,6 +11,8 @@ DEFAULT_HTTP_PORT = 8080
 DEFAULT_HTTP_PATH = "/mcp"
 # 4 MiB holds any realistic tool call; larger bodies are far more likely abuse than use.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# A legacy client's HTTP session ends after this long without a request (seconds).
+DEFAULT_SESSION_IDLE_TIMEOUT = 1800.0
 # How long a backend may take to accept a connection or (stdio) to come back after a crash.
 DEFAULT_CONNECT_TIMEOUT = 10.0
 # Whole-request bound; long tool calls are normal in MCP, so this is generous.
@@ -55,6 +57,7 @@ class HttpListen:
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    session_idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,7 @@ class Dispatcher:
         if method == "subscriptions/listen":
             return await self.subscriptions.listen(msg, sink)
         only = self._only_backend()
-        if only is None:
+        if only is None or method in meta.LEGACY_METHODS:
             raise Refused(codes.METHOD_NOT_FOUND, f"Method not found: {method}")
         return await only.request(msg, sink)
 

@@ -17,9 +17,11 @@ from urllib.parse import urlsplit
 from gateway import errors
 from gateway.config import HttpListen
 from gateway.core.dispatcher import Dispatcher
+from gateway.core.legacy import LEGACY_VERSIONS, LegacyFront, is_legacy_opening, is_modern
 from gateway.frontends.ops import Operations, operation_routes
 from gateway.frontends.server import Handler, Reply, Request, Stream
-from gateway.protocol import codes, headers, jsonrpc, meta, sse
+from gateway.frontends.sessions import HttpSession, SessionStore, owner_of
+from gateway.protocol import codes, headers, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Origin, Stats
 
@@ -32,6 +34,8 @@ SSE_HEADERS = (
     ("X-Accel-Buffering", "no"),
 )
 JSON = "application/json"
+SESSION_HEADER = "Mcp-Session-Id"
+VERSION_HEADER = "MCP-Protocol-Version"
 # A reply that comes within this window goes out as plain JSON; after it, the response turns into
 # an SSE stream so that idle-timeouts of intermediaries see bytes during long calls.
 JSON_WINDOW = 10.0
@@ -109,6 +113,8 @@ class Endpoint:
         self.dispatcher = dispatcher
         self.listen = listen
         self._stats = dispatcher.telemetry.stats
+        self._legacy = LegacyFront(dispatcher)
+        self.sessions = SessionStore(listen.session_idle_timeout)
 
     def _reject(
         self,
@@ -126,7 +132,10 @@ class Endpoint:
         refused = _guard(request, listen)
         if refused is not None:
             return self._reject(refused[0], 403, codes.INVALID_REQUEST, refused[1])
+        session_id = request.headers.get(SESSION_HEADER)
         if request.method != "POST":
+            if session_id is not None and request.method in ("GET", "DELETE"):
+                return await self._session_method(request, session_id)
             self._stats.rejections["method_not_allowed"] += 1
             return _reply(405, Allow="POST")
         if _media_type(request.headers.get("Content-Type") or "") != JSON:
@@ -149,6 +158,9 @@ class Endpoint:
         if isinstance(msg, jsonrpc.Invalid):
             return self._reject("invalid_request", 400, msg.code, msg.message, msg.id)
         kind = jsonrpc.kind(msg)
+        if session_id is not None and not is_modern(msg):
+            # (a request with modern `_meta` is served statelessly, whatever it sends along)
+            return await self._in_session(request, session_id, msg, kind)
         if kind is jsonrpc.Kind.RESPONSE:
             return self._reject(
                 "invalid_request",
@@ -161,11 +173,8 @@ class Endpoint:
         if kind is jsonrpc.Kind.NOTIFICATION:
             await dispatcher.notify(msg)
             return _reply(202)
-        if msg["method"] == "initialize":
-            # A legacy client: name the versions we serve, its only diagnostic (basic/versioning).
-            self._stats.rejections["unsupported_version"] += 1
-            reply = meta.unsupported_version(msg["id"], jsonrpc.params(msg).get("protocolVersion"))
-            return _reply(400, reply)
+        if is_legacy_opening(msg):
+            return await self._open_session(request, msg)
         mismatch = await _check_headers(request, msg, dispatcher)
         if mismatch is not None:
             return self._reject(
@@ -176,6 +185,113 @@ class Endpoint:
                 msg["id"],
             )
         return await self._answer(request, msg)
+
+    # --- legacy sessions (2025-11-25 transports, Session Management) -------------------------
+
+    def _no_session(self) -> Reply:
+        self._stats.rejections["unknown_session"] += 1
+        return _reply(404, jsonrpc.error(None, codes.INVALID_REQUEST, "Unknown or ended session"))
+
+    async def _open_session(self, request: Request, msg: Message) -> Reply | None:
+        session = self.sessions.open(owner_of(request.headers.get("Authorization")))
+        reply = await self._legacy.handle(session, msg, _drop, _origin(request))
+        if not session.initialized:
+            self.sessions.end(session)  # the handshake failed: no session to speak of
+            return Reply(errors.http_status(reply), jsonrpc.encode(reply), JSON)
+        return Reply(200, jsonrpc.encode(reply), JSON, ((SESSION_HEADER, session.id),))
+
+    async def _in_session(
+        self, request: Request, session_id: str, msg: Message, kind: jsonrpc.Kind
+    ) -> Reply | None:
+        session = self.sessions.get(session_id, owner_of(request.headers.get("Authorization")))
+        if session is None:
+            return self._no_session()
+        version = request.headers.get(VERSION_HEADER)
+        if version is not None and version not in LEGACY_VERSIONS:
+            return self._reject(
+                "unsupported_version",
+                400,
+                codes.INVALID_REQUEST,
+                f"{VERSION_HEADER} {version!r} is not a version of this session",
+            )
+        if kind is jsonrpc.Kind.RESPONSE:
+            session.answer(msg)  # an answer to a question we asked; anything else is dropped
+            return _reply(202)
+        if kind is jsonrpc.Kind.NOTIFICATION:
+            await self._legacy.notify(session, msg)
+            return _reply(202)
+        if msg["method"] == "initialize":
+            return self._reject(
+                "invalid_request", 400, codes.INVALID_REQUEST, "The session is already open"
+            )
+        return await self._answer_in_session(request, session, msg)
+
+    async def _answer_in_session(
+        self, request: Request, session: HttpSession, msg: Message
+    ) -> Reply | None:
+        """Like `_answer`, except that the request runs in a task of the session: a legacy
+        client's disconnect does not cancel its request (only `notifications/cancelled` or the
+        end of the session does), so the work is not tied to this connection."""
+        relay = _Relay(request, self._stats, cancel_when_gone=False)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(JSON_WINDOW, relay.window_closed)
+        id_ = msg["id"]
+        work = loop.create_task(self._legacy.handle(session, msg, relay.note, _origin(request)))
+        session.in_flight[id_] = work
+        work.add_done_callback(lambda _: session.in_flight.pop(id_, None))
+        try:
+            reply = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this connection is going; the work goes on in the session
+            reply = jsonrpc.error(id_, codes.INTERNAL_ERROR, "Request cancelled")
+        finally:
+            timer.cancel()
+            if relay.keepalive is not None:
+                await relay.stop_keepalive()
+        return await self._finish(relay, reply)
+
+    async def _session_method(self, request: Request, session_id: str) -> Reply | None:
+        session = self.sessions.get(session_id, owner_of(request.headers.get("Authorization")))
+        if session is None:
+            return self._no_session()
+        if request.method == "DELETE":
+            self.sessions.end(session)
+            return _reply(204)
+        if "text/event-stream" not in (request.headers.get("Accept") or ""):
+            return self._reject(
+                "not_acceptable", 406, codes.INVALID_REQUEST, "Accept must list text/event-stream"
+            )
+        if session.streaming:
+            return self._reject(
+                "conflict", 409, codes.INVALID_REQUEST, "The session's stream is already open"
+            )
+        await self._stream_session(request, session)
+        return None
+
+    async def _stream_session(self, request: Request, session: HttpSession) -> None:
+        """The session's GET stream, for messages the server starts. Nothing is sent on it yet
+        but keep-alives; it stays open until the client leaves or the session ends."""
+        session.streaming = True
+        try:
+            stream = request.stream(200, SSE_HEADERS)
+            while not session.ended.is_set():
+                await stream.write(sse.KEEPALIVE)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(session.ended.wait(), KEEPALIVE_INTERVAL)
+            await stream.end()
+        except ConnectionResetError:
+            pass
+        finally:
+            session.streaming = False
+
+    async def _finish(self, relay: _Relay, reply: Message) -> Reply | None:
+        body = relay.count_out(jsonrpc.encode(reply))
+        if relay.stream is None:
+            return Reply(errors.http_status(reply), body, JSON)
+        await relay.finish_stream(body)
+        return None
 
     async def _answer(self, request: Request, msg: Message) -> Reply | None:
         """Answer with JSON if the reply comes quickly and alone, else as an SSE stream.
@@ -191,11 +307,11 @@ class Endpoint:
             timer.cancel()
             if relay.keepalive is not None:
                 await relay.stop_keepalive()
-        body = relay.count_out(jsonrpc.encode(reply))
-        if relay.stream is None:
-            return Reply(errors.http_status(reply), body, JSON)
-        await relay.finish_stream(body)
-        return None
+        return await self._finish(relay, reply)
+
+
+async def _drop(_: Message) -> None:
+    return None
 
 
 def _origin(request: Request) -> Origin:
@@ -215,9 +331,10 @@ class _Relay:
     """The reply of one request: a JSON body, or an SSE stream once there is something to send
     before the reply (a notification, or a keep-alive after the JSON window)."""
 
-    def __init__(self, request: Request, stats: Stats) -> None:
+    def __init__(self, request: Request, stats: Stats, *, cancel_when_gone: bool = True) -> None:
         self._request = request
         self._stats = stats
+        self._cancel_when_gone = cancel_when_gone
         self.stream: Stream | None = None
         self._lock: asyncio.Lock | None = None  # made on first use: most replies never stream
         self.keepalive: asyncio.Task[None] | None = None
@@ -239,6 +356,8 @@ class _Relay:
         try:
             await self._write(self.count_out(sse.event(jsonrpc.encode(note))))
         except ConnectionResetError:
+            if not self._cancel_when_gone:
+                return  # a legacy request outlives its connection; what it says is lost
             # The client has gone: that cancels its request, as a disconnect does.
             task = asyncio.current_task()
             assert task is not None

@@ -2,6 +2,10 @@
 
 stdout carries protocol messages only; the gateway logs to stderr. Each request runs in its own
 task so a slow call never holds up the next line, and `notifications/cancelled` cancels it.
+
+A client that opens with `initialize` is a legacy client: the process then holds its session
+(core/legacy.py) and its requests are served through it; requests with modern `_meta` are
+served statelessly either way.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import anyio.abc
 from anyio.streams.file import FileReadStream, FileWriteStream
 
 from gateway.core.dispatcher import Dispatcher
+from gateway.core.legacy import LegacyFront, Session, is_legacy_opening, is_modern
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.protocol.lines import LineSplitter
@@ -37,6 +42,8 @@ class StdioFrontend:
         outbound: anyio.abc.ByteSendStream,
     ) -> None:
         self._dispatcher = dispatcher
+        self._legacy = LegacyFront(dispatcher)
+        self._session: Session | None = None  # set by a legacy client's `initialize`
         self._in = inbound
         self._out = outbound
         self._write_lock = anyio.Lock()
@@ -100,6 +107,8 @@ class StdioFrontend:
                     jsonrpc.error(msg["id"], codes.INVALID_REQUEST, "This id is already in flight")
                 )
                 return
+            if self._session is None and is_legacy_opening(msg):
+                self._session = Session()
             if not self._in_flight:
                 self._idle = anyio.Event()
             self._in_flight[msg["id"]] = asyncio.get_running_loop().create_task(self._run(msg))
@@ -107,11 +116,17 @@ class StdioFrontend:
             if msg["method"] == "notifications/cancelled":
                 self._cancel(jsonrpc.params(msg).get("requestId"))
             else:
+                session = self._session
+                notified = (
+                    self._dispatcher.notify(msg)
+                    if session is None or is_modern(msg)
+                    else self._legacy.notify(session, msg)
+                )
                 # In its own task: a backend slow to take a notification must not stop the reading.
-                task = asyncio.get_running_loop().create_task(self._dispatcher.notify(msg))
+                task = asyncio.get_running_loop().create_task(notified)
                 self._notifying.add(task)
                 task.add_done_callback(self._notifying.discard)
-        else:
+        elif self._session is None or not self._session.answer(msg):
             log.debug("stdin: ignored a response for id %r", msg["id"])
 
     def _cancel(self, request_id: object) -> None:
@@ -120,7 +135,11 @@ class StdioFrontend:
 
     async def _run(self, msg: Message) -> None:
         try:
-            reply = await self._dispatcher.handle(msg, self._write)
+            session = self._session
+            if session is None or is_modern(msg):
+                reply = await self._dispatcher.handle(msg, self._write)
+            else:
+                reply = await self._legacy.handle(session, msg, self._write)
             await self._write(reply)
         except asyncio.CancelledError:
             pass  # a cancelled request sends nothing more (basic/patterns/cancellation)

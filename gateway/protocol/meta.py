@@ -16,6 +16,10 @@ SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 PROGRESS_TOKEN = "progressToken"
 
 MODERN_VERSION = "2026-07-28"
+# Methods of the legacy era only: a modern request for one is for an unknown method.
+LEGACY_METHODS = frozenset(
+    {"initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"}
+)
 # Versions the gateway serves to its clients, newest first.
 SUPPORTED_VERSIONS: tuple[str, ...] = (MODERN_VERSION,)
 

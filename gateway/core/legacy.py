@@ -1,0 +1,268 @@
+"""Legacy clients (2025-11-25 and earlier: `initialize`, sessions) served by the modern engine.
+
+A legacy client's session holds what a modern request carries in `_meta`: the protocol version,
+client info and capabilities, and the log level it set. Each of its requests is given that
+`_meta` and handled by the dispatcher like a modern request, so a legacy client sees the same
+merged, namespaced server as a modern one (basic/versioning, Backward Compatibility). What only
+the legacy era has (`initialize`, `ping`, `logging/setLevel`) is answered here.
+
+Transports own the session's life: stdio has one per process, HTTP one per `Mcp-Session-Id`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.backends.base import NotificationSink
+from gateway.core.dispatcher import Dispatcher
+from gateway.protocol import codes, jsonrpc, meta
+from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.telemetry.api import STDIO_ORIGIN, Origin
+
+# Legacy revisions we serve, newest first (basic/lifecycle, Version Negotiation: a server that
+# does not support the requested version answers with the latest it supports).
+LEGACY_VERSIONS: tuple[str, ...] = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+# Revision assumed for an HTTP request without MCP-Protocol-Version (2025-11-25 transports,
+# Protocol Version Header).
+HTTP_DEFAULT_VERSION = "2025-03-26"
+# Rounds of client input one request may take (a backend asking forever is refused).
+MAX_INPUT_ROUNDS = 8
+# How long a question to the client (elicitation, sampling, roots) may wait for its answer: a
+# person may be answering it.
+ASK_TIMEOUT = 600.0
+# Capabilities both eras share; `extensions` is modern only.
+LEGACY_CAPABILITIES = frozenset(
+    {"tools", "prompts", "resources", "logging", "completions", "experimental"}
+)
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+
+
+@dataclass
+class Session:
+    """What the legacy handshake established, and the requests in flight on it."""
+
+    version: str = ""
+    client_info: dict[str, Any] = field(default_factory=dict)
+    client_capabilities: dict[str, Any] = field(default_factory=dict)
+    log_level: str | None = None
+    initialized: bool = False  # `initialize` answered (the client's notification is optional)
+    in_flight: dict[RequestId, asyncio.Task[Message]] = field(default_factory=dict)
+    last_used: float = field(default_factory=time.monotonic)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    # Requests the gateway made of the client, by the id it gave them, until answered.
+    asked: dict[RequestId, asyncio.Future[Message]] = field(default_factory=dict)
+    _ask_ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    def answer(self, response: Message) -> bool:
+        """A response from the client; True if it answered one of our questions."""
+        waiter = self.asked.pop(response.get("id"), None)  # type: ignore[arg-type]
+        if waiter is None or waiter.done():
+            return False
+        waiter.set_result(response)
+        return True
+
+    def next_ask_id(self) -> str:
+        return f"mcp-gateway-{next(self._ask_ids)}"
+
+    def cancel(self, request_id: object) -> None:
+        if isinstance(request_id, (str, int)):
+            task = self.in_flight.get(request_id)
+            if task is not None:
+                task.cancel()
+
+    def close(self) -> None:
+        self.ended.set()
+        for task in self.in_flight.values():
+            task.cancel()
+        for waiter in self.asked.values():
+            waiter.cancel()
+
+
+def negotiate(requested: object) -> str:
+    return requested if requested in LEGACY_VERSIONS else LEGACY_VERSIONS[0]
+
+
+def is_modern(msg: Message) -> bool:
+    """A request that carries the modern per-request `_meta` (its version field)."""
+    return meta.PROTOCOL_VERSION in jsonrpc.meta(msg)
+
+
+def is_legacy_opening(msg: Message) -> bool:
+    return msg.get("method") == "initialize" and not is_modern(msg)
+
+
+class LegacyFront:
+    """Answers a legacy session's requests; transports hand over each message with its session."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
+
+    async def handle(
+        self, session: Session, msg: Message, sink: NotificationSink, origin: Origin = STDIO_ORIGIN
+    ) -> Message:
+        """The reply to one request of the session; never raises except for cancellation."""
+        session.last_used = time.monotonic()
+        method = msg["method"]
+        id_ = msg["id"]
+        if method == "initialize":
+            return await self._initialize(session, msg, origin)
+        if method == "ping":
+            return jsonrpc.result(id_, {})
+        if not session.initialized:
+            return jsonrpc.error(id_, codes.INVALID_REQUEST, "The session is not initialized")
+        if method == "logging/setLevel":
+            level = jsonrpc.params(msg).get("level")
+            if level not in LOG_LEVELS:
+                return jsonrpc.error(id_, codes.INVALID_PARAMS, f"Unknown log level: {level!r}")
+            session.log_level = str(level)
+            return jsonrpc.result(id_, {})
+        if method in ("resources/subscribe", "resources/unsubscribe"):
+            return jsonrpc.error(
+                id_, codes.METHOD_NOT_FOUND, f"{method} is not offered by this gateway yet"
+            )
+        return await self._forward(session, msg, sink, origin)
+
+    async def _forward(
+        self, session: Session, msg: Message, sink: NotificationSink, origin: Origin
+    ) -> Message:
+        """The request, handled as a modern one. A backend result asking for client input
+        (basic/patterns/mrtr) becomes requests to the client on its session; their answers go
+        back to the backend in a retry (`inputResponses`, `requestState`), so the legacy client
+        sees server-to-client requests and then its call complete, as in its own era."""
+        modern = self.modern(session, msg)
+        for _ in range(MAX_INPUT_ROUNDS):
+            reply = await self._dispatcher.handle(modern, sink, origin)
+            result = reply.get("result")
+            if not (isinstance(result, dict) and result.get("resultType") == "input_required"):
+                return reply
+            answers = await self._ask(session, result.get("inputRequests"), sink)
+            if "error" in answers:
+                return jsonrpc.error(msg["id"], **answers["error"])
+            params = {**jsonrpc.params(modern), "inputResponses": answers["result"]}
+            params.pop("requestState", None)
+            if isinstance(result.get("requestState"), str):
+                params["requestState"] = result["requestState"]
+            modern = {**modern, "params": params}
+        return jsonrpc.error(
+            msg["id"], codes.INTERNAL_ERROR, f"The backend asked for input {MAX_INPUT_ROUNDS} times"
+        )
+
+    async def _ask(
+        self, session: Session, requests: object, sink: NotificationSink
+    ) -> dict[str, Any]:
+        """Each input request as a request to the client, in turn: {"result": answers by key},
+        or {"error": {code, message}} for the first that failed."""
+        if not isinstance(requests, dict) or not requests:
+            return _failed(codes.INTERNAL_ERROR, "The backend asked for input without requests")
+        answers: dict[str, Any] = {}
+        loop = asyncio.get_running_loop()
+        for key, request in requests.items():
+            if not isinstance(request, dict) or not isinstance(request.get("method"), str):
+                return _failed(codes.INTERNAL_ERROR, f"Input request {key!r} is malformed")
+            ask_id = session.next_ask_id()
+            waiter: asyncio.Future[Message] = loop.create_future()
+            session.asked[ask_id] = waiter
+            question: Message = {"jsonrpc": "2.0", "id": ask_id, "method": request["method"]}
+            if isinstance(request.get("params"), dict):
+                question["params"] = request["params"]
+            try:
+                await sink(question)
+                response = await asyncio.wait_for(waiter, ASK_TIMEOUT)
+            except TimeoutError:
+                return _failed(codes.INTERNAL_ERROR, f"No answer to {request['method']} in time")
+            finally:
+                session.asked.pop(ask_id, None)
+            if isinstance(response.get("result"), dict):
+                answers[str(key)] = response["result"]
+                continue
+            error = response.get("error")
+            code = error.get("code") if isinstance(error, dict) else None
+            message = error.get("message") if isinstance(error, dict) else None
+            return _failed(
+                code if isinstance(code, int) else codes.INTERNAL_ERROR,
+                message if isinstance(message, str) else "The client could not answer",
+            )
+        return {"result": answers}
+
+    async def notify(self, session: Session, msg: Message) -> None:
+        """A notification of the session (`notifications/cancelled` is the transport's)."""
+        session.last_used = time.monotonic()
+        method = msg["method"]
+        if method == "notifications/initialized":
+            return
+        if method == "notifications/cancelled":
+            session.cancel(jsonrpc.params(msg).get("requestId"))
+            return
+        if method == "notifications/roots/list_changed":
+            return  # roots are not relayed to backends yet
+        await self._dispatcher.notify(self.modern(session, msg))
+
+    def modern(self, session: Session, msg: Message) -> Message:
+        """The request as a modern client would send it: the session's fields in `_meta`."""
+        params = jsonrpc.params(msg)
+        fields = dict(jsonrpc.meta(msg))
+        fields[meta.PROTOCOL_VERSION] = meta.MODERN_VERSION
+        fields[meta.CLIENT_INFO] = session.client_info
+        # The shapes of elicitation, sampling and roots are the same in both eras; a backend's
+        # input requests reach the client as requests on its session (`_forward`).
+        fields[meta.CLIENT_CAPABILITIES] = session.client_capabilities
+        if session.log_level is not None:
+            fields[meta.LOG_LEVEL] = session.log_level
+        return {**msg, "params": {**params, "_meta": fields}}
+
+    async def _initialize(self, session: Session, msg: Message, origin: Origin) -> Message:
+        id_ = msg["id"]
+        if session.initialized:
+            return jsonrpc.error(id_, codes.INVALID_REQUEST, "The session is already initialized")
+        params = jsonrpc.params(msg)
+        info = params.get("clientInfo")
+        caps = params.get("capabilities")
+        session.version = negotiate(params.get("protocolVersion"))
+        session.client_info = info if isinstance(info, dict) else {}
+        session.client_capabilities = caps if isinstance(caps, dict) else {}
+        discover: Message = {
+            "jsonrpc": "2.0",
+            "id": id_,
+            "method": "server/discover",
+            "params": {"_meta": meta.gateway_meta(session.client_info)},
+        }
+        found = await self._dispatcher.handle(discover, _drop, origin)
+        result = found.get("result")
+        if not isinstance(result, dict):
+            return found
+        session.initialized = True
+        result_meta = result.get("_meta")
+        server_info = result_meta.get(meta.SERVER_INFO) if isinstance(result_meta, dict) else None
+        out: dict[str, Any] = {
+            "protocolVersion": session.version,
+            "capabilities": legacy_capabilities(result.get("capabilities")),
+            "serverInfo": server_info or {"name": "mcp-gateway", "version": ""},
+        }
+        if isinstance(result.get("instructions"), str):
+            out["instructions"] = result["instructions"]
+        return jsonrpc.result(id_, out)
+
+
+async def _drop(_: Message) -> None:
+    return None
+
+
+def _failed(code: int, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+def legacy_capabilities(modern: object) -> dict[str, Any]:
+    """Server capabilities as a legacy client reads them: extensions are a modern notion, and
+    change notifications and resource subscriptions are not relayed on sessions yet."""
+    if not isinstance(modern, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for name, value in modern.items():
+        if name not in LEGACY_CAPABILITIES or not isinstance(value, dict):
+            continue
+        out[name] = {k: v for k, v in value.items() if k not in ("listChanged", "subscribe")}
+    return out

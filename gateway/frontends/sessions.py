@@ -1,0 +1,71 @@
+"""Legacy HTTP sessions (2025-11-25 transports, Session Management): minted at `initialize`,
+named by an unguessable `Mcp-Session-Id`, bound to the credentials that opened them, ended by
+DELETE or after a while without requests; an unknown or ended id gets 404."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+
+from gateway.core.legacy import Session
+
+
+class HttpSession(Session):
+    def __init__(self, session_id: str, owner: str) -> None:
+        super().__init__()
+        self.id = session_id
+        self.owner = owner
+        self.streaming = False  # a GET stream is open
+
+
+def owner_of(authorization: str | None) -> str:
+    """Who may use a session: a digest of the credentials that opened it (none is an owner too)."""
+    return hashlib.sha256((authorization or "").encode()).hexdigest()
+
+
+class SessionStore:
+    def __init__(self, idle_timeout: float) -> None:
+        self._idle_timeout = idle_timeout
+        self._sessions: dict[str, HttpSession] = {}
+        self._swept = time.monotonic()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def open(self, owner: str) -> HttpSession:
+        self._sweep()
+        # 32 random bytes, URL-safe base64: visible ASCII only, as the header requires.
+        session = HttpSession(secrets.token_urlsafe(32), owner)
+        self._sessions[session.id] = session
+        return session
+
+    def get(self, session_id: str, owner: str) -> HttpSession | None:
+        """The live session of that id if `owner` opened it; a stranger learns nothing more than
+        from an id that never existed."""
+        self._sweep()
+        session = self._sessions.get(session_id)
+        if session is None or not secrets.compare_digest(session.owner, owner):
+            return None
+        session.last_used = time.monotonic()
+        return session
+
+    def end(self, session: HttpSession) -> None:
+        if self._sessions.pop(session.id, None) is not None:
+            session.close()
+
+    def close_all(self) -> None:
+        for session in list(self._sessions.values()):
+            self.end(session)
+
+    def _sweep(self) -> None:
+        """Ends sessions idle past the timeout; runs at most a few times per timeout, when
+        sessions are used (an unused store holds only what expired since its last use)."""
+        now = time.monotonic()
+        if now - self._swept < self._idle_timeout / 4:
+            return
+        self._swept = now
+        for session in list(self._sessions.values()):
+            busy = session.in_flight or session.streaming
+            if not busy and now - session.last_used > self._idle_timeout:
+                self.end(session)

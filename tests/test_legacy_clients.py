@@ -1,0 +1,177 @@
+"""Legacy clients (`initialize`, 2025-11-25) through the gateway, with the official SDK client in
+legacy mode, on every front-end/back-end pairing of the parity matrix (the direct pairings show
+what the SDK's own dual-era server does). basic/versioning, Backward Compatibility: a legacy
+client of a dual-era server is served under the negotiated legacy revision, and sees the same
+merged server a modern client does."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, MCPError
+from mcp.client.context import ClientRequestContext
+from mcp.shared.exceptions import MCPDeprecationWarning
+from mcp_types import (
+    ElicitRequestFormParams,
+    ElicitRequestParams,
+    ElicitResult,
+    ErrorData,
+    TextContent,
+    TextResourceContents,
+)
+
+from tests.conftest import Target
+from tests.support import BOUND
+from tests.test_parity import TOOL_NAMES, text_of
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+LEGACY_VERSIONS = {"2025-11-25", "2025-06-18", "2025-03-26"}
+
+
+@asynccontextmanager
+async def legacy(target: Target, **options: Any) -> AsyncIterator[Client]:
+    with anyio.fail_after(3 * BOUND):
+        async with Client(target.server, mode="legacy", **options) as client:
+            yield client
+
+
+@contextmanager
+def legacy_only_method() -> Iterator[None]:
+    """The SDK warns that ping and logging/setLevel left the protocol in 2026-07-28; they are
+    exactly what a legacy session uses."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        yield
+
+
+async def test_initialize_negotiates_a_legacy_version(target: Target) -> None:
+    """basic/lifecycle, Initialization: the answer names a legacy version, the server and what
+    it offers."""
+    async with legacy(target) as client:
+        assert client.protocol_version in LEGACY_VERSIONS
+        caps = client.server_capabilities
+        assert caps is not None
+        assert caps.tools is not None and caps.resources is not None and caps.prompts is not None
+        expected = "mcp-gateway" if target.through_gateway else "sdk-test-server"
+        assert client.server_info is not None and client.server_info.name == expected
+
+
+async def test_tools_list_paginates_to_the_same_catalog(target: Target) -> None:
+    """server/utilities/pagination under a legacy session: the same tools as a modern client."""
+    async with legacy(target) as client:
+        names: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            names += [t.name for t in page.tools]
+            if (cursor := page.next_cursor) is None:
+                break
+        assert set(names) == TOOL_NAMES and len(names) == len(TOOL_NAMES)
+
+
+async def test_call_read_and_prompts(target: Target) -> None:
+    """server/tools, server/resources, server/prompts under a legacy session."""
+    async with legacy(target) as client:
+        echoed = await client.call_tool("echo", {"text": "legacy héllo"})
+        assert text_of(echoed) == "legacy héllo"
+        assert (await client.call_tool("add", {"a": 1, "b": 2})).structured_content == {"result": 3}
+        assert (await client.call_tool("boom")).is_error
+        read = (await client.read_resource("mem://greeting")).contents[0]
+        assert isinstance(read, TextResourceContents) and read.text == "hello"
+        item = (await client.read_resource("mem://items/4")).contents[0]
+        assert isinstance(item, TextResourceContents) and item.text == "item 4"
+        got = await client.get_prompt("greet", {"name": "Ann"})
+        content = got.messages[0].content
+        assert isinstance(content, TextContent) and content.text == "Hello, Ann!"
+
+
+async def test_unknown_resource_is_invalid_params(target: Target) -> None:
+    async with legacy(target) as client:
+        with pytest.raises(MCPError) as caught:
+            await client.read_resource("mem://missing")
+        assert caught.value.code == -32602
+
+
+async def test_ping_answers_empty(target: Target) -> None:
+    """basic/utilities/ping: a legacy session can ping."""
+    async with legacy(target) as client:
+        with legacy_only_method():
+            assert (await client.send_ping()) is not None
+
+
+async def test_progress_arrives_before_the_result(target: Target) -> None:
+    """basic/utilities/progress under a legacy session."""
+    seen: list[tuple[float, float | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total))
+
+    async with legacy(target) as client:
+        result = await client.call_tool(
+            "slow", {"seconds": 0.1, "steps": 3}, progress_callback=on_progress
+        )
+        assert text_of(result) == "done"
+    assert seen == [(1.0, 3.0), (2.0, 3.0), (3.0, 3.0)]
+
+
+async def test_logging_set_level_opts_the_session_in(target: Target) -> None:
+    """server/utilities/logging (legacy): after logging/setLevel the session gets log messages
+    at or above that level; the gateway turns the session's level into each forwarded
+    request's per-request level."""
+    if not target.through_gateway:
+        pytest.skip("the SDK test server does not implement logging/setLevel")
+    logs: list[Any] = []
+    arrived = anyio.Event()
+
+    async def on_log(params: Any) -> None:
+        logs.append(params.data)
+        arrived.set()
+
+    async with legacy(target, logging_callback=on_log) as client:
+        with legacy_only_method():
+            await client.set_logging_level("info")
+        result = await client.call_tool("log", {"text": "hello log"})
+        assert text_of(result) == "logged"
+        with anyio.fail_after(BOUND):
+            await arrived.wait()
+    assert logs == ["hello log"]
+
+
+async def test_elicitation_round_trip(target: Target) -> None:
+    """Era bridge (basic/patterns/mrtr to client/elicitation, 2025-11-25): the modern backend's
+    input_required result reaches the legacy client as an `elicitation/create` request on its
+    session; the answer goes back to the backend in the retry, and the call completes."""
+    asked: list[str] = []
+
+    async def answer_or_decline(
+        context: ClientRequestContext, params: ElicitRequestParams
+    ) -> ElicitResult | ErrorData:
+        assert isinstance(params, ElicitRequestFormParams)
+        asked.append(params.message)
+        if params.message == "no?":
+            return ElicitResult(action="decline")
+        return ElicitResult(action="accept", content={"answer": "42"})
+
+    async with legacy(target, elicitation_callback=answer_or_decline) as client:
+        with anyio.fail_after(BOUND):
+            assert text_of(await client.call_tool("ask", {"question": "yes?"})) == "answer: 42"
+            assert text_of(await client.call_tool("ask", {"question": "no?"})) == "declined"
+    assert asked == ["yes?", "no?"]
+
+
+async def test_elicitation_error_from_the_client_fails_the_call(target: Target) -> None:
+    """A legacy client that answers the input request with an error fails the call with it."""
+
+    async def refuse(context: ClientRequestContext, params: ElicitRequestParams) -> ErrorData:
+        return ErrorData(code=-32600, message="no elicitation here")
+
+    async with legacy(target, elicitation_callback=refuse) as client:
+        with anyio.fail_after(BOUND), pytest.raises(MCPError) as caught:
+            await client.call_tool("ask", {"question": "yes?"})
+    assert caught.value.code == -32600
