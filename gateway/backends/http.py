@@ -153,7 +153,7 @@ class HttpBackend:
         try:
             if resp.content_type == "text/event-stream":
                 return await self._read_stream(resp, msg, sink)
-            body = await resp.read(MAX_REPLY_BYTES)
+            body = resp.body(MAX_REPLY_BYTES) if resp.complete else await resp.read(MAX_REPLY_BYTES)
         except http1.Disconnected as exc:
             raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
         except http1.HttpProtocolError as exc:

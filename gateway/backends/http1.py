@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from gateway import timers
+
 # A streamed body buffered beyond this stops reading from the socket until the consumer catches
 # up, so a slow consumer applies backpressure to the backend instead of growing memory.
 READ_HIGH_WATER = 1024 * 1024
@@ -90,6 +92,11 @@ class Response:
     def content_type(self) -> str:
         return self.headers.get("content-type", "").split(";")[0].strip().lower()
 
+    @property
+    def complete(self) -> bool:
+        """The whole body has arrived (small replies come with their head)."""
+        return self._conn.complete
+
     async def read(self, limit: int) -> bytes:
         """The whole body; raises HttpProtocolError past `limit` bytes."""
         conn = self._conn
@@ -98,6 +105,11 @@ class Response:
                 raise HttpProtocolError(f"body over {limit} bytes")
             conn.resume()  # `limit` bounds what is buffered here, not the high-water mark
             await conn.wait()
+        return self.body(limit)
+
+    def body(self, limit: int) -> bytes:
+        """The whole body of a `complete` reply, without a coroutine."""
+        conn = self._conn
         body = b"".join(conn.body)
         conn.body.clear()
         if len(body) > limit:
@@ -133,7 +145,10 @@ class _Deadline:
         self.waiting_on: _Connection | asyncio.Future[_Connection | None] | None = None
         self.expired = False
         self.at = math.inf if timeout is None else loop.time() + timeout
-        self._timer = loop.call_at(self.at, self._expire) if timeout is not None else None
+        # A coarse timer: nearly every deadline is cancelled long before it is due.
+        self._timer = (
+            timers.wheel(loop).call_later(timeout, self._expire) if timeout is not None else None
+        )
 
     def _expire(self) -> None:
         self.expired = True
@@ -340,7 +355,8 @@ class Pool:
         # this exchange is waiting on.
         deadline = _Deadline(self.loop, within)
         try:
-            conn = await self._acquire(deadline)
+            # An idle connection is taken without a coroutine; only waiting needs one.
+            conn = self._idle_connection() or await self._acquire(deadline)
             for retry in (True, False):
                 reused = conn.used
                 deadline.waiting_on = conn
@@ -369,6 +385,13 @@ class Pool:
             self.put_back(conn)
             raise TimeoutError if deadline.expired else ConnectFailed("client closed")
         return conn
+
+    def _idle_connection(self) -> _Connection | None:
+        while self._idle and not self._closed:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn
+        return None
 
     async def _take(self, deadline: _Deadline) -> _Connection:
         while self._idle:

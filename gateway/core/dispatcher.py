@@ -151,7 +151,10 @@ class Dispatcher:
         if method in merge.LIST_KEYS:
             return await self._list(msg)
         if method == "tools/call":
-            route = await self._route_name(RouteTable.tool, "tool", params.get("name"))
+            name = params.get("name")
+            # A known tool is found without a coroutine; only a miss may refresh catalogs.
+            found = self.catalogs.table.tool(name) if isinstance(name, str) else None
+            route = found or await self._route_name(RouteTable.tool, "tool", name)
             return await self._forward(msg, sink, route, "name", route.param_headers)
         if method == "prompts/get":
             route = await self._route_name(RouteTable.prompt, "prompt", params.get("name"))

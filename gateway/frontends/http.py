@@ -14,7 +14,7 @@ import ipaddress
 import logging
 from urllib.parse import urlsplit
 
-from gateway import errors
+from gateway import errors, timers
 from gateway.config import HttpListen
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.legacy import LEGACY_VERSIONS, LegacyFront, is_legacy_opening, is_modern
@@ -234,7 +234,7 @@ class Endpoint:
         end of the session does), so the work is not tied to this connection."""
         relay = _Relay(request, self._stats, cancel_when_gone=False)
         loop = asyncio.get_running_loop()
-        timer = loop.call_later(JSON_WINDOW, relay.window_closed)
+        timer = timers.wheel(loop).call_later(JSON_WINDOW, relay.window_closed)
         id_ = msg["id"]
         work = loop.create_task(self._legacy.handle(session, msg, relay.note, _origin(request)))
         session.in_flight[id_] = work
@@ -300,7 +300,7 @@ class Endpoint:
         on the common path. Only a request still running when the JSON window closes gets a
         helper task, which turns the reply into a stream and keeps it alive."""
         relay = _Relay(request, self._stats)
-        timer = asyncio.get_running_loop().call_later(JSON_WINDOW, relay.window_closed)
+        timer = timers.wheel().call_later(JSON_WINDOW, relay.window_closed)
         try:
             reply = await self.dispatcher.handle(msg, relay.note, _origin(request))
         finally:
