@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import anyio
 import orjson
+import pytest
 import yaml
 from aiohttp import web
 
@@ -229,3 +230,18 @@ def dead_url() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+
+
+@pytest.fixture(
+    name="anyio_backend",
+    scope="module",
+    params=[
+        pytest.param("asyncio", id="asyncio"),
+        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    ],
+)
+def both_event_loops(request: pytest.FixtureRequest) -> object:
+    """Import into a test module to run its async tests on asyncio and on uvloop, whose
+    transports differ from asyncio's own (the gateway runs on uvloop when installed)."""
+    param: object = request.param
+    return param

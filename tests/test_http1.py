@@ -21,7 +21,10 @@ import anyio
 import pytest
 
 from gateway.backends import http1
-from tests.support import BOUND
+from tests.support import (
+    BOUND,
+    both_event_loops,  # noqa: F401  (the anyio_backend fixture)
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -33,19 +36,6 @@ STALL_CHECK = 0.3
 # Bounds a wait that a regression (a slot lost, a deadline dropped) would turn into a hang; far
 # above what it takes when the client works, below BOUND so that such a failure stays cheap.
 HANG_BOUND = 2.0
-
-
-@pytest.fixture(
-    scope="module",
-    params=[
-        pytest.param("asyncio", id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    ],
-)
-def anyio_backend(request: pytest.FixtureRequest) -> object:
-    """The gateway can run on uvloop, whose transports differ from asyncio's own."""
-    param: object = request.param
-    return param
 
 
 # --- a scripted server --------------------------------------------------------------------------

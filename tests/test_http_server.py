@@ -35,7 +35,10 @@ from gateway.frontends.server import (
     Server,
     Stream,
 )
-from tests.support import BOUND
+from tests.support import (
+    BOUND,
+    both_event_loops,  # noqa: F401  (the anyio_backend fixture)
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -43,19 +46,6 @@ pytestmark = pytest.mark.anyio
 LIMIT = 64 * 1024
 # Short enough that a test waits for the idle sweep without slowing the suite.
 IDLE = 0.2
-
-
-@pytest.fixture(
-    scope="module",
-    params=[
-        pytest.param("asyncio", id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    ],
-)
-def anyio_backend(request: pytest.FixtureRequest) -> object:
-    """The gateway can run on uvloop, whose transports differ from asyncio's own."""
-    param: object = request.param
-    return param
 
 
 # --- a raw client -------------------------------------------------------------------------------

@@ -17,9 +17,7 @@ from mcp import Client, MCPError
 from mcp.client.context import ClientRequestContext
 from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp_types import (
-    ElicitRequestFormParams,
     ElicitRequestParams,
-    ElicitResult,
     ErrorData,
     TextContent,
     TextResourceContents,
@@ -27,7 +25,7 @@ from mcp_types import (
 
 from tests.conftest import Target
 from tests.support import BOUND
-from tests.test_parity import TOOL_NAMES, text_of
+from tests.test_parity import TOOL_NAMES, Answers, ask_twice, text_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -147,22 +145,9 @@ async def test_elicitation_round_trip(target: Target) -> None:
     """Era bridge (basic/patterns/mrtr to client/elicitation, 2025-11-25): the modern backend's
     input_required result reaches the legacy client as an `elicitation/create` request on its
     session; the answer goes back to the backend in the retry, and the call completes."""
-    asked: list[str] = []
-
-    async def answer_or_decline(
-        context: ClientRequestContext, params: ElicitRequestParams
-    ) -> ElicitResult | ErrorData:
-        assert isinstance(params, ElicitRequestFormParams)
-        asked.append(params.message)
-        if params.message == "no?":
-            return ElicitResult(action="decline")
-        return ElicitResult(action="accept", content={"answer": "42"})
-
-    async with legacy(target, elicitation_callback=answer_or_decline) as client:
-        with anyio.fail_after(BOUND):
-            assert text_of(await client.call_tool("ask", {"question": "yes?"})) == "answer: 42"
-            assert text_of(await client.call_tool("ask", {"question": "no?"})) == "declined"
-    assert asked == ["yes?", "no?"]
+    answers = Answers()
+    async with legacy(target, elicitation_callback=answers) as client:
+        await ask_twice(client, answers)
 
 
 async def test_elicitation_error_from_the_client_fails_the_call(target: Target) -> None:

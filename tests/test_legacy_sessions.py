@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import anyio
+import orjson
 import pytest
 import yaml
 
@@ -251,30 +252,35 @@ async def test_client_notifications_and_responses_are_accepted(url: str) -> None
 
 async def test_cancelled_notification_ends_a_request_in_flight(url: str) -> None:
     """basic/utilities/cancellation (legacy): notifications/cancelled for a request of the
-    session stops it; its POST is answered at once instead of after the call."""
+    session stops it; its POST is answered at once instead of after the 30 s call. The first
+    progress event shows the call is running before the cancellation is sent."""
     session_id = await open_session(url)
-    slow = legacy("tools/call", {"name": "slow", "arguments": {"seconds": 30, "steps": 1}}, 7)
-    async with anyio.create_task_group() as tg:
-        replies: list[Reply] = []
-
-        async def call() -> None:
-            replies.append(await in_session(url, session_id, slow))
-
-        tg.start_soon(call)
-        cancel = {
-            "jsonrpc": "2.0",
-            "method": "notifications/cancelled",
-            "params": {"requestId": 7, "reason": "test"},
-        }
-        with anyio.fail_after(BOUND):
-            while not replies:
-                assert (await in_session(url, session_id, cancel)).status == 202
-                await anyio.sleep(0.05)
-    assert "error" in (
-        replies[0].json()
-        if replies[0].content_type != "text/event-stream"
-        else replies[0].events()[-1]
+    slow = legacy(
+        "tools/call",
+        {"name": "slow", "arguments": {"seconds": 30, "steps": 300}, "_meta": {"progressToken": 1}},
+        7,
     )
+    cancel = {
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": 7, "reason": "test"},
+    }
+    headers = {"Content-Type": "application/json", "Accept": ACCEPT, SESSION: session_id}
+    events: list[dict[str, Any]] = []
+    with anyio.fail_after(BOUND):
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(url, data=orjson.dumps(slow), headers=headers) as resp,
+        ):
+            assert resp.content_type == "text/event-stream"
+            async for line in resp.content:
+                if not line.startswith(b"data:"):
+                    continue
+                events.append(orjson.loads(line[5:]))
+                if len(events) == 1:
+                    assert events[0]["method"] == "notifications/progress"
+                    assert (await in_session(url, session_id, cancel)).status == 202
+    assert "error" in events[-1] and events[-1]["id"] == 7
 
 
 # --- the GET stream -----------------------------------------------------------------------------

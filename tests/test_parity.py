@@ -242,26 +242,37 @@ async def test_concurrent_clients_get_their_own_replies(target: Target) -> None:
     assert failures == []
 
 
-async def test_elicitation_round_trip(target: Target) -> None:
-    """basic/patterns/mrtr and client/elicitation: the input_required result reaches the client
-    untouched, its retry (inputResponses + requestState) reaches the same backend, and the
-    client's declared capabilities reach the backend."""
-    asked: list[str] = []
+class Answers:
+    """An elicitation callback that accepts with 42, declines "no?", and records the questions."""
 
-    async def answer_or_decline(
-        context: ClientRequestContext, params: ElicitRequestParams
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def __call__(
+        self, context: ClientRequestContext, params: ElicitRequestParams
     ) -> ElicitResult | ErrorData:
         assert isinstance(params, ElicitRequestFormParams)
-        asked.append(params.message)
+        self.asked.append(params.message)
         if params.message == "no?":
             return ElicitResult(action="decline")
         return ElicitResult(action="accept", content={"answer": "42"})
 
-    async with connect(target, elicitation_callback=answer_or_decline) as client:
-        with anyio.fail_after(BOUND):
-            assert text_of(await client.call_tool("ask", {"question": "yes?"})) == "answer: 42"
-            assert text_of(await client.call_tool("ask", {"question": "no?"})) == "declined"
-    assert asked == ["yes?", "no?"]
+
+async def ask_twice(client: Client, answers: Answers) -> None:
+    """The `ask` tool, answered and declined: the two results the client must see."""
+    with anyio.fail_after(BOUND):
+        assert text_of(await client.call_tool("ask", {"question": "yes?"})) == "answer: 42"
+        assert text_of(await client.call_tool("ask", {"question": "no?"})) == "declined"
+    assert answers.asked == ["yes?", "no?"]
+
+
+async def test_elicitation_round_trip(target: Target) -> None:
+    """basic/patterns/mrtr and client/elicitation: the input_required result reaches the client
+    untouched, its retry (inputResponses + requestState) reaches the same backend, and the
+    client's declared capabilities reach the backend."""
+    answers = Answers()
+    async with connect(target, elicitation_callback=answers) as client:
+        await ask_twice(client, answers)
 
 
 async def test_elicitation_without_the_capability_is_refused(target: Target) -> None:
