@@ -15,6 +15,7 @@ import anyio
 import pytest
 from mcp import Client, MCPError
 from mcp.client.context import ClientRequestContext
+from mcp.client.session import IncomingMessage
 from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp_types import (
     ElicitRequestParams,
@@ -41,8 +42,8 @@ async def legacy(target: Target, **options: Any) -> AsyncIterator[Client]:
 
 @contextmanager
 def legacy_only_method() -> Iterator[None]:
-    """The SDK warns that ping and logging/setLevel left the protocol in 2026-07-28; they are
-    exactly what a legacy session uses."""
+    """The SDK warns that ping, logging/setLevel and resources/subscribe left the protocol in
+    2026-07-28; they are exactly what a legacy session uses."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MCPDeprecationWarning)
         yield
@@ -160,3 +161,47 @@ async def test_elicitation_error_from_the_client_fails_the_call(target: Target) 
         with anyio.fail_after(BOUND), pytest.raises(MCPError) as caught:
             await client.call_tool("ask", {"question": "yes?"})
     assert caught.value.code == -32600
+
+
+class Changes:
+    """A message handler keeping the change notifications a session receives."""
+
+    WATCHED = ("notifications/tools/list_changed", "notifications/resources/updated")
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str | None]] = []
+        self._arrived = anyio.Event()
+
+    async def __call__(self, message: IncomingMessage) -> None:
+        method = getattr(message, "method", None)
+        if isinstance(message, Exception) or method not in self.WATCHED:
+            return
+        uri = getattr(message.params, "uri", None) if message.params is not None else None
+        self.seen.append((str(method), None if uri is None else str(uri)))
+        self._arrived.set()
+        self._arrived = anyio.Event()
+
+    async def arrival(self) -> None:
+        await self._arrived.wait()
+
+
+async def test_list_changes_and_resource_updates_reach_the_session(target: Target) -> None:
+    """server/tools List Changed and server/resources Subscriptions, legacy era: the gateway
+    relays a modern backend's changes to the session (stdout, or the session's GET stream)."""
+    if not target.through_gateway:
+        pytest.skip("the SDK test server does not implement resources/subscribe")
+    changes = Changes()
+    updated = ("notifications/resources/updated", "mem://greeting")
+    async with legacy(target, message_handler=changes) as client:
+        with legacy_only_method():
+            await client.subscribe_resource("mem://greeting")
+        with anyio.fail_after(BOUND):
+            # The subscription takes effect when the gateway's watch is renewed: touch until
+            # the update shows.
+            while updated not in changes.seen:
+                await client.call_tool("touch", {"uri": "mem://greeting"})
+                with anyio.move_on_after(0.2):
+                    await changes.arrival()
+            await client.call_tool("change_tools", {})
+            while ("notifications/tools/list_changed", None) not in changes.seen:
+                await changes.arrival()

@@ -135,15 +135,13 @@ async def test_version_negotiation(url: str, asked: str, answered: str) -> None:
     assert reply.json()["result"]["protocolVersion"] == answered
 
 
-async def test_capabilities_do_not_promise_what_sessions_do_not_relay(url: str) -> None:
-    """The InitializeResult advertises no change notifications or resource subscriptions (the
-    gateway does not relay them to legacy sessions yet) and no modern-only extensions."""
+async def test_capabilities_are_the_merged_servers_without_extensions(url: str) -> None:
+    """The InitializeResult advertises what the backends offer, change notifications and
+    resource subscriptions included (the gateway relays them to the session), but not the
+    modern-only `extensions`."""
     caps = (await post(url, initialize(), mirror=False)).json()["result"]["capabilities"]
     assert "tools" in caps and "resources" in caps and "prompts" in caps
     assert "extensions" not in caps
-    assert not any(
-        isinstance(v, dict) and ({"listChanged", "subscribe"} & v.keys()) for v in caps.values()
-    )
 
 
 async def test_a_legacy_request_without_a_session_is_400(url: str) -> None:
@@ -304,3 +302,49 @@ async def test_get_opens_the_session_stream_until_the_session_ends(url: str) -> 
             assert (await send("DELETE", url, None, [(SESSION, session_id)])).status == 204
             rest = await stream.content.read()
             assert b"data:" not in rest
+
+
+async def test_changes_reach_the_session_stream(url: str) -> None:
+    """server/tools and server/resources, List Changed and Subscriptions (legacy): a list
+    change of a backend reaches the session's GET stream as notifications/tools/list_changed,
+    and after resources/subscribe an update of that resource as notifications/resources/updated
+    (no modern subscription id). The gateway holds one modern subscriptions/listen for it."""
+    session_id = await open_session(url)
+    headers = [(SESSION, session_id), ("Accept", "text/event-stream")]
+    send, receive = anyio.create_memory_object_stream[dict[str, Any]](16)
+
+    async def read_events(stream: aiohttp.ClientResponse) -> None:
+        async for line in stream.content:
+            if line.startswith(b"data:"):
+                await send.send(orjson.loads(line[5:]))
+
+    touch = legacy("tools/call", {"name": "touch", "arguments": {"uri": "mem://greeting"}})
+    with anyio.fail_after(BOUND):
+        async with (
+            send,
+            receive,
+            aiohttp.ClientSession() as http,
+            http.get(url, headers=headers) as stream,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(read_events, stream)
+            subscribe = legacy("resources/subscribe", {"uri": "mem://greeting"}, 2)
+            assert result_of(await in_session(url, session_id, subscribe), 2) == {}
+            # The watch restarts with the new subscription; touch until an update comes.
+            event: dict[str, Any] | None = None
+            while event is None:
+                assert result_of(await in_session(url, session_id, touch))
+                with anyio.move_on_after(0.2):
+                    event = await receive.receive()
+            assert event == {
+                "jsonrpc": "2.0",
+                "method": "notifications/resources/updated",
+                "params": {"uri": "mem://greeting"},
+            }
+            change = legacy("tools/call", {"name": "change_tools", "arguments": {}}, 3)
+            assert result_of(await in_session(url, session_id, change), 3)
+            while event["method"] == "notifications/resources/updated":  # late touches
+                event = await receive.receive()
+            assert event["method"] == "notifications/tools/list_changed"
+            assert "_meta" not in event.get("params", {})
+            tg.cancel_scope.cancel()

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +24,10 @@ from gateway.core.dispatcher import Dispatcher
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.telemetry.api import STDIO_ORIGIN, Origin
+
+log = logging.getLogger("gateway.legacy")
+
+Deliver = Callable[[Message], Awaitable[None]]
 
 # Legacy revisions we serve, newest first (basic/lifecycle, Version Negotiation: a server that
 # does not support the requested version answers with the latest it supports).
@@ -34,6 +40,11 @@ MAX_INPUT_ROUNDS = 8
 # How long a question to the client (elicitation, sampling, roots) may wait for its answer: a
 # person may be answering it.
 ASK_TIMEOUT = 600.0
+# Notifications of the watch that are not for the client.
+ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
+WATCH_ID = "mcp-gateway-watch"
+# Change notifications a legacy session gets without asking (it subscribes to resources).
+WATCH_FLAGS = {"toolsListChanged": True, "promptsListChanged": True, "resourcesListChanged": True}
 # Capabilities both eras share; `extensions` is modern only.
 LEGACY_CAPABILITIES = frozenset(
     {"tools", "prompts", "resources", "logging", "completions", "experimental"}
@@ -56,6 +67,11 @@ class Session:
     # Requests the gateway made of the client, by the id it gave them, until answered.
     asked: dict[RequestId, asyncio.Future[Message]] = field(default_factory=dict)
     _ask_ids: itertools.count[int] = field(default_factory=itertools.count)
+    # Where the gateway sends the session messages it starts (list changes, resource updates):
+    # stdout on stdio, the session's GET stream on HTTP. None: nowhere (nothing is watched).
+    deliver: Deliver | None = None
+    subscribed: set[str] = field(default_factory=set)  # resource URIs (resources/subscribe)
+    watcher: asyncio.Task[None] | None = None  # the modern listen that feeds `deliver`
 
     def answer(self, response: Message) -> bool:
         """A response from the client; True if it answered one of our questions."""
@@ -80,6 +96,8 @@ class Session:
             task.cancel()
         for waiter in self.asked.values():
             waiter.cancel()
+        if self.watcher is not None:
+            self.watcher.cancel()
 
 
 def negotiate(requested: object) -> str:
@@ -121,10 +139,59 @@ class LegacyFront:
             session.log_level = str(level)
             return jsonrpc.result(id_, {})
         if method in ("resources/subscribe", "resources/unsubscribe"):
-            return jsonrpc.error(
-                id_, codes.METHOD_NOT_FOUND, f"{method} is not offered by this gateway yet"
-            )
+            uri = jsonrpc.params(msg).get("uri")
+            if not isinstance(uri, str):
+                return jsonrpc.error(id_, codes.INVALID_PARAMS, "params.uri must be a string")
+            if method == "resources/subscribe":
+                session.subscribed.add(uri)
+            else:
+                session.subscribed.discard(uri)
+            self.watch(session, origin)
+            return jsonrpc.result(id_, {})
         return await self._forward(session, msg, sink, origin)
+
+    def watch(self, session: Session, origin: Origin = STDIO_ORIGIN) -> None:
+        """(Re)start the session's watch: one modern `subscriptions/listen` through the
+        dispatcher for list changes and the subscribed resources, whose notifications go to the
+        session as its era has them (no subscription id)."""
+        if session.deliver is None:
+            return
+        if session.watcher is not None:
+            session.watcher.cancel()
+        loop = asyncio.get_running_loop()
+        session.watcher = loop.create_task(self._watch(session, session.deliver, origin))
+
+    async def _watch(self, session: Session, deliver: Deliver, origin: Origin) -> None:
+        wanted: dict[str, Any] = dict(WATCH_FLAGS)
+        if session.subscribed:
+            wanted["resourceSubscriptions"] = sorted(session.subscribed)
+        listen = self.modern(
+            session,
+            {
+                "jsonrpc": "2.0",
+                "id": WATCH_ID,
+                "method": "subscriptions/listen",
+                "params": {"notifications": wanted},
+            },
+        )
+
+        async def relay(note: Message) -> None:
+            method = note.get("method")
+            if not isinstance(method, str) or method == ACKNOWLEDGED:
+                return
+            params = dict(jsonrpc.params(note))
+            fields = {k: v for k, v in jsonrpc.meta(note).items() if k != meta.SUBSCRIPTION_ID}
+            params.pop("_meta", None)
+            if fields:
+                params["_meta"] = fields
+            try:
+                await deliver({"jsonrpc": "2.0", "method": method, "params": params})
+            except (ConnectionError, OSError) as exc:
+                log.debug("legacy session: a change notification was not delivered: %s", exc)
+
+        reply = await self._dispatcher.handle(listen, relay, origin)
+        if "error" in reply:
+            log.info("legacy session: change notifications unavailable: %s", reply["error"])
 
     async def _forward(
         self, session: Session, msg: Message, sink: NotificationSink, origin: Origin
@@ -235,6 +302,7 @@ class LegacyFront:
         if not isinstance(result, dict):
             return found
         session.initialized = True
+        self.watch(session, origin)
         result_meta = result.get("_meta")
         server_info = result_meta.get(meta.SERVER_INFO) if isinstance(result_meta, dict) else None
         out: dict[str, Any] = {
@@ -256,13 +324,7 @@ def _failed(code: int, message: str) -> dict[str, Any]:
 
 
 def legacy_capabilities(modern: object) -> dict[str, Any]:
-    """Server capabilities as a legacy client reads them: extensions are a modern notion, and
-    change notifications and resource subscriptions are not relayed on sessions yet."""
+    """Server capabilities as a legacy client reads them (extensions are a modern notion)."""
     if not isinstance(modern, dict):
         return {}
-    out: dict[str, Any] = {}
-    for name, value in modern.items():
-        if name not in LEGACY_CAPABILITIES or not isinstance(value, dict):
-            continue
-        out[name] = {k: v for k, v in value.items() if k not in ("listChanged", "subscribe")}
-    return out
+    return {k: v for k, v in modern.items() if k in LEGACY_CAPABILITIES and isinstance(v, dict)}

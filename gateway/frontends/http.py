@@ -271,15 +271,21 @@ class Endpoint:
         return None
 
     async def _stream_session(self, request: Request, session: HttpSession) -> None:
-        """The session's GET stream, for messages the server starts. Nothing is sent on it yet
-        but keep-alives; it stays open until the client leaves or the session ends."""
+        """The session's GET stream: the messages the gateway starts for it (list changes,
+        resource updates), with keep-alives between; it ends when the session does."""
         session.streaming = True
         try:
             stream = request.stream(200, SSE_HEADERS)
-            while not session.ended.is_set():
-                await stream.write(sse.KEEPALIVE)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(session.ended.wait(), KEEPALIVE_INTERVAL)
+            await stream.write(sse.KEEPALIVE)
+            while True:
+                try:
+                    msg = await asyncio.wait_for(session.outbox.get(), KEEPALIVE_INTERVAL)
+                except TimeoutError:
+                    await stream.write(sse.KEEPALIVE)
+                    continue
+                if msg is None:
+                    break
+                await stream.write(_count_out(self._stats, sse.event(jsonrpc.encode(msg))))
             await stream.end()
         except ConnectionResetError:
             pass
@@ -312,6 +318,11 @@ class Endpoint:
 
 async def _drop(_: Message) -> None:
     return None
+
+
+def _count_out(stats: Stats, data: bytes) -> bytes:
+    stats.bytes["frontend", "out"] += len(data)
+    return data
 
 
 def _origin(request: Request) -> Origin:

@@ -4,11 +4,20 @@ DELETE or after a while without requests; an unknown or ended id gets 404."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import secrets
 import time
 
 from gateway.core.legacy import Session
+from gateway.protocol.jsonrpc import Message
+
+log = logging.getLogger("gateway.http")
+
+# Messages the gateway starts (list changes, resource updates) kept for a session until its GET
+# stream takes them; beyond this, newer ones are dropped (a client that never listens).
+OUTBOX = 256
 
 
 class HttpSession(Session):
@@ -17,6 +26,23 @@ class HttpSession(Session):
         self.id = session_id
         self.owner = owner
         self.streaming = False  # a GET stream is open
+        # None marks the end of the session for the GET stream.
+        self.outbox: asyncio.Queue[Message | None] = asyncio.Queue(OUTBOX)
+        self.deliver = self._enqueue
+        self.dropped = 0
+
+    async def _enqueue(self, msg: Message) -> None:
+        try:
+            self.outbox.put_nowait(msg)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            log.debug("session %s: its GET stream is not taking messages; one dropped", self.id)
+
+    def close(self) -> None:
+        super().close()
+        if self.outbox.full():
+            self.outbox.get_nowait()
+        self.outbox.put_nowait(None)
 
 
 def owner_of(authorization: str | None) -> str:

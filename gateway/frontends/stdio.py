@@ -74,6 +74,10 @@ class StdioFrontend:
                     await self._idle.wait()
         finally:
             tasks = [*self._in_flight.values(), *self._notifying]
+            if self._session is not None:
+                self._session.close()
+                if self._session.watcher is not None:
+                    tasks.append(self._session.watcher)
             for task in tasks:
                 task.cancel()
             with anyio.CancelScope(shield=True):
@@ -108,7 +112,7 @@ class StdioFrontend:
                 )
                 return
             if self._session is None and is_legacy_opening(msg):
-                self._session = Session()
+                self._session = Session(deliver=self._write)
             if not self._in_flight:
                 self._idle = anyio.Event()
             self._in_flight[msg["id"]] = asyncio.get_running_loop().create_task(self._run(msg))
