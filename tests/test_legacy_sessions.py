@@ -15,6 +15,7 @@ import yaml
 
 from gateway.app import Gateway
 from gateway.config import parse
+from gateway.frontends import sessions
 from tests.support import BOUND, START_BOUND, sdk_stdio_command
 from tests.test_http_transport_rules import (
     ACCEPT,
@@ -30,6 +31,7 @@ from tests.test_http_transport_rules import (
 pytestmark = pytest.mark.anyio
 
 SESSION = "Mcp-Session-Id"
+GATEWAY_OVERLOADED = -31004
 IDLE = 0.5
 
 
@@ -189,6 +191,24 @@ async def test_an_idle_session_expires() -> None:
         await anyio.sleep(IDLE * 1.5)
         reply = await in_session(gw.http_url, session_id, legacy("ping"))
         assert reply.status == 404
+
+
+async def test_sessions_beyond_the_limit_are_refused_until_one_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each session holds a listen on the backends: past MAX_SESSIONS open ones, `initialize`
+    gets 503 with the gateway's overload error, until a session ends."""
+    monkeypatch.setattr(sessions, "MAX_SESSIONS", 2)
+    async with Gateway(parse(config())) as gw:
+        assert gw.http_url is not None
+        first = await open_session(gw.http_url)
+        await open_session(gw.http_url)
+        refused = await post(gw.http_url, initialize(), mirror=False)
+        assert refused.status == 503
+        assert refused.json()["error"]["code"] == GATEWAY_OVERLOADED
+        assert SESSION not in refused.headers
+        assert (await send("DELETE", gw.http_url, None, [(SESSION, first)])).status == 204
+        await open_session(gw.http_url)
 
 
 async def test_a_session_is_bound_to_the_credentials_that_opened_it(url: str) -> None:

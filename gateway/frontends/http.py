@@ -194,6 +194,14 @@ class Endpoint:
 
     async def _open_session(self, request: Request, msg: Message) -> Reply | None:
         session = self.sessions.open(owner_of(request.headers.get("Authorization")))
+        if session is None:
+            return self._reject(
+                "sessions_full",
+                503,
+                codes.GATEWAY_OVERLOADED,
+                "Too many open sessions; try again later",
+                msg["id"],
+            )
         reply = await self._legacy.handle(session, msg, _drop, _origin(request))
         if not session.initialized:
             self.sessions.end(session)  # the handshake failed: no session to speak of

@@ -18,6 +18,9 @@ log = logging.getLogger("gateway.http")
 # Messages the gateway starts (list changes, resource updates) kept for a session until its GET
 # stream takes them; beyond this, newer ones are dropped (a client that never listens).
 OUTBOX = 256
+# Open sessions at most: each holds a listen on the backends, so an endless stream of
+# `initialize` must not open endless backend streams.
+MAX_SESSIONS = 1000
 
 
 class HttpSession(Session):
@@ -51,16 +54,20 @@ def owner_of(authorization: str | None) -> str:
 
 
 class SessionStore:
-    def __init__(self, idle_timeout: float) -> None:
+    def __init__(self, idle_timeout: float, limit: int | None = None) -> None:
         self._idle_timeout = idle_timeout
+        self._limit = MAX_SESSIONS if limit is None else limit
         self._sessions: dict[str, HttpSession] = {}
         self._swept = time.monotonic()
 
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def open(self, owner: str) -> HttpSession:
-        self._sweep()
+    def open(self, owner: str) -> HttpSession | None:
+        """A new session, or None when MAX_SESSIONS are open (and none has expired)."""
+        self._sweep(force=len(self._sessions) >= self._limit)
+        if len(self._sessions) >= self._limit:
+            return None
         # 32 random bytes, URL-safe base64: visible ASCII only, as the header requires.
         session = HttpSession(secrets.token_urlsafe(32), owner)
         self._sessions[session.id] = session
@@ -84,11 +91,11 @@ class SessionStore:
         for session in list(self._sessions.values()):
             self.end(session)
 
-    def _sweep(self) -> None:
+    def _sweep(self, *, force: bool = False) -> None:
         """Ends sessions idle past the timeout; runs at most a few times per timeout, when
         sessions are used (an unused store holds only what expired since its last use)."""
         now = time.monotonic()
-        if now - self._swept < self._idle_timeout / 4:
+        if now - self._swept < self._idle_timeout / 4 and not force:
             return
         self._swept = now
         for session in list(self._sessions.values()):
