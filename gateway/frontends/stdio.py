@@ -30,6 +30,8 @@ log = logging.getLogger("gateway.stdio")
 
 # Larger lines are refused: one message must fit in memory, and no real request is this big.
 MAX_LINE_BYTES = 64 * 1024 * 1024
+# Bytes queued for stdout beyond which a writer waits for the client to read.
+WRITE_HIGH_WATER = 256 * 1024
 # After stdin closes, in-flight requests get this long to finish before they are cancelled.
 DRAIN_TIMEOUT = 5.0
 
@@ -157,8 +159,15 @@ class StdioFrontend:
     async def _write(self, msg: Message) -> None:
         data = jsonrpc.encode(msg) + b"\n"
         self._dispatcher.telemetry.stats.bytes["frontend", "out"] += len(data)
+        out = self._out
+        if isinstance(out, _PipeSend):
+            # A pipe write is synchronous and whole: no lock, and a drain only once the pipe
+            # backs up (the reader is slow).
+            if out.write_now(data):
+                await out.drain()
+            return
         async with self._write_lock:
-            await self._out.send(data)
+            await out.send(data)
 
 
 class _PipeReceive(anyio.abc.ByteReceiveStream):
@@ -181,6 +190,14 @@ class _PipeSend(anyio.abc.ByteSendStream):
 
     async def send(self, item: bytes) -> None:
         self._writer.write(item)
+        await self._writer.drain()
+
+    def write_now(self, item: bytes) -> bool:
+        """Write without waiting; True when the pipe is backed up and a drain is due."""
+        self._writer.write(item)
+        return self._writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER
+
+    async def drain(self) -> None:
         await self._writer.drain()
 
     async def aclose(self) -> None:
