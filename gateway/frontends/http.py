@@ -359,8 +359,7 @@ class _Relay:
         self.keepalive: asyncio.Task[None] | None = None
 
     def count_out(self, data: bytes) -> bytes:
-        self._stats.bytes["frontend", "out"] += len(data)
-        return data
+        return _count_out(self._stats, data)
 
     async def _write(self, data: bytes) -> None:
         # Notifications and keep-alives come from two tasks; each event goes out whole.

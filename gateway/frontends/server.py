@@ -586,10 +586,6 @@ class _Connection(asyncio.Protocol):
 
     # --- life cycle ---------------------------------------------------------------------------
 
-    @property
-    def busy(self) -> bool:
-        return self._task is not None
-
     def close_if_idle(self, now: float, timeout: float) -> None:
         if self._transport is None or self._task is not None:
             return

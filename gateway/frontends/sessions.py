@@ -32,13 +32,11 @@ class HttpSession(Session):
         # None marks the end of the session for the GET stream.
         self.outbox: asyncio.Queue[Message | None] = asyncio.Queue(OUTBOX)
         self.deliver = self._enqueue
-        self.dropped = 0
 
     async def _enqueue(self, msg: Message) -> None:
         try:
             self.outbox.put_nowait(msg)
         except asyncio.QueueFull:
-            self.dropped += 1
             log.debug("session %s: its GET stream is not taking messages; one dropped", self.id)
 
     def close(self) -> None:
