@@ -1,27 +1,24 @@
 """A backend reached over a child process's stdin/stdout (basic/transports/stdio).
 
-One child serves every front-end request at once: the gateway gives each request its own id
-(and progress token) on this hop, so two clients both using id 1 never see each other's replies.
+One child serves every front-end request at once (request bookkeeping: channel.py); this module
+supervises the child: start, restart with backoff, stderr, shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import subprocess
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 
-from gateway.backends.base import NotificationSink
+from gateway.backends.channel import Channel
 from gateway.config import BackendConfig, StdioTarget
-from gateway.errors import BackendTimeout, BackendUnavailable
-from gateway.protocol import jsonrpc, meta
-from gateway.protocol.headers import ParamHeader
+from gateway.errors import BackendError, BackendTimeout, BackendUnavailable
+from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
 from gateway.protocol.lines import LineSplitter
 from gateway.telemetry.api import Stats
@@ -33,9 +30,6 @@ log = logging.getLogger("gateway.backend")
 INHERITED_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LC_ALL", "TMPDIR")
 # A single line larger than this is a broken or hostile child, not a message worth buffering.
 MAX_LINE_BYTES = 64 * 1024 * 1024
-# Notifications queued for one request while its client reads slowly; beyond this, progress and
-# log notifications (which later ones supersede) are dropped rather than stalling the child.
-REQUEST_QUEUE = 256
 # Reads from the child's stdout take up to this much at once.
 READ_CHUNK = 256 * 1024
 # Lines queued for the child beyond this make a writer wait for the pipe to drain.
@@ -50,82 +44,27 @@ EXIT_GRACE = 2.0
 TERM_GRACE = 2.0
 
 
-class _Pending:
-    """One request in flight on the child: its reply, and the notifications its client has not
-    yet been given. A plain future and deque: no stream or task per request."""
-
-    __slots__ = (
-        "_waiter",
-        "client_id",
-        "client_token",
-        "done",
-        "dropped",
-        "failure",
-        "notes",
-        "reply",
-        "wants_logs",
-    )
-
-    def __init__(self, client_id: jsonrpc.RequestId, client_token: object, wants_logs: bool):
-        self.client_id = client_id
-        self.client_token = client_token
-        self.wants_logs = wants_logs
-        self.reply: Message | None = None
-        self.failure = ""
-        self.dropped = 0
-        self.notes: deque[Message] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self.done = False
-
-    def finish(self, reply: Message | None, failure: str = "") -> None:
-        self.reply, self.failure, self.done = reply, failure, True
-        self._wake()
-
-    def push(self, note: Message) -> None:
-        if self.done:
-            return
-        if len(self.notes) >= REQUEST_QUEUE:
-            self.dropped += 1
-            return
-        self.notes.append(note)
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
-
-
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
     env.update(extra or {})
     return env
 
 
-class StdioBackend:
+class StdioBackend(Channel):
     transport = "stdio"
 
     def __init__(self, config: BackendConfig, stats: Stats | None = None) -> None:
         assert isinstance(config.target, StdioTarget)
+        super().__init__(config.name, config.request_timeout)
         self._stats = stats or Stats()
-        self.name = config.name
         self._target = config.target
         self._connect_timeout = config.connect_timeout
-        self._request_timeout = config.request_timeout
-        self._ids = itertools.count(1)
-        self._pending: dict[int, _Pending] = {}
         self._proc: asyncio.subprocess.Process | None = None
         self._ready = anyio.Event()
-        self._last_problem = "not started yet"
         self.restarts = 0
-        # Receives notifications that belong to no request (e.g. list changes).
-        self.on_notification: Callable[[str, Message], None] | None = None
+        # Run on every child before it takes requests (the legacy era's handshake); a
+        # BackendError from it stops the child, which is started again like a crashed one.
+        self.on_start: Callable[[], Awaitable[None]] | None = None
 
     # --- supervision -----------------------------------------------------------------------
 
@@ -166,7 +105,7 @@ class StdioBackend:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._drain_stderr, proc)
                 self._proc = proc
-                self._ready.set()
+                tg.start_soon(self._open, proc)
                 await self._read_stdout(proc)
                 code = await proc.wait()
                 self._last_problem = f"child exited with code {code}"
@@ -176,6 +115,18 @@ class StdioBackend:
             self._fail_all(f"backend {self.name!r} stopped: {self._last_problem}")
             with anyio.CancelScope(shield=True):
                 await self._stop(proc)
+
+    async def _open(self, proc: asyncio.subprocess.Process) -> None:
+        if self.on_start is not None:
+            try:
+                await self.on_start()
+            except BackendError as exc:
+                self._last_problem = f"opening failed: {exc}"
+                log.error("backend %s: %s; stopping it", self.name, self._last_problem)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                return
+        self._ready.set()
 
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:
         """Close stdin, wait, SIGTERM, wait, SIGKILL, reap (basic/transports/stdio, Shutdown)."""
@@ -225,52 +176,12 @@ class StdioBackend:
                 "backend %s: dropped a line that is not JSON-RPC: %s", self.name, msg.message
             )
             return
-        kind = jsonrpc.kind(msg)
-        if kind is jsonrpc.Kind.RESPONSE:
-            pending = self._pending.get(msg["id"]) if isinstance(msg["id"], int) else None
-            if pending is None:
-                log.debug("backend %s: reply for unknown id %r dropped", self.name, msg["id"])
-                return
-            msg["id"] = pending.client_id
-            pending.finish(msg)
-        elif kind is jsonrpc.Kind.NOTIFICATION:
-            self._on_notification(msg)
-        else:
-            # A modern server never sends requests (transports/stdio, Receiving Messages). The
-            # reader must outlive a child whose stdin is already gone.
-            with contextlib.suppress(BackendUnavailable):
-                self._send(jsonrpc.error(msg["id"], -32601, "The gateway accepts no requests"))
-
-    def _on_notification(self, msg: Message) -> None:
-        method = msg["method"]
-        params = jsonrpc.params(msg)
-        target: _Pending | None = None
-        if method == "notifications/progress":
-            token = params.get("progressToken")
-            target = self._pending.get(token) if isinstance(token, int) else None
-            if target is not None:
-                msg["params"] = {**params, "progressToken": target.client_token}
-        elif isinstance(sub := jsonrpc.meta(msg).get(meta.SUBSCRIPTION_ID), int):
-            target = self._pending.get(sub)  # a listen stream's acknowledgement or notification
-        elif method == "notifications/message":
-            # stdio gives a log message no request id; it can only belong to a request that
-            # asked for logs, and is delivered only when exactly one such request is in flight.
-            askers = [p for p in self._pending.values() if p.wants_logs]
-            target = askers[0] if len(askers) == 1 else None
-        if target is None:
-            if self.on_notification is not None:
-                self.on_notification(self.name, msg)
-            else:
-                log.debug("backend %s: notification %s matched no request", self.name, method)
-            return
-        target.push(msg)
-
-    def _fail_all(self, reason: str) -> None:
-        pending, self._pending = self._pending, {}
-        for p in pending.values():
-            p.finish(None, reason)
+        self.on_message(msg)
 
     # --- outbound --------------------------------------------------------------------------
+
+    def _send_soon(self, msg: Message) -> None:
+        self._send(msg)
 
     def _send(self, msg: Message) -> asyncio.StreamWriter:
         """Queue one line for the child; the caller awaits `drain` when the pipe is full."""
@@ -302,68 +213,6 @@ class StdioBackend:
             return
         raise BackendUnavailable(self.name, f"not running ({self._last_problem})")
 
-    async def request(
-        self,
-        msg: Message,
-        sink: NotificationSink,
-        param_headers: tuple[ParamHeader, ...] = (),
-        *,
-        long_lived: bool = False,
-    ) -> Message:
-        await self._wait_ready()
-        bid = next(self._ids)
-        params = jsonrpc.params(msg)
-        req_meta = jsonrpc.meta(msg)
-        token = req_meta.get(meta.PROGRESS_TOKEN)
-        out = {**msg, "id": bid}
-        if token is not None:
-            out["params"] = {**params, "_meta": {**req_meta, meta.PROGRESS_TOKEN: bid}}
-        pending = _Pending(msg["id"], token, meta.LOG_LEVEL in req_meta)
-        self._pending[bid] = pending
-        loop = asyncio.get_running_loop()
-        # A timer that finishes the request with a timeout, rather than a cancel scope: one
-        # heap entry per request.
-        timer = None if long_lived else loop.call_later(self._request_timeout, pending.finish, None)
-        try:
-            await self._write(out)
-            while True:
-                while pending.notes:
-                    await sink(pending.notes.popleft())
-                if pending.done:
-                    break
-                await pending.wait()
-        except asyncio.CancelledError:
-            if not pending.done:
-                self._cancel_on_child(bid, "cancelled by the client")
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self._pending.pop(bid, None)
-        if pending.dropped:
-            log.warning(
-                "backend %s: %d notifications dropped for a slow client", self.name, pending.dropped
-            )
-        if pending.reply is None:
-            if not pending.failure:
-                self._cancel_on_child(bid, "timed out at the gateway")
-                raise BackendTimeout(self.name, f"no reply within {self._request_timeout:g}s")
-            raise BackendUnavailable(self.name, pending.failure)
-        return pending.reply
-
-    def _cancel_on_child(self, bid: int, reason: str) -> None:
-        note = {
-            "jsonrpc": "2.0",
-            "method": "notifications/cancelled",
-            "params": {"requestId": bid, "reason": reason},
-        }
-        with contextlib.suppress(BackendUnavailable):
-            self._send(note)
-
-    async def notify(self, msg: Message) -> None:
-        await self._wait_ready()
-        await self._write(msg)
-
     @property
     def up(self) -> bool:
         return self._proc is not None
@@ -371,10 +220,6 @@ class StdioBackend:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
 
 
 class _LineTooLong(Exception):

@@ -32,6 +32,7 @@ from gateway.config.model import (
     DEFAULT_TAP_BACKUPS,
     DEFAULT_TAP_MAX_BYTES,
     DEFAULT_TAP_MAX_MESSAGE_BYTES,
+    ERAS,
     FAILURE_POLICIES,
     PREFIX_MODES,
     WILDCARD_HOSTS,
@@ -43,8 +44,10 @@ from gateway.config.model import (
     HttpTarget,
     Listen,
     Namespacing,
+    SseTarget,
     StdioTarget,
     TapConfig,
+    Target,
     TelemetryConfig,
 )
 from gateway.config.reader import _Check, _Reader
@@ -124,13 +127,23 @@ def _backend(c: _Check, name: str, raw: Any) -> BackendConfig | None:
     body = c.mapping(
         raw,
         path,
-        {"stdio", "http", "connect_timeout", "request_timeout", "namespace", "tools", "rename"},
+        {
+            "stdio",
+            "http",
+            "sse",
+            "era",
+            "connect_timeout",
+            "request_timeout",
+            "namespace",
+            "tools",
+            "rename",
+        },
     )
-    kinds = [k for k in ("stdio", "http") if body.get(k) is not None]
+    kinds = [k for k in ("stdio", "http", "sse") if body.get(k) is not None]
     if len(kinds) != 1:
-        c.r.problem(path, "needs exactly one of stdio or http")
+        c.r.problem(path, "needs exactly one of stdio, http or sse")
         return None
-    target: StdioTarget | HttpTarget
+    target: Target
     if kinds[0] == "stdio":
         sp = path + ("stdio",)
         s = c.mapping(body["stdio"], sp, {"command", "args", "env", "cwd"})
@@ -144,14 +157,18 @@ def _backend(c: _Check, name: str, raw: Any) -> BackendConfig | None:
             cwd=c.string(s.get("cwd"), sp + ("cwd",)),
         )
     else:
-        hp = path + ("http",)
-        h = c.mapping(body["http"], hp, {"url", "headers"})
+        hp = path + (kinds[0],)
+        h = c.mapping(body[kinds[0]], hp, {"url", "headers"})
         url = c.string(h.get("url"), hp + ("url",))
         if not url or not re.match(r"^https?://", url):
             c.r.problem(hp + ("url",), "must be an http:// or https:// URL")
-        target = HttpTarget(
-            url=url or "", headers=c.string_map(h.get("headers"), hp + ("headers",))
-        )
+        kind = HttpTarget if kinds[0] == "http" else SseTarget
+        target = kind(url=url or "", headers=c.string_map(h.get("headers"), hp + ("headers",)))
+    era = c.string(body.get("era"), path + ("era",), "auto") or "auto"
+    if era not in ERAS:
+        c.r.problem(path + ("era",), f"must be one of {', '.join(ERAS)}")
+    elif kinds[0] == "sse" and era == "modern":
+        c.r.problem(path + ("era",), "an sse backend speaks a legacy version")
     namespace = c.string(body.get("namespace"), path + ("namespace",), "") or ""
     if namespace and not _NAME.match(namespace):
         c.r.problem(path + ("namespace",), "a namespace uses letters, digits, '_', '.' and '-'")
@@ -159,6 +176,7 @@ def _backend(c: _Check, name: str, raw: Any) -> BackendConfig | None:
     return BackendConfig(
         name=name,
         target=target,
+        era="legacy" if kinds[0] == "sse" else era,
         namespace=namespace,
         allow_tools=c.strings(tools.get("allow"), path + ("tools", "allow")),
         deny_tools=c.strings(tools.get("deny"), path + ("tools", "deny")),
@@ -356,11 +374,13 @@ def describe(config: Config) -> str:
     for b in config.backends:
         if b.namespace:
             lines.append(f"  backend {b.name}: namespace {b.namespace}")
+        era = "" if b.era == "auto" else f" (era {b.era})"
         if isinstance(b.target, StdioTarget):
             cmd = " ".join([b.target.command, *b.target.args])
-            lines.append(f"  backend {b.name}: stdio `{cmd}`")
+            lines.append(f"  backend {b.name}: stdio `{cmd}`{era}")
         else:
-            lines.append(f"  backend {b.name}: http {b.target.url}")
+            kind = "sse" if isinstance(b.target, SseTarget) else "http"
+            lines.append(f"  backend {b.name}: {kind} {b.target.url}{era}")
     t = config.telemetry
     lines.append(
         f"  telemetry    service={t.service_name} traces={t.otlp_endpoint or 'off'}"
@@ -405,8 +425,10 @@ __all__ = [
     "HttpTarget",
     "Listen",
     "Namespacing",
+    "SseTarget",
     "StdioTarget",
     "TapConfig",
+    "Target",
     "TelemetryConfig",
     "describe",
     "load",

@@ -7,7 +7,15 @@ from typing import Any
 
 import orjson
 
-from gateway.config.model import _NAME, BackendConfig, ConfigInvalid, HttpTarget, StdioTarget
+from gateway.config.model import (
+    _NAME,
+    BackendConfig,
+    ConfigInvalid,
+    HttpTarget,
+    SseTarget,
+    StdioTarget,
+    Target,
+)
 
 
 def load_mcp_json(path: Path) -> tuple[BackendConfig, ...]:
@@ -33,19 +41,22 @@ def load_mcp_json(path: Path) -> tuple[BackendConfig, ...]:
         elif not _NAME.match(name):
             problems.append(f"{where}: a backend name uses letters, digits, '_', '.' and '-'")
         else:
-            out.append(BackendConfig(name=name, target=target))
+            era = "legacy" if isinstance(target, SseTarget) else "auto"
+            out.append(BackendConfig(name=name, target=target, era=era))
     if problems:
         raise ConfigInvalid(problems)
     return tuple(out)
 
 
-def _mcp_json_target(entry: dict[str, Any]) -> StdioTarget | HttpTarget | str:
+def _mcp_json_target(entry: dict[str, Any]) -> Target | str:
     kind = entry.get("type", "http" if "url" in entry else "stdio")
-    if kind in ("http", "streamable-http", "streamableHttp") and isinstance(entry.get("url"), str):
+    web = ("http", "streamable-http", "streamableHttp", "sse")
+    if kind in web and isinstance(entry.get("url"), str):
         headers = entry.get("headers") or {}
         if not isinstance(headers, dict):
             return "headers must be an object"
-        return HttpTarget(url=entry["url"], headers={str(k): str(v) for k, v in headers.items()})
+        target = SseTarget if kind == "sse" else HttpTarget
+        return target(url=entry["url"], headers={str(k): str(v) for k, v in headers.items()})
     if kind == "stdio" and isinstance(entry.get("command"), str):
         args, env = entry.get("args") or [], entry.get("env") or {}
         if not isinstance(args, list) or not isinstance(env, dict):

@@ -110,9 +110,23 @@ class HttpTarget:
 
 
 @dataclass(frozen=True)
+class SseTarget:
+    """A server on the deprecated HTTP+SSE transport of 2024-11-05: `url` is its SSE endpoint."""
+
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+Target = StdioTarget | HttpTarget | SseTarget
+# `auto` probes each backend (server/discover, falling back to initialize); the others pin it.
+ERAS = ("auto", "modern", "legacy")
+
+
+@dataclass(frozen=True)
 class BackendConfig:
     name: str
-    target: StdioTarget | HttpTarget
+    target: Target
+    era: str = "auto"
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     namespace: str = ""  # empty: the backend's name

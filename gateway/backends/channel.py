@@ -1,0 +1,274 @@
+"""Request bookkeeping for a backend that carries every message on one channel: a child's
+stdin/stdout (stdio) or the 2024-11-05 HTTP+SSE transport's stream and POST endpoint.
+
+Each front-end request gets its own id (and progress token) on this hop, so two clients both
+using id 1 never see each other's replies. Replies and notifications come back in `on_message`
+and find their request by that id; the transport subclasses only say how a message goes out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable
+
+from gateway.backends.base import NotificationSink
+from gateway.errors import BackendTimeout, BackendUnavailable
+from gateway.protocol import codes, jsonrpc, meta
+from gateway.protocol.headers import ParamHeader
+from gateway.protocol.jsonrpc import Message
+
+log = logging.getLogger("gateway.backend")
+
+# Notifications queued for one request while its client reads slowly; beyond this, progress and
+# log notifications (which later ones supersede) are dropped rather than stalling the backend.
+REQUEST_QUEUE = 256
+
+
+class _Pending:
+    """One request in flight: its reply, and the messages its client has not yet been given.
+    A plain future and deque: no stream or task per request."""
+
+    __slots__ = (
+        "_waiter",
+        "client_id",
+        "client_token",
+        "done",
+        "dropped",
+        "failure",
+        "long_lived",
+        "notes",
+        "reply",
+        "wants_logs",
+    )
+
+    def __init__(
+        self,
+        client_id: jsonrpc.RequestId,
+        client_token: object,
+        wants_logs: bool,
+        long_lived: bool,
+    ):
+        self.client_id = client_id
+        self.client_token = client_token
+        self.wants_logs = wants_logs
+        self.long_lived = long_lived
+        self.reply: Message | None = None
+        self.failure = ""
+        self.dropped = 0
+        self.notes: deque[Message] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self.done = False
+
+    def finish(self, reply: Message | None, failure: str = "") -> None:
+        self.reply, self.failure, self.done = reply, failure, True
+        self._wake()
+
+    def push(self, note: Message) -> None:
+        if self.done:
+            return
+        if len(self.notes) >= REQUEST_QUEUE:
+            self.dropped += 1
+            return
+        self.notes.append(note)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+
+class Channel:
+    """What stdio and HTTP+SSE backends share: ids, pending requests, message routing."""
+
+    name: str
+    transport: str
+
+    def __init__(self, name: str, request_timeout: float) -> None:
+        self.name = name
+        self._request_timeout = request_timeout
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._last_problem = "not started yet"
+        # Receives notifications that belong to no request (e.g. list changes).
+        self.on_notification: Callable[[str, Message], None] | None = None
+        # Set for a legacy server: its requests to the client (elicitation, sampling, roots) go
+        # to the one request in flight, as messages of that request; a modern one sends none.
+        self.takes_requests = False
+
+    # --- what a transport provides -----------------------------------------------------------
+
+    async def _write(self, msg: Message) -> None:
+        """Send one message, waiting while the channel is backed up."""
+        raise NotImplementedError
+
+    def _send_soon(self, msg: Message) -> None:
+        """Send one message without waiting (cancellations, refusals); failures are dropped."""
+        raise NotImplementedError
+
+    async def _wait_ready(self) -> None:
+        raise NotImplementedError
+
+    # --- inbound ---------------------------------------------------------------------------
+
+    def on_message(self, msg: Message) -> None:
+        kind = jsonrpc.kind(msg)
+        if kind is jsonrpc.Kind.RESPONSE:
+            pending = self._pending.get(msg["id"]) if isinstance(msg["id"], int) else None
+            if pending is None:
+                log.debug("backend %s: reply for unknown id %r dropped", self.name, msg["id"])
+                return
+            msg["id"] = pending.client_id
+            pending.finish(msg)
+        elif kind is jsonrpc.Kind.NOTIFICATION:
+            self._on_notification(msg)
+        else:
+            self._on_request(msg)
+
+    def _on_request(self, msg: Message) -> None:
+        if not self.takes_requests:
+            # A modern server never sends requests (transports/stdio, Receiving Messages).
+            self._refuse(msg, codes.METHOD_NOT_FOUND, "The gateway accepts no requests")
+            return
+        if msg["method"] == "ping":
+            self._send_soon(jsonrpc.result(msg["id"], {}))
+            return
+        # This transport does not say which request a server's question belongs to; only with
+        # one request in flight is it certain (a guess could show it to the wrong user).
+        calls = [p for p in self._pending.values() if not p.long_lived]
+        if len(calls) != 1:
+            self._refuse(
+                msg, codes.INTERNAL_ERROR, "The gateway cannot tell which request this is for"
+            )
+            return
+        calls[0].push(msg)
+
+    def _refuse(self, msg: Message, code: int, message: str) -> None:
+        with contextlib.suppress(BackendUnavailable):
+            self._send_soon(jsonrpc.error(msg["id"], code, message))
+
+    def _on_notification(self, msg: Message) -> None:
+        method = msg["method"]
+        params = jsonrpc.params(msg)
+        target: _Pending | None = None
+        if method == "notifications/progress":
+            token = params.get("progressToken")
+            target = self._pending.get(token) if isinstance(token, int) else None
+            if target is not None:
+                msg["params"] = {**params, "progressToken": target.client_token}
+        elif isinstance(sub := jsonrpc.meta(msg).get(meta.SUBSCRIPTION_ID), int):
+            target = self._pending.get(sub)  # a listen stream's acknowledgement or notification
+        elif method == "notifications/message":
+            # A log message carries no request id here; it can only belong to a request that
+            # asked for logs, and is delivered only when exactly one such request is in flight.
+            askers = [p for p in self._pending.values() if p.wants_logs]
+            target = askers[0] if len(askers) == 1 else None
+        if target is None:
+            if self.on_notification is not None:
+                self.on_notification(self.name, msg)
+            else:
+                log.debug("backend %s: notification %s matched no request", self.name, method)
+            return
+        target.push(msg)
+
+    def _fail_all(self, reason: str) -> None:
+        pending, self._pending = self._pending, {}
+        for p in pending.values():
+            p.finish(None, reason)
+
+    # --- outbound --------------------------------------------------------------------------
+
+    async def request(
+        self,
+        msg: Message,
+        sink: NotificationSink,
+        param_headers: tuple[ParamHeader, ...] = (),
+        *,
+        long_lived: bool = False,
+        wants_logs: bool | None = None,
+    ) -> Message:
+        await self._wait_ready()
+        within = None if long_lived else self._request_timeout
+        return await self.exchange(msg, sink, within, wants_logs=wants_logs)
+
+    async def exchange(
+        self,
+        msg: Message,
+        sink: NotificationSink,
+        within: float | None,
+        *,
+        wants_logs: bool | None = None,
+    ) -> Message:
+        """One request, whether or not the backend is ready for others (its opening handshake
+        uses this); `within` (seconds) is None for a listen stream."""
+        bid = next(self._ids)
+        params = jsonrpc.params(msg)
+        req_meta = jsonrpc.meta(msg)
+        token = req_meta.get(meta.PROGRESS_TOKEN)
+        out = {**msg, "id": bid}
+        if token is not None:
+            out["params"] = {**params, "_meta": {**req_meta, meta.PROGRESS_TOKEN: bid}}
+        logs = meta.LOG_LEVEL in req_meta if wants_logs is None else wants_logs
+        pending = _Pending(msg["id"], token, logs, within is None)
+        self._pending[bid] = pending
+        loop = asyncio.get_running_loop()
+        # A timer that finishes the request with a timeout, rather than a cancel scope: one
+        # heap entry per request.
+        timer = None if within is None else loop.call_later(within, pending.finish, None)
+        try:
+            await self._write(out)
+            while True:
+                while pending.notes:
+                    await sink(pending.notes.popleft())
+                if pending.done:
+                    break
+                await pending.wait()
+        except asyncio.CancelledError:
+            if not pending.done:
+                self._cancel_remote(bid, "cancelled by the client")
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._pending.pop(bid, None)
+        if pending.dropped:
+            log.warning(
+                "backend %s: %d notifications dropped for a slow client", self.name, pending.dropped
+            )
+        if pending.reply is None:
+            if not pending.failure:
+                self._cancel_remote(bid, "timed out at the gateway")
+                raise BackendTimeout(self.name, f"no reply within {within:g}s")
+            raise BackendUnavailable(self.name, pending.failure)
+        return pending.reply
+
+    def _cancel_remote(self, bid: int, reason: str) -> None:
+        note = {
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": bid, "reason": reason},
+        }
+        with contextlib.suppress(BackendUnavailable):
+            self._send_soon(note)
+
+    async def notify(self, msg: Message) -> None:
+        await self._wait_ready()
+        await self._write(msg)
+
+    async def respond(self, msg: Message) -> None:
+        """Answer a request the server sent (its id is the server's own)."""
+        await self._write(msg)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
