@@ -24,9 +24,11 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 from gateway import __version__
 from gateway.backends.base import Backend
+from gateway.backends.era import EraBackend
 from gateway.backends.http import HttpBackend
+from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
-from gateway.config import BackendConfig, Config, StdioTarget, TapConfig
+from gateway.config import BackendConfig, Config, SseTarget, StdioTarget, TapConfig
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.instrument import InstrumentedBackend
 from gateway.frontends import http as http_frontend
@@ -51,9 +53,11 @@ class StartupError(Exception):
     """The configured backends cannot be served together (e.g. a name collision under `never`)."""
 
 
-def make_backend(config: BackendConfig, stats: Stats) -> StdioBackend | HttpBackend:
+def make_backend(config: BackendConfig, stats: Stats) -> StdioBackend | HttpBackend | SseBackend:
     if isinstance(config.target, StdioTarget):
         return StdioBackend(config, stats)
+    if isinstance(config.target, SseTarget):
+        return SseBackend(config, stats)
     return HttpBackend(config, stats)
 
 
@@ -143,9 +147,13 @@ class Gateway:
             self.tap,
         )
         self.transports = [make_backend(b, self.telemetry.stats) for b in config.backends]
+        # Each transport behind its era layer: a legacy backend looks modern from here on.
+        self.eras = [
+            EraBackend(t, c) for t, c in zip(self.transports, config.backends, strict=True)
+        ]
         self.backends: list[Backend] = [
-            InstrumentedBackend(t, self.telemetry, _address(c))
-            for t, c in zip(self.transports, config.backends, strict=True)
+            InstrumentedBackend(e, self.telemetry, _address(c))
+            for e, c in zip(self.eras, config.backends, strict=True)
         ]
         self.dispatcher = Dispatcher(
             self.backends,
@@ -155,9 +163,8 @@ class Gateway:
             config.on_backend_failure,
             self.telemetry,
         )
-        for transport in self.transports:
-            if isinstance(transport, StdioBackend):
-                transport.on_notification = self.dispatcher.backend_notification
+        for era in self.eras:
+            era.on_notification = self.dispatcher.backend_notification
         self.registry.register(
             GatewayCollector(self.telemetry.stats, self._backend_states, self._listens)
         )
@@ -195,7 +202,7 @@ class Gateway:
             BackendState(
                 name=t.name,
                 up=t.up,
-                restarts=t.restarts if isinstance(t, StdioBackend) else 0,
+                restarts=t.restarts if isinstance(t, StdioBackend | SseBackend) else 0,
                 catalog_refreshes=catalogs.refreshes.get(t.name, 0),
                 fanout_failures=self.dispatcher.fan_out_failures.get(t.name, 0),
             )

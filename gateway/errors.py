@@ -49,6 +49,10 @@ class BackendUnavailable(BackendError):
     code = codes.BACKEND_UNAVAILABLE
 
 
+class SessionExpired(BackendUnavailable):
+    """A legacy HTTP backend no longer knows the gateway's session (404): initialise again."""
+
+
 class BackendTimeout(BackendError):
     code = codes.BACKEND_TIMEOUT
 

@@ -11,6 +11,7 @@ from gateway.config import (
     AdminListen,
     ConfigInvalid,
     HttpTarget,
+    SseTarget,
     StdioTarget,
     TapConfig,
     TelemetryConfig,
@@ -91,7 +92,29 @@ def test_yaml_syntax_error_names_the_line() -> None:
 
 def test_a_backend_needs_exactly_one_transport() -> None:
     found = problems("listen: {stdio: true}\nbackends:\n  a: {}\n")
-    assert found == ["c.yaml:3: backends.a: needs exactly one of stdio or http"]
+    assert found == ["c.yaml:3: backends.a: needs exactly one of stdio, http or sse"]
+
+
+def test_era_defaults_to_auto_and_can_be_pinned() -> None:
+    text = (
+        "listen: {stdio: true}\n"
+        "backends:\n"
+        "  a: {http: {url: 'http://x'}}\n"
+        "  b: {http: {url: 'http://y'}, era: legacy}\n"
+        "  c: {stdio: {command: srv}, era: modern}\n"
+    )
+    assert [b.era for b in parse(text, env={}).backends] == ["auto", "legacy", "modern"]
+    bad = "listen: {stdio: true}\nbackends:\n  a: {http: {url: 'http://x'}, era: old}\n"
+    assert problems(bad) == ["c.yaml:3: backends.a.era: must be one of auto, modern, legacy"]
+
+
+def test_an_sse_backend_is_legacy_and_cannot_be_pinned_modern() -> None:
+    text = "listen: {stdio: true}\nbackends:\n  old: {sse: {url: 'http://x/sse'}}\n"
+    backend = parse(text, env={}).backends[0]
+    assert isinstance(backend.target, SseTarget) and backend.target.url == "http://x/sse"
+    assert backend.era == "legacy"
+    pinned = text.replace("/sse'}}", "/sse'}, era: modern}")
+    assert problems(pinned) == ["c.yaml:3: backends.old.era: an sse backend speaks a legacy version"]
 
 
 def test_no_front_end_and_no_backend_are_errors() -> None:

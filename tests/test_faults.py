@@ -96,7 +96,9 @@ def stdio_backend(command: list[str], **extra: object) -> dict[str, object]:
 
 
 def http_backend(url: str, **extra: object) -> dict[str, object]:
-    return {"http": {"url": url}, **extra}
+    # The hand-written backends here answer what each test needs, server/discover aside: pinned
+    # modern, they are not probed (the probe has tests of its own in test_legacy_backends.py).
+    return {"http": {"url": url}, "era": "modern", **extra}
 
 
 def rude_command(notes: Path, requests: Path) -> list[str]:

@@ -722,6 +722,8 @@ async def recording_backend() -> AsyncIterator[tuple[str, list[Seen]]]:
         if "id" not in body:
             return web.Response(status=202)
         result = {"resultType": "complete", "content": [], "ttlMs": 0}
+        if body["method"] == "server/discover":  # the era probe
+            result = {"resultType": "complete", "supportedVersions": [VERSION], "capabilities": {}}
         reply = {"jsonrpc": "2.0", "id": body["id"], "result": result}
         return web.Response(body=orjson.dumps(reply), content_type="application/json")
 

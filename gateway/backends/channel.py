@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from gateway.backends.base import NotificationSink
 from gateway.errors import BackendTimeout, BackendUnavailable
@@ -105,6 +105,9 @@ class Channel:
         # Set for a legacy server: its requests to the client (elicitation, sampling, roots) go
         # to the one request in flight, as messages of that request; a modern one sends none.
         self.takes_requests = False
+        # Run on every new connection (child, stream) before it takes requests: the legacy
+        # era's handshake. A BackendError from it drops the connection, to be made again.
+        self.on_start: Callable[[], Awaitable[None]] | None = None
 
     # --- what a transport provides -----------------------------------------------------------
 
@@ -265,9 +268,13 @@ class Channel:
         await self._wait_ready()
         await self._write(msg)
 
-    async def respond(self, msg: Message) -> None:
-        """Answer a request the server sent (its id is the server's own)."""
+    async def send(self, msg: Message) -> None:
+        """Send a message outside any request, ready or not: an answer to the server's own
+        request (its id is the server's), or the handshake's `notifications/initialized`."""
         await self._write(msg)
+
+    async def ready(self) -> None:
+        await self._wait_ready()
 
     @property
     def in_flight(self) -> int:

@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 
 import anyio
 
 from gateway.backends import http1
 from gateway.backends.base import NotificationSink
 from gateway.config import BackendConfig, HttpTarget
-from gateway.errors import BackendProtocolError, BackendTimeout, BackendUnavailable
-from gateway.protocol import headers, jsonrpc, sse
+from gateway.errors import (
+    BackendProtocolError,
+    BackendTimeout,
+    BackendUnavailable,
+    SessionExpired,
+)
+from gateway.protocol import codes, headers, jsonrpc, sse
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Stats
@@ -23,6 +29,7 @@ from gateway.telemetry.api import Stats
 log = logging.getLogger("gateway.backend")
 
 TRACE_HEADERS = ("traceparent", "tracestate")
+SESSION_HEADER = "Mcp-Session-Id"
 # Fixed for every request: the two media types we accept and the one we send.
 FIXED_HEADERS = (
     ("Accept", "application/json, text/event-stream"),
@@ -52,12 +59,18 @@ class HttpBackend:
         self._url = config.target.url
         http1.Target(self._url)  # a malformed URL fails here, at start-up
         self._fixed = http1.encode_headers((*FIXED_HEADERS, *config.target.headers.items()))
+        self._custom = http1.encode_headers(config.target.headers.items())
         self._request_timeout = config.request_timeout
         self._connect_timeout = config.connect_timeout
         self._pool: http1.Pool | None = None
         # Listen streams stay open indefinitely; they get their own unbounded pool so they can
         # never use up the connections that calls need.
         self._streams: http1.Pool | None = None
+        # The legacy era (set by era.py): a session id the server gives at `initialize`, sent on
+        # every request with the agreed version; None while the backend is modern.
+        self._legacy: _LegacyHeaders | None = None
+        self.takes_requests = False
+        self.on_notification: Callable[[str, Message], None] | None = None
 
     async def run(self) -> None:
         self._pool = http1.Pool(self._url, limit=POOL_SIZE, connect_timeout=self._connect_timeout)
@@ -70,7 +83,81 @@ class HttpBackend:
             for pool in pools:
                 await pool.close()
 
+    # --- the legacy era (2025-11-25 transports, Session Management) -------------------------
+
+    def begin_session(self) -> None:
+        """Legacy from now on, with no session yet (before `initialize`)."""
+        self._legacy = _LegacyHeaders(self._fixed, self._custom)
+
+    def agreed(self, version: str) -> None:
+        assert self._legacy is not None
+        self._legacy.version = version
+        self._legacy.encode()
+
+    async def send(self, msg: Message) -> None:
+        await self.notify(msg)
+
+    async def exchange(
+        self,
+        msg: Message,
+        sink: NotificationSink,
+        within: float | None,
+        *,
+        wants_logs: bool | None = None,
+    ) -> Message:
+        return await self._post(self._pool, msg, sink, (), within)
+
+    async def watch(self, deliver: Callable[[str, Message], None]) -> bool:
+        """The legacy session's GET stream, until it ends: its notifications to `deliver`.
+        False if the server offers none (405)."""
+        pool, legacy = self._streams, self._legacy
+        if pool is None or legacy is None:
+            raise BackendUnavailable(self.name, "not started")
+        try:
+            resp = await pool.request(legacy.stream_headers, b"", method="GET")
+        except (http1.ConnectFailed, http1.Disconnected) as exc:
+            raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
+        try:
+            if resp.status == 405:
+                return False
+            self._check_session(resp, legacy)
+            if resp.status != 200 or resp.content_type != "text/event-stream":
+                raise BackendProtocolError(self.name, f"GET stream answered HTTP {resp.status}")
+            decoder = sse.Decoder()
+            async for chunk in resp.chunks():
+                for data in decoder.feed(chunk):
+                    event = jsonrpc.decode(data, keep=True)
+                    if isinstance(event, jsonrpc.Invalid):
+                        continue
+                    if jsonrpc.kind(event) is jsonrpc.Kind.NOTIFICATION:
+                        deliver(self.name, event)
+                    elif jsonrpc.kind(event) is jsonrpc.Kind.REQUEST:
+                        await self._refuse_unrelated(event)
+            return True
+        except http1.HttpClientError as exc:
+            raise BackendUnavailable(self.name, f"GET stream failed: {exc}") from None
+        finally:
+            resp.abort()
+
+    async def _refuse_unrelated(self, request: Message) -> None:
+        """A request on the GET stream belongs to no client request: only ping is answered."""
+        if request.get("method") == "ping":
+            await self.send(jsonrpc.result(request["id"], {}))
+        else:
+            refusal = "The gateway answers questions only within a request"
+            await self.send(jsonrpc.error(request["id"], codes.METHOD_NOT_FOUND, refusal))
+
+    def _check_session(self, resp: http1.Response, legacy: _LegacyHeaders) -> None:
+        if resp.status == 404 and legacy.session_id is not None:
+            raise SessionExpired(self.name, "the server no longer knows the session")
+        session_id = resp.headers.get("mcp-session-id")
+        if session_id is not None and session_id != legacy.session_id:
+            legacy.session_id = session_id
+            legacy.encode()
+
     def _headers(self, msg: Message, param_headers: tuple[ParamHeader, ...]) -> str:
+        if self._legacy is not None:
+            return self._legacy.headers + _trace_headers(msg)
         out = headers.derive(msg, param_headers)
         trace_meta = jsonrpc.meta(msg)
         for key in TRACE_HEADERS:  # trace context travels in headers too, for HTTP-aware tracing
@@ -88,6 +175,7 @@ class HttpBackend:
         param_headers: tuple[ParamHeader, ...] = (),
         *,
         long_lived: bool = False,
+        wants_logs: bool | None = None,  # (each reply stream carries its own request's logs)
     ) -> Message:
         if long_lived:
             return await self._post(self._streams, msg, sink, param_headers)
@@ -105,6 +193,8 @@ class HttpBackend:
                 self._headers(msg, ()), jsonrpc.encode(msg), within=self._request_timeout
             )
             try:
+                if self._legacy is not None:
+                    self._check_session(resp, self._legacy)
                 await resp.read(MAX_REPLY_BYTES)
             finally:
                 resp.release()
@@ -133,6 +223,12 @@ class HttpBackend:
         except http1.HttpProtocolError as exc:
             raise BackendProtocolError(self.name, str(exc)) from None
         self._up = True
+        if self._legacy is not None:
+            try:
+                self._check_session(resp, self._legacy)
+            except SessionExpired:
+                resp.release()
+                raise
         try:
             reply = await self._read_reply(resp, msg, sink)
         except BaseException:
@@ -191,8 +287,8 @@ class HttpBackend:
         kind = jsonrpc.kind(event)
         if kind is jsonrpc.Kind.RESPONSE:
             return self._own(event, msg)
-        if kind is jsonrpc.Kind.NOTIFICATION:
-            await sink(event)
+        if kind is jsonrpc.Kind.NOTIFICATION or self.takes_requests:
+            await sink(event)  # (a legacy server's questions about this request too)
         return None
 
     def _own(self, reply: Message, msg: Message) -> Message:
@@ -202,3 +298,32 @@ class HttpBackend:
         elif reply.get("id") != msg.get("id"):
             raise BackendProtocolError(self.name, "the reply's id is not the request's")
         return reply
+
+
+class _LegacyHeaders:
+    """The headers of a legacy session, encoded once per change."""
+
+    def __init__(self, fixed: str, custom: str) -> None:
+        self._fixed = fixed
+        self._custom = custom
+        self.version: str | None = None
+        self.session_id: str | None = None
+        self.headers = fixed
+        self.stream_headers = ""
+        self.encode()
+
+    def encode(self) -> None:
+        fields: list[tuple[str, str]] = []
+        if self.version is not None:
+            fields.append((headers.PROTOCOL_VERSION, self.version))
+        if self.session_id is not None:
+            fields.append((SESSION_HEADER, self.session_id))
+        self.headers = self._fixed + http1.encode_headers(fields)
+        accept = ("Accept", "text/event-stream")
+        self.stream_headers = self._custom + http1.encode_headers([accept, *fields])
+
+
+def _trace_headers(msg: Message) -> str:
+    fields = jsonrpc.meta(msg)
+    found = [(k, fields[k]) for k in TRACE_HEADERS if isinstance(fields.get(k), str)]
+    return _encoded(tuple(found)) if found else ""

@@ -339,18 +339,21 @@ class Pool:
         self._queue: deque[asyncio.Future[_Connection | None]] = deque()
         self._closed = False
 
-    async def request(self, headers: str, body: bytes, *, within: float | None = None) -> Response:
-        """Send a POST and return once the reply's head has arrived.
+    async def request(
+        self, headers: str, body: bytes, *, within: float | None = None, method: str = "POST"
+    ) -> Response:
+        """Send a request (a POST unless `method` says otherwise) and return once the reply's
+        head has arrived.
 
         `headers` is the encoded header block (see `encode_headers`) without Host and
         Content-Length. `within` (seconds) bounds the whole exchange, the body included: past
         it, whatever is being awaited raises TimeoutError and the connection is closed. A reused
         connection the backend closed before answering is retried once on a new connection: the
         backend cannot have acted on a request it never read."""
-        data = (
-            f"{self.target.request_line}{headers}Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
+        line = self.target.request_line
+        if method != "POST":
+            line = method + line[4:]
+        data = f"{line}{headers}Content-Length: {len(body)}\r\n\r\n".encode() + body
         # A timer rather than a cancel scope: it costs one heap entry, and it fails only what
         # this exchange is waiting on.
         deadline = _Deadline(self.loop, within)

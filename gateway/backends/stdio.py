@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import anyio
 
@@ -62,9 +62,6 @@ class StdioBackend(Channel):
         self._proc: asyncio.subprocess.Process | None = None
         self._ready = anyio.Event()
         self.restarts = 0
-        # Run on every child before it takes requests (the legacy era's handshake); a
-        # BackendError from it stops the child, which is started again like a crashed one.
-        self.on_start: Callable[[], Awaitable[None]] | None = None
 
     # --- supervision -----------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from gateway.routing import table as routes
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure, Route, RouteTable
 from gateway.telemetry.api import (
+    CURRENT_ORIGIN,
     NO_OBSERVATION,
     STDIO_ORIGIN,
     NoTelemetry,
@@ -96,10 +97,12 @@ class Dispatcher:
             sink = tapped(telemetry, sink, "frontend", "out", None)
         observed = telemetry.server(msg, origin)
         token = _observation.set(observed)
+        origin_token = CURRENT_ORIGIN.set(origin)
         reply: Message | None = None
         try:
             reply = await self._answer(msg, sink)
         finally:
+            CURRENT_ORIGIN.reset(origin_token)
             _observation.reset(token)
             observed.end(reply)
         if telemetry.tapping:

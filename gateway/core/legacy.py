@@ -31,7 +31,7 @@ Deliver = Callable[[Message], Awaitable[None]]
 
 # Legacy revisions we serve, newest first (basic/lifecycle, Version Negotiation: a server that
 # does not support the requested version answers with the latest it supports).
-LEGACY_VERSIONS: tuple[str, ...] = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+LEGACY_VERSIONS = meta.LEGACY_VERSIONS
 # Revision assumed for an HTTP request without MCP-Protocol-Version (2025-11-25 transports,
 # Protocol Version Header).
 HTTP_DEFAULT_VERSION = "2025-03-26"

@@ -20,6 +20,9 @@ MODERN_VERSION = "2026-07-28"
 LEGACY_METHODS = frozenset(
     {"initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"}
 )
+# Legacy revisions (an `initialize` handshake), newest first: the gateway speaks each of them to
+# legacy clients and backends.
+LEGACY_VERSIONS: tuple[str, ...] = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 # Versions the gateway serves to its clients, newest first.
 SUPPORTED_VERSIONS: tuple[str, ...] = (MODERN_VERSION,)
 

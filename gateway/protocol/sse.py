@@ -16,10 +16,15 @@ class Decoder:
     def __init__(self) -> None:
         self._buffer = b""
         self._data: list[bytes] = []
+        self._name = b""
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        return [data for _, data in self.feed_named(chunk)]
+
+    def feed_named(self, chunk: bytes) -> list[tuple[str, bytes]]:
+        """Each complete event as (event type, data); the type is "message" unless named."""
         self._buffer += chunk
-        events: list[bytes] = []
+        events: list[tuple[str, bytes]] = []
         while True:
             cut = _line_end(self._buffer)
             if cut is None:
@@ -28,17 +33,24 @@ class Decoder:
             line, self._buffer = self._buffer[:end], self._buffer[after:]
             if not line:
                 if self._data:
-                    events.append(b"\n".join(self._data))
+                    name = self._name.decode("utf-8", "replace") or "message"
+                    events.append((name, b"\n".join(self._data)))
                     self._data = []
+                self._name = b""
             elif line.startswith(b"data:"):
-                value = line[5:]
-                self._data.append(value[1:] if value.startswith(b" ") else value)
-            # comments (":"), "event:", "id:" and "retry:" carry nothing the gateway needs
+                self._data.append(_value(line[5:]))
+            elif line.startswith(b"event:"):
+                self._name = _value(line[6:])
+            # comments (":"), "id:" and "retry:" carry nothing the gateway needs
 
     def close(self) -> list[bytes]:
         """Events left when the body ends without a final blank line."""
         leftover = self.feed(b"\n\n") if self._buffer or self._data else []
         return leftover
+
+
+def _value(field: bytes) -> bytes:
+    return field[1:] if field.startswith(b" ") else field
 
 
 def _line_end(buffer: bytes) -> tuple[int, int] | None:

@@ -7,8 +7,10 @@ implementation here costs next to nothing, so tests and telemetry-less runs pay 
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -32,6 +34,19 @@ class Origin:
         # All request headers (HTTP), for the traffic tap (which redacts them) and trace context.
         self.headers = headers
 
+    def caller(self) -> str:
+        """Who is asking, for binding state to them: the front end and a digest of the request's
+        credentials (stdio has one caller, its parent process)."""
+        authorization = ""
+        if self.headers is not None:
+            fields = self.headers.items() if isinstance(self.headers, Mapping) else self.headers
+            for name, value in fields:
+                if name.lower() == "authorization":
+                    authorization = value
+                    break
+        digest = hashlib.sha256(authorization.encode()).hexdigest()
+        return f"{self.frontend}:{digest}"
+
     def trace_headers(self) -> dict[str, str]:
         """W3C trace context from transport headers, used when `_meta` carries none."""
         if self.headers is None:
@@ -46,6 +61,9 @@ class Origin:
 
 
 STDIO_ORIGIN = Origin("stdio")
+# The origin of the client request being handled, for the few backends that bind state to the
+# caller (a legacy backend's held call); set by the dispatcher.
+CURRENT_ORIGIN: ContextVar[Origin] = ContextVar("origin", default=STDIO_ORIGIN)
 
 
 @dataclass

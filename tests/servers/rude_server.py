@@ -41,6 +41,12 @@ def _say(text: str) -> None:
 def _result(msg: dict[str, Any]) -> dict[str, Any]:
     if msg.get("method") == "tools/list":
         return {"resultType": "complete", "tools": TOOLS}
+    if msg.get("method") == "server/discover":  # a modern server, if a rude one
+        return {
+            "resultType": "complete",
+            "supportedVersions": ["2026-07-28"],
+            "capabilities": {"tools": {}},
+        }
     return {"resultType": "complete", "content": [{"type": "text", "text": "ok"}]}
 
 

@@ -1,8 +1,14 @@
 """Test backend built on the official `mcp` SDK (v2, MCPServer) speaking MCP 2026-07-28.
 
 Usage:
-    python tests/servers/sdk_server.py stdio [--page-size N] [--label TEXT]
+    python tests/servers/sdk_server.py stdio [--page-size N] [--label TEXT] [--legacy-only]
     python tests/servers/sdk_server.py http --port N [--json] [--page-size N] [--label TEXT]
+    python tests/servers/sdk_server.py sse --port N [--page-size N] [--label TEXT]
+
+`--legacy-only` makes the (dual-era) SDK server a legacy one: `server/discover` and requests
+carrying modern `_meta` get -32601 as from a 2025-era server (`--silent-discover`: the probe
+is never answered). `sse` serves only the 2024-11-05 HTTP+SSE transport (GET /sse, POST
+/messages/), which is legacy by nature.
 
 HTTP mode serves Streamable HTTP at http://127.0.0.1:N/mcp and prints `READY <port>`
 once the socket accepts connections (`--port 0` binds an ephemeral port).
@@ -23,10 +29,12 @@ completion/complete completes `greet`'s `name` and `mem://items/{id}`'s `id` by 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
 import sys
+import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -41,6 +49,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types import (
     INVALID_PARAMS,
+    METHOD_NOT_FOUND,
     Completion,
     CompletionArgument,
     CompletionContext,
@@ -151,13 +160,43 @@ def close_listens(mcp: MCPServer) -> None:
         handler.close()
 
 
-def build_server(page_size: int, label: str = "sdk") -> MCPServer:
+LEGACY_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+
+
+class LegacyOnly:
+    """Middleware refusing what a server of the legacy era does not know."""
+
+    def __init__(self, silent_discover: bool) -> None:
+        self.silent_discover = silent_discover
+
+    async def __call__(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        if ctx.method == "server/discover" and self.silent_discover:
+            await anyio.sleep_forever()
+        if ctx.method == "server/discover" or (
+            ctx.method != "initialize" and ctx.protocol_version not in LEGACY_VERSIONS
+        ):
+            raise MCPError(code=METHOD_NOT_FOUND, message=f"Method not found: {ctx.method}")
+        return await call_next(ctx)
+
+
+def build_server(
+    page_size: int,
+    label: str = "sdk",
+    *,
+    legacy_only: bool = False,
+    silent_discover: bool = False,
+) -> MCPServer:
     bus = InMemorySubscriptionBus()
+    middleware: list[Any] = [ListPager(page_size)]
+    if legacy_only:
+        middleware.insert(0, LegacyOnly(silent_discover))
     mcp = MCPServer(
         "sdk-test-server",
         version="1.0.0",
         log_level="WARNING",
-        middleware=[ListPager(page_size)],
+        middleware=middleware,
         subscriptions=bus,
     )
     # Serve subscriptions/listen with a handler we hold (same bus `ctx.notify_*` publishes on).
@@ -301,6 +340,34 @@ def build_server(page_size: int, label: str = "sdk") -> MCPServer:
     return mcp
 
 
+def refuse_discover_on_stdin(silent: bool) -> None:
+    """A legacy server's stdin: `server/discover` is an unknown method (or, `silent`, never
+    answered) before the SDK sees it. The SDK commits a stdio connection to the modern era on
+    its first modern request, so the refusal must happen before the SDK reads it."""
+    read_end, write_end = os.pipe()
+    real_stdin = os.dup(0)
+    os.dup2(read_end, 0)
+    os.close(read_end)
+
+    def pump() -> None:
+        with os.fdopen(real_stdin, "rb") as source, os.fdopen(write_end, "wb") as sink:
+            for line in source:
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    msg = None
+                if isinstance(msg, dict) and msg.get("method") == "server/discover":
+                    if not silent and "id" in msg:
+                        error = {"code": METHOD_NOT_FOUND, "message": "Method not found"}
+                        reply = {"jsonrpc": "2.0", "id": msg["id"], "error": error}
+                        os.write(1, json.dumps(reply).encode() + b"\n")
+                    continue
+                sink.write(line)
+                sink.flush()
+
+    threading.Thread(target=pump, daemon=True).start()
+
+
 async def serve_stdio(mcp: MCPServer) -> None:
     async with anyio.create_task_group() as tg:
 
@@ -317,14 +384,17 @@ async def serve_stdio(mcp: MCPServer) -> None:
         tg.cancel_scope.cancel()
 
 
-async def serve_http(mcp: MCPServer, port: int, json_response: bool) -> None:
+async def serve_http(mcp: MCPServer, port: int, json_response: bool, sse: bool = False) -> None:
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     sock.listen(128)
-    app = mcp.streamable_http_app(json_response=json_response, host="127.0.0.1")
+    if sse:
+        app = mcp.sse_app(host="127.0.0.1")
+    else:
+        app = mcp.streamable_http_app(json_response=json_response, host="127.0.0.1")
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1, lifespan="on")
     server = uvicorn.Server(config)
 
@@ -350,20 +420,29 @@ async def serve_http(mcp: MCPServer, port: int, json_response: bool) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("transport", choices=["stdio", "http"])
+    parser.add_argument("transport", choices=["stdio", "http", "sse"])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="HTTP: always application/json, no SSE")
     parser.add_argument("--page-size", type=int, default=10, help="0 disables pagination")
     parser.add_argument("--label", default="sdk", help="returned by tool label and mem://shared")
+    parser.add_argument("--legacy-only", action="store_true", help="refuse the modern era")
+    parser.add_argument("--silent-discover", action="store_true", help="never answer discover")
     args = parser.parse_args(argv)
-    mcp = build_server(args.page_size, args.label)
+    mcp = build_server(
+        args.page_size,
+        args.label,
+        legacy_only=args.legacy_only or args.transport == "sse",
+        silent_discover=args.silent_discover,
+    )
     if args.transport == "stdio":
+        if args.legacy_only:
+            refuse_discover_on_stdin(args.silent_discover)
         anyio.run(serve_stdio, mcp)
     else:
         # uvicorn re-raises a captured SIGTERM after its graceful shutdown; a no-op
         # handler makes that re-raise harmless so the process exits with status 0.
         signal.signal(signal.SIGTERM, lambda *_: None)
-        anyio.run(serve_http, mcp, args.port, args.json)
+        anyio.run(serve_http, mcp, args.port, args.json, args.transport == "sse")
     sys.exit(0)
 
 
