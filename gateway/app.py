@@ -205,8 +205,9 @@ class Gateway:
                 restarts=t.restarts if isinstance(t, StdioBackend | SseBackend) else 0,
                 catalog_refreshes=catalogs.refreshes.get(t.name, 0),
                 fanout_failures=self.dispatcher.fan_out_failures.get(t.name, 0),
+                era=e.era or "unknown",
             )
-            for t in self.transports
+            for t, e in zip(self.transports, self.eras, strict=True)
         ]
 
     def _listens(self) -> int:

@@ -14,6 +14,9 @@ import pytest
 from mcp import StdioServerParameters
 
 from tests.support import (
+    PYTHON,
+    SDK_SERVER,
+    Proc,
     gateway_command,
     http_backend,
     sdk_stdio_command,
@@ -32,6 +35,10 @@ class Target:
     @property
     def through_gateway(self) -> bool:
         return "_to_" in self.pairing
+
+    @property
+    def legacy_backend(self) -> bool:
+        return "_to_legacy" in self.pairing or self.pairing.endswith("_to_sse")
 
 
 @pytest.fixture
@@ -62,21 +69,55 @@ PAIRINGS = [
     "stdio_to_http",
     "http_to_stdio",
     "http_to_http",
+    # The same server made legacy-only (an `initialize` handshake and nothing modern), and on
+    # the 2024-11-05 HTTP+SSE transport: the gateway bridges the eras (basic/versioning).
+    "stdio_to_legacy_stdio",
+    "stdio_to_legacy_http",
+    "http_to_legacy_stdio",
+    "http_to_legacy_http",
+    "http_to_sse",
 ]
 
 
+@pytest.fixture(scope="session")
+def sdk_legacy_http() -> Iterator[str]:
+    proc, url = start_sdk_http("--legacy-only")
+    yield url
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def sdk_sse() -> Iterator[str]:
+    proc = Proc([PYTHON, SDK_SERVER, "sse", "--port", "0"])
+    port = proc.wait_for(r"READY (\d+)", stream="stdout").group(1)
+    yield f"http://127.0.0.1:{port}/sse"
+    proc.stop()
+
+
+def _backend(back: str, request: pytest.FixtureRequest) -> dict[str, object]:
+    if back == "stdio":
+        return stdio_backend(sdk_stdio_command())
+    if back == "legacy_stdio":
+        return stdio_backend(sdk_stdio_command("--legacy-only"))
+    if back == "http":
+        return http_backend(request.getfixturevalue("sdk_http"))
+    if back == "legacy_http":
+        return http_backend(request.getfixturevalue("sdk_legacy_http"))
+    return {"sse": {"url": request.getfixturevalue("sdk_sse")}}
+
+
 @pytest.fixture(scope="session", params=PAIRINGS)
-def target(request: pytest.FixtureRequest, sdk_http: str, config_dir: Path) -> Iterator[Target]:
+def target(request: pytest.FixtureRequest, config_dir: Path) -> Iterator[Target]:
     """How a client reaches the SDK test server: directly, or through the gateway."""
     pairing: str = request.param
     if pairing == "direct_stdio":
         yield Target(pairing, _stdio_params(sdk_stdio_command()))
         return
     if pairing == "direct_http":
-        yield Target(pairing, sdk_http)
+        yield Target(pairing, request.getfixturevalue("sdk_http"))
         return
     front, _, back = pairing.partition("_to_")
-    backend = stdio_backend(sdk_stdio_command()) if back == "stdio" else http_backend(sdk_http)
+    backend = _backend(back, request)
     config = write_config(
         config_dir, {"sdk": backend}, http=front == "http", stdio=front == "stdio"
     )

@@ -114,7 +114,8 @@ def test_an_sse_backend_is_legacy_and_cannot_be_pinned_modern() -> None:
     assert isinstance(backend.target, SseTarget) and backend.target.url == "http://x/sse"
     assert backend.era == "legacy"
     pinned = text.replace("/sse'}}", "/sse'}, era: modern}")
-    assert problems(pinned) == ["c.yaml:3: backends.old.era: an sse backend speaks a legacy version"]
+    expected = "c.yaml:3: backends.old.era: an sse backend speaks a legacy version"
+    assert problems(pinned) == [expected]
 
 
 def test_no_front_end_and_no_backend_are_errors() -> None:
@@ -166,14 +167,16 @@ def test_backends_from_imports_a_host_mcp_json_next_to_the_config(tmp_path: Path
     (tmp_path / "mcp.json").write_text(
         '{"mcpServers": {"files": {"command": "fs-server", "args": ["/srv"], "env": {"A": "1"}},'
         ' "remote": {"url": "https://example.com/mcp", "headers": {"X-Key": "k"}},'
+        ' "old": {"type": "sse", "url": "http://127.0.0.1:9/sse"},'
         ' "off": {"command": "x", "disabled": true}}}'
     )
     path = tmp_path / "gw.yaml"
     path.write_text("listen: {stdio: true}\nbackends_from: mcp.json\n")
     config = load(path, env={})
-    files, remote = config.backends
+    files, remote, old = config.backends
     assert isinstance(files.target, StdioTarget) and files.target.args == ("/srv",)
     assert isinstance(remote.target, HttpTarget) and remote.target.headers == {"X-Key": "k"}
+    assert isinstance(old.target, SseTarget) and old.era == "legacy"
 
 
 def test_a_broken_mcp_json_is_reported_with_the_config_line(tmp_path: Path) -> None:

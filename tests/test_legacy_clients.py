@@ -26,7 +26,7 @@ from mcp_types import (
 
 from tests.conftest import Target
 from tests.support import BOUND
-from tests.test_parity import TOOL_NAMES, Answers, ask_twice, text_of
+from tests.test_parity import TOOL_NAMES, Answers, ask_twice, cancel_a_held_call, text_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -102,6 +102,12 @@ async def test_ping_answers_empty(target: Target) -> None:
     async with legacy(target) as client:
         with legacy_only_method():
             assert (await client.send_ping()) is not None
+
+
+async def test_cancelling_a_call_cancels_it_on_the_server(target: Target) -> None:
+    """basic/utilities/cancellation under a legacy session: `notifications/cancelled`."""
+    async with legacy(target) as client:
+        assert await cancel_a_held_call(client) == "cancelled"
 
 
 async def test_progress_arrives_before_the_result(target: Target) -> None:

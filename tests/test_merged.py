@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 PAGE = "3"  # small pages, so every merged list spans several gateway pages
 DEMO = [PYTHON, "-m", "gateway.demo.server"]
-SDK_TOOLS = ["echo", "add", "slow", "boom", "log", "whoami", "label", "getenv", "regional"]
+SDK_TOOLS = ["echo", "add", "slow", "hold", "was_cancelled", "boom", "log", "whoami", "label"]
+SDK_TOOLS += ["getenv", "regional"]
 SDK_TOOLS += ["ask", "change_tools", "touch", "close_listens"]
 SDK_TOOLS += [f"t{i:02d}" for i in range(30)]
 DEMO_TOOLS = ["echo", "add", "sleep", "utc_now"]
@@ -112,7 +113,7 @@ async def test_tools_merge_namespaced_across_pages(merged: StdioServerParameters
     assert len(names) == len(set(names)) == 2 * len(SDK_TOOLS) + len(DEMO_TOOLS)
     for ns, expected in (("alpha", SDK_TOOLS), ("beta", SDK_TOOLS), ("demo", DEMO_TOOLS)):
         assert [n for n in names if n.startswith(f"{ns}_")] == [f"{ns}_{t}" for t in expected]
-    assert pages == 15  # 43 tools in pages of 3 from each SDK copy; the demo fits in one
+    assert pages == 15  # 45 tools in pages of 3 from each SDK copy; the demo fits in one
 
 
 async def test_each_call_lands_on_the_backend_that_owns_the_name(

@@ -3,6 +3,8 @@ front-end/back-end pairing (`target` in conftest). Spec sections are named per t
 
 from __future__ import annotations
 
+import functools
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -32,7 +34,7 @@ from tests.support import BOUND
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 TOOL_NAMES = {"echo", "add", "slow", "boom", "log", "whoami", "label", "getenv", "regional"}
-TOOL_NAMES |= {"ask", "change_tools", "touch", "close_listens"}
+TOOL_NAMES |= {"ask", "change_tools", "touch", "close_listens", "hold", "was_cancelled"}
 TOOL_NAMES |= {f"t{i:02d}" for i in range(30)}
 
 
@@ -188,6 +190,32 @@ async def test_prompts_list_and_get(target: Target) -> None:
         assert isinstance(content, TextContent) and content.text == "Hello, Ann!"
         bye = (await client.get_prompt("farewell", {"name": "Bob"})).messages[0].content
         assert isinstance(bye, TextContent) and bye.text == "Goodbye, Bob!"
+
+
+async def cancel_a_held_call(client: Client) -> str:
+    """Start `hold`, cancel it once it runs, and ask the server whether it saw the cancellation:
+    what a cancelled call must become on every hop (basic/utilities/cancellation; on modern
+    HTTP, closing the reply stream)."""
+    key = uuid.uuid4().hex
+    running = anyio.Event()
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        running.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            functools.partial(client.call_tool, "hold", {"key": key}, progress_callback=on_progress)
+        )
+        with anyio.fail_after(BOUND):
+            await running.wait()
+        tg.cancel_scope.cancel()
+    with anyio.fail_after(2 * BOUND):
+        return text_of(await client.call_tool("was_cancelled", {"key": key}))
+
+
+async def test_cancelling_a_call_cancels_it_on_the_server(target: Target) -> None:
+    async with connect(target) as client:
+        assert await cancel_a_held_call(client) == "cancelled"
 
 
 async def test_progress_arrives_in_order_before_the_result(target: Target) -> None:

@@ -34,6 +34,7 @@ class _Pending:
 
     __slots__ = (
         "_waiter",
+        "asked",
         "client_id",
         "client_token",
         "done",
@@ -56,6 +57,8 @@ class _Pending:
         self.client_token = client_token
         self.wants_logs = wants_logs
         self.long_lived = long_lived
+        # Ids of the server's questions this request is waiting for the client to answer.
+        self.asked: set[object] = set()
         self.reply: Message | None = None
         self.failure = ""
         self.dropped = 0
@@ -147,13 +150,15 @@ class Channel:
             self._send_soon(jsonrpc.result(msg["id"], {}))
             return
         # This transport does not say which request a server's question belongs to; only with
-        # one request in flight is it certain (a guess could show it to the wrong user).
-        calls = [p for p in self._pending.values() if not p.long_lived]
+        # one request in flight is it certain (a guess could show it to the wrong user). A
+        # request whose earlier question is still unanswered waits for its client, not on.
+        calls = [p for p in self._pending.values() if not p.long_lived and not p.asked]
         if len(calls) != 1:
             self._refuse(
                 msg, codes.INTERNAL_ERROR, "The gateway cannot tell which request this is for"
             )
             return
+        calls[0].asked.add(msg["id"])
         calls[0].push(msg)
 
     def _refuse(self, msg: Message, code: int, message: str) -> None:
@@ -271,6 +276,9 @@ class Channel:
     async def send(self, msg: Message) -> None:
         """Send a message outside any request, ready or not: an answer to the server's own
         request (its id is the server's), or the handshake's `notifications/initialized`."""
+        if "method" not in msg:
+            for pending in self._pending.values():
+                pending.asked.discard(msg.get("id"))
         await self._write(msg)
 
     async def ready(self) -> None:

@@ -24,6 +24,7 @@ import base64
 import contextlib
 import hashlib
 import hmac
+import itertools
 import logging
 import secrets
 import time
@@ -195,6 +196,13 @@ def to_legacy(msg: Message) -> Message:
     return out
 
 
+def required_capability(capability: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The `requiredCapabilities` of a question the client cannot answer."""
+    if capability == "elicitation":
+        return {"elicitation": {params.get("mode") if params.get("mode") == "url" else "form": {}}}
+    return {capability: {}}
+
+
 def discover_result(session: LegacySession) -> dict[str, Any]:
     result: dict[str, Any] = {
         "resultType": "complete",
@@ -223,6 +231,8 @@ class _Call:
         self.sink: NotificationSink | None = None
         self.asks: dict[str, Message] = {}
         self.task: asyncio.Task[Message] | None = None
+        self.backend_id: str | None = None  # HTTP: the id the call has on the backend
+        self.missing: dict[str, Any] | None = None  # a capability the client lacks
         self.expiry: asyncio.TimerHandle | None = None
         self._waiter: asyncio.Future[None] | None = None
 
@@ -251,6 +261,10 @@ class _Call:
             return
         capability = INPUT_METHODS.get(str(method))
         if capability is None or capability not in self.capabilities:
+            if capability is not None and self.missing is None:
+                # The client is told what it lacks (basic/patterns/mrtr), as from a modern server.
+                self.missing = required_capability(capability, jsonrpc.params(msg))
+                self.wake()
             refusal = f"The client cannot answer {method}"
             await self._era.inner.send(jsonrpc.error(msg["id"], codes.METHOD_NOT_FOUND, refusal))
             return
@@ -288,6 +302,8 @@ class EraBackend:
         self._listeners: set[_Listener] = set()
         self._subscribed: dict[str, int] = {}
         self._sealer = Sealer()
+        self._ids = itertools.count(1)
+        self._background: set[asyncio.Task[None]] = set()  # held so they are not collected
         # A legacy session is open / has ended (HTTP's GET stream follows them).
         self.opened = asyncio.Event()
         self.ended = asyncio.Event()
@@ -496,6 +512,10 @@ class EraBackend:
         call = _Call(self, caller, fields.get(meta.CLIENT_CAPABILITIES))
         call.sink = sink
         out = to_legacy(msg)
+        if not self._channel:
+            # One HTTP session carries every client's requests: ids must not collide on it
+            # (a channel gives each request its own id already).
+            out["id"] = call.backend_id = f"gateway-{next(self._ids)}"
         call.task = asyncio.get_running_loop().create_task(
             self._run_call(out, call, param_headers, isinstance(level, str), session)
         )
@@ -525,6 +545,14 @@ class EraBackend:
         assert call.task is not None
         try:
             while True:
+                if call.missing is not None:
+                    self._cancel(call)
+                    return jsonrpc.error(
+                        msg["id"],
+                        codes.MISSING_REQUIRED_CLIENT_CAPABILITY,
+                        "The request needs a capability the client did not declare",
+                        {"requiredCapabilities": call.missing},
+                    )
                 if call.task.done():
                     return self._complete(call.task.result(), msg["id"])
                 if call.asks:
@@ -532,7 +560,7 @@ class EraBackend:
                 await call.changed()
         except asyncio.CancelledError:
             if call.handle not in self._held:
-                call.task.cancel()
+                self._cancel(call)
             raise
 
     def _complete(self, reply: Message, id_: jsonrpc.RequestId) -> Message:
@@ -577,20 +605,40 @@ class EraBackend:
         call.sink = sink
         return await self._attend(call, msg)
 
+    def _cancel(self, call: _Call) -> None:
+        """Give the call up; over HTTP a legacy server learns of it only by a notification
+        (closing the reply stream is not cancellation in 2025-11-25)."""
+        if call.task is not None:
+            call.task.cancel()
+        if call.backend_id is not None:
+            note: Message = {
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": call.backend_id, "reason": "cancelled by the client"},
+            }
+            task = asyncio.get_running_loop().create_task(self._send_quietly(note))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _send_quietly(self, msg: Message) -> None:
+        with contextlib.suppress(BackendError):
+            await self.inner.send(msg)
+
     def _expire(self, handle: str) -> None:
         call = self._held.pop(handle, None)
         if call is None:
             return
         log.info("backend %s: a call held for client input expired", self.name)
-        asyncio.get_running_loop().create_task(self._abandon(call))
+        task = asyncio.get_running_loop().create_task(self._abandon(call))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _abandon(self, call: _Call) -> None:
         for ask in call.asks.values():
-            with contextlib.suppress(BackendError):
-                refusal = jsonrpc.error(ask["id"], codes.INTERNAL_ERROR, "No answer in time")
-                await self.inner.send(refusal)
-        if call.task is not None:
-            call.task.cancel()
+            await self._send_quietly(
+                jsonrpc.error(ask["id"], codes.INTERNAL_ERROR, "No answer in time")
+            )
+        self._cancel(call)
 
     async def _lower_level(self, level: str, session: LegacySession) -> None:
         """Logging is per session in the legacy era: the most verbose level any request asked

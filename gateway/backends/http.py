@@ -37,6 +37,8 @@ FIXED_HEADERS = (
 )
 # Open connections kept per backend; more concurrent calls queue for a free connection.
 POOL_SIZE = 100
+# Shutdown waits this long for a legacy session's DELETE.
+END_SESSION_TIMEOUT = 1.0
 # A JSON reply larger than this is refused rather than buffered whole.
 MAX_REPLY_BYTES = 64 * 1024 * 1024
 
@@ -78,6 +80,8 @@ class HttpBackend:
         try:
             await anyio.sleep_forever()
         finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(END_SESSION_TIMEOUT):
+                await self._end_session()
             pools = (self._pool, self._streams)
             self._pool = self._streams = None
             for pool in pools:
@@ -146,6 +150,18 @@ class HttpBackend:
         else:
             refusal = "The gateway answers questions only within a request"
             await self.send(jsonrpc.error(request["id"], codes.METHOD_NOT_FOUND, refusal))
+
+    async def _end_session(self) -> None:
+        """A legacy session the gateway no longer needs is ended with DELETE (2025-11-25
+        transports, Session Management); a server that refuses (405) just lets it expire."""
+        legacy, pool = self._legacy, self._pool
+        if legacy is None or legacy.session_id is None or pool is None:
+            return
+        try:
+            resp = await pool.request(legacy.stream_headers, b"", method="DELETE")
+            resp.abort()
+        except http1.HttpClientError:
+            pass
 
     def _check_session(self, resp: http1.Response, legacy: _LegacyHeaders) -> None:
         if resp.status == 404 and legacy.session_id is not None:

@@ -29,7 +29,6 @@ completion/complete completes `greet`'s `name` and `mem://items/{id}`'s `id` by 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -41,8 +40,10 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import anyio
+import orjson
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.elicitation import AcceptedElicitation, DeclinedElicitation, ElicitationResult
+from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
@@ -53,9 +54,12 @@ from mcp_types import (
     Completion,
     CompletionArgument,
     CompletionContext,
+    EmptyResult,
     PromptReference,
     ResourceTemplateReference,
+    SubscribeRequestParams,
     SubscriptionsListenRequestParams,
+    UnsubscribeRequestParams,
 )
 from pydantic import BaseModel, Field
 
@@ -199,6 +203,29 @@ def build_server(
         middleware=middleware,
         subscriptions=bus,
     )
+    # A legacy session hears of changes as notifications of its own (2025-11-25), after
+    # `resources/subscribe` for resource updates; this server announces and sends both.
+    subscribed: set[str] = set()
+    if legacy_only:
+        lowlevel = mcp._lowlevel_server
+        make_options = lowlevel.create_initialization_options
+        changes = NotificationOptions(
+            prompts_changed=True, resources_changed=True, tools_changed=True
+        )
+        lowlevel.create_initialization_options = (  # type: ignore[method-assign]
+            lambda *args, **kwargs: make_options(changes, *args[1:], **kwargs)
+        )
+
+        async def subscribe(ctx: Any, params: SubscribeRequestParams) -> EmptyResult:
+            subscribed.add(str(params.uri))
+            return EmptyResult()
+
+        async def unsubscribe(ctx: Any, params: UnsubscribeRequestParams) -> EmptyResult:
+            subscribed.discard(str(params.uri))
+            return EmptyResult()
+
+        lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
+        lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
     # Serve subscriptions/listen with a handler we hold (same bus `ctx.notify_*` publishes on).
     listen_handler = ListenHandler(bus)
     mcp._lowlevel_server.add_request_handler(
@@ -224,6 +251,27 @@ def build_server(
             await anyio.sleep(seconds / steps)
             await ctx.report_progress(i, steps, f"step {i}/{steps}")
         return "done"
+
+    cancelled: dict[str, anyio.Event] = {}
+
+    @mcp.tool()
+    async def hold(key: str, ctx: Context) -> str:
+        """Report progress once, then wait to be cancelled (noted under `key`)."""
+        await ctx.report_progress(0, 1, "holding")
+        try:
+            await anyio.sleep(60)
+        except anyio.get_cancelled_exc_class():
+            cancelled.setdefault(key, anyio.Event()).set()
+            raise
+        return "not cancelled"
+
+    @mcp.tool()
+    async def was_cancelled(key: str) -> str:
+        """Whether the `hold` call under `key` was cancelled (waiting up to 5 s for it)."""
+        with anyio.move_on_after(5):
+            await cancelled.setdefault(key, anyio.Event()).wait()
+            return "cancelled"
+        return "not cancelled"
 
     @mcp.tool()
     def boom() -> str:
@@ -286,12 +334,16 @@ def build_server(
                 mcp.add_tool(_dummy, name="dummy", description="Toggled by change_tools.")
             dummy_present = not dummy_present
         await ctx.notify_tools_changed()
+        if ctx.protocol_version in LEGACY_VERSIONS:
+            await ctx.session.send_tool_list_changed()
         return "dummy present" if dummy_present else "dummy absent"
 
     @mcp.tool()
     async def touch(uri: str, ctx: Context) -> str:
         """Emit notifications/resources/updated for `uri` to listen streams subscribed to it."""
         await ctx.notify_resource_updated(uri)
+        if ctx.protocol_version in LEGACY_VERSIONS and uri in subscribed:
+            await ctx.session.send_resource_updated(uri)
         return f"touched {uri}"
 
     @mcp.tool(name="close_listens")
@@ -353,14 +405,14 @@ def refuse_discover_on_stdin(silent: bool) -> None:
         with os.fdopen(real_stdin, "rb") as source, os.fdopen(write_end, "wb") as sink:
             for line in source:
                 try:
-                    msg = json.loads(line)
-                except ValueError:
+                    msg = orjson.loads(line)
+                except orjson.JSONDecodeError:
                     msg = None
                 if isinstance(msg, dict) and msg.get("method") == "server/discover":
                     if not silent and "id" in msg:
                         error = {"code": METHOD_NOT_FOUND, "message": "Method not found"}
                         reply = {"jsonrpc": "2.0", "id": msg["id"], "error": error}
-                        os.write(1, json.dumps(reply).encode() + b"\n")
+                        os.write(1, orjson.dumps(reply) + b"\n")
                     continue
                 sink.write(line)
                 sink.flush()
