@@ -145,6 +145,28 @@ async def test_a_legacy_http_backend_is_probed_then_initialised() -> None:
         proc.stop()
 
 
+async def test_an_http_backend_that_failed_is_probed_again() -> None:
+    """basic/versioning: the era is remembered until the backend fails; a modern server replaced
+    by a legacy one on the same URL is probed again and served in its era."""
+    proc, sdk_url = start_sdk_http()
+    port = sdk_url.split(":")[2].split("/")[0]
+    try:
+        async with gateway({"http": {"url": sdk_url}}) as (gw, url):
+            with anyio.fail_after(START_BOUND):
+                assert text_of(await post(url, call(1, "echo", text="one"))) == "one"
+            assert gw.eras[0].era == "modern"
+            proc.stop()
+            with anyio.fail_after(BOUND):
+                down = await post(url, call(2, "echo", text="two"))
+            assert down["error"]["code"] == codes.BACKEND_UNAVAILABLE
+            proc, _ = start_sdk_http("--legacy-only", "--port", port)
+            with anyio.fail_after(START_BOUND):
+                assert text_of(await post(url, call(3, "echo", text="three"))) == "three"
+            assert gw.eras[0].era == "legacy"
+    finally:
+        proc.stop()
+
+
 # --- keeping the session -----------------------------------------------------------------
 
 

@@ -354,6 +354,8 @@ class EraBackend:
     async def _open_channel(self) -> None:
         """Before a (re)started stdio child or SSE connection takes requests."""
         self._session_ended()
+        if self.era == "modern" and not self._pinned:
+            self.era = None  # the era is the server process's: a new one is asked again
         if self.era == "modern":
             return
         if self.era is None:
@@ -473,7 +475,12 @@ class EraBackend:
         long_lived: bool = False,
     ) -> Message:
         if self.era == "modern":
-            return await self.inner.request(msg, sink, param_headers, long_lived=long_lived)
+            try:
+                return await self.inner.request(msg, sink, param_headers, long_lived=long_lived)
+            except BackendUnavailable:
+                if not self._pinned and not self._channel:
+                    self.era = None  # remembered until it fails: ask again next time
+                raise
         if isinstance(self.inner, Channel):
             await self.inner.ready()
         elif self.era is None or self.session is None:
