@@ -28,12 +28,32 @@ log = logging.getLogger("gateway.backend")
 REQUEST_QUEUE = 256
 
 
-class _Pending:
+class Wakeup:
+    """Something one task waits on and another wakes, any number of times: a plain future per
+    wait, no event or condition object."""
+
+    __slots__ = ("_waiter",)
+
+    def __init__(self) -> None:
+        self._waiter: asyncio.Future[None] | None = None
+
+    def wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+
+class _Pending(Wakeup):
     """One request in flight: its reply, and the messages its client has not yet been given.
     A plain future and deque: no stream or task per request."""
 
     __slots__ = (
-        "_waiter",
         "asked",
         "client_id",
         "client_token",
@@ -53,6 +73,7 @@ class _Pending:
         wants_logs: bool,
         long_lived: bool,
     ):
+        super().__init__()
         self.client_id = client_id
         self.client_token = client_token
         self.wants_logs = wants_logs
@@ -63,12 +84,11 @@ class _Pending:
         self.failure = ""
         self.dropped = 0
         self.notes: deque[Message] = deque()
-        self._waiter: asyncio.Future[None] | None = None
         self.done = False
 
     def finish(self, reply: Message | None, failure: str = "") -> None:
         self.reply, self.failure, self.done = reply, failure, True
-        self._wake()
+        self.wake()
 
     def push(self, note: Message) -> None:
         if self.done:
@@ -77,18 +97,7 @@ class _Pending:
             self.dropped += 1
             return
         self.notes.append(note)
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
+        self.wake()
 
 
 class Channel:

@@ -36,7 +36,7 @@ import orjson
 
 from gateway import __version__
 from gateway.backends.base import NotificationSink
-from gateway.backends.channel import Channel
+from gateway.backends.channel import Channel, Wakeup
 from gateway.config import BackendConfig
 from gateway.errors import (
     BackendError,
@@ -219,11 +219,12 @@ async def _ignore(_: Message) -> None:
     return None
 
 
-class _Call:
+class _Call(Wakeup):
     """A request on a legacy backend, which may outlive the client request that started it
     while it waits for the client's answers."""
 
     def __init__(self, era: EraBackend, caller: str, capabilities: object) -> None:
+        super().__init__()
         self._era = era
         self.caller = caller
         self.capabilities = capabilities if isinstance(capabilities, dict) else {}
@@ -234,18 +235,6 @@ class _Call:
         self.backend_id: str | None = None  # HTTP: the id the call has on the backend
         self.missing: dict[str, Any] | None = None  # a capability the client lacks
         self.expiry: asyncio.TimerHandle | None = None
-        self._waiter: asyncio.Future[None] | None = None
-
-    def wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def changed(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
 
     async def on_message(self, msg: Message) -> None:
         """What the backend sends during the call: its questions, progress, logs."""
@@ -564,7 +553,7 @@ class EraBackend:
                     return self._complete(call.task.result(), msg["id"])
                 if call.asks:
                     return self._hold(call, msg["id"])
-                await call.changed()
+                await call.wait()
         except asyncio.CancelledError:
             if call.handle not in self._held:
                 self._cancel(call)
