@@ -236,6 +236,11 @@ class _Call(Wakeup):
         self.missing: dict[str, Any] | None = None  # a capability the client lacks
         self.expiry: asyncio.TimerHandle | None = None
 
+    def finished(self, task: asyncio.Task[Message]) -> None:
+        if not task.cancelled():
+            task.exception()  # read by whoever attends; a call nobody came back for is not logged
+        self.wake()
+
     async def on_message(self, msg: Message) -> None:
         """What the backend sends during the call: its questions, progress, logs."""
         method = msg.get("method")
@@ -515,7 +520,7 @@ class EraBackend:
         call.task = asyncio.get_running_loop().create_task(
             self._run_call(out, call, param_headers, isinstance(level, str), session)
         )
-        call.task.add_done_callback(lambda _: call.wake())
+        call.task.add_done_callback(call.finished)
         return await self._attend(call, msg)
 
     async def _run_call(
