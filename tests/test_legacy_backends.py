@@ -398,3 +398,16 @@ def test_sse_events_keep_their_type_across_chunks() -> None:
         ("message", b"{}"),
     ]
     assert decoder.feed_named(b"event:message\ndata: [1]\n\n") == [("message", b"[1]")]
+
+
+def test_the_end_of_a_session_reaches_a_listen_that_fell_behind() -> None:
+    """A listen whose client stopped reading loses notifications, never the end of its
+    session (it would otherwise wait on a dead session forever)."""
+    listener = era._Listener({}, set())
+    note: Message = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+    for _ in range(era.LISTEN_QUEUE + 5):
+        listener.offer(note)
+    listener.offer(None)
+    drained = [listener.queue.get_nowait() for _ in range(listener.queue.qsize())]
+    assert len(drained) == era.LISTEN_QUEUE
+    assert drained[-1] is None

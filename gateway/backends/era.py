@@ -273,6 +273,10 @@ class _Listener:
         self.queue: asyncio.Queue[Message | None] = asyncio.Queue(LISTEN_QUEUE)
 
     def offer(self, note: Message | None) -> None:
+        """A notification (dropped when the client is too far behind), or None: the end, which
+        must arrive, so it takes the place of the oldest queued notification if need be."""
+        if note is None and self.queue.full():
+            self.queue.get_nowait()
         with contextlib.suppress(asyncio.QueueFull):
             self.queue.put_nowait(note)
 
