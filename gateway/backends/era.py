@@ -73,13 +73,9 @@ INPUT_METHODS = {
     "roots/list": "roots",
 }
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
-LIST_FLAGS = {
-    "toolsListChanged": ("tools", "notifications/tools/list_changed"),
-    "promptsListChanged": ("prompts", "notifications/prompts/list_changed"),
-    "resourcesListChanged": ("resources", "notifications/resources/list_changed"),
-}
-ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
-UPDATED = "notifications/resources/updated"
+LIST_FLAGS = meta.LIST_FLAGS
+ACKNOWLEDGED = meta.ACKNOWLEDGED
+UPDATED = meta.RESOURCE_UPDATED
 # The GET stream is opened again after it ends: quick first, doubling to a ceiling, reset once a
 # stream has lasted a while.
 FIRST_RETRY = 0.1

@@ -41,7 +41,7 @@ MAX_INPUT_ROUNDS = 8
 # person may be answering it.
 ASK_TIMEOUT = 600.0
 # Notifications of the watch that are not for the client.
-ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
+ACKNOWLEDGED = meta.ACKNOWLEDGED
 WATCH_ID = "mcp-gateway-watch"
 # Change notifications a legacy session gets without asking (it subscribes to resources).
 WATCH_FLAGS = {"toolsListChanged": True, "promptsListChanged": True, "resourcesListChanged": True}

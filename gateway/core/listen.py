@@ -26,14 +26,9 @@ from gateway.routing.table import Exposure
 
 log = logging.getLogger("gateway.listen")
 
-ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
-UPDATED = "notifications/resources/updated"
-# Filter flag -> (capability, notification method it turns on).
-LIST_FLAGS: Mapping[str, tuple[str, str]] = {
-    "toolsListChanged": ("tools", "notifications/tools/list_changed"),
-    "promptsListChanged": ("prompts", "notifications/prompts/list_changed"),
-    "resourcesListChanged": ("resources", "notifications/resources/list_changed"),
-}
+ACKNOWLEDGED = meta.ACKNOWLEDGED
+UPDATED = meta.RESOURCE_UPDATED
+LIST_FLAGS = meta.LIST_FLAGS
 # How long the client's acknowledgement waits for the backends' own.
 ACK_TIMEOUT = 10.0
 # Re-subscribing to a backend whose stream ended: quick first, doubling to a ceiling, reset once a

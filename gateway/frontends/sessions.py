@@ -5,13 +5,13 @@ DELETE or after a while without requests; an unknown or ended id gets 404."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import secrets
 import time
 
 from gateway.core.legacy import Session
 from gateway.protocol.jsonrpc import Message
+from gateway.telemetry.api import credentials_digest
 
 log = logging.getLogger("gateway.http")
 
@@ -47,8 +47,8 @@ class HttpSession(Session):
 
 
 def owner_of(authorization: str | None) -> str:
-    """Who may use a session: a digest of the credentials that opened it (none is an owner too)."""
-    return hashlib.sha256((authorization or "").encode()).hexdigest()
+    """Who may use a session: a digest of the credentials that opened it."""
+    return credentials_digest(authorization)
 
 
 class SessionStore:

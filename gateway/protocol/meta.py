@@ -20,6 +20,15 @@ MODERN_VERSION = "2026-07-28"
 LEGACY_METHODS = frozenset(
     {"initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"}
 )
+# subscriptions/listen (basic/patterns/subscriptions): the acknowledgement, a resource update,
+# and each list-change filter flag -> (the capability announcing it, the notification it turns on).
+ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
+RESOURCE_UPDATED = "notifications/resources/updated"
+LIST_FLAGS: dict[str, tuple[str, str]] = {
+    "toolsListChanged": ("tools", "notifications/tools/list_changed"),
+    "promptsListChanged": ("prompts", "notifications/prompts/list_changed"),
+    "resourcesListChanged": ("resources", "notifications/resources/list_changed"),
+}
 # Legacy revisions (an `initialize` handshake), newest first: the gateway speaks each of them to
 # legacy clients and backends.
 LEGACY_VERSIONS: tuple[str, ...] = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")

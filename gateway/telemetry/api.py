@@ -37,15 +37,14 @@ class Origin:
     def caller(self) -> str:
         """Who is asking, for binding state to them: the front end and a digest of the request's
         credentials (stdio has one caller, its parent process)."""
-        authorization = ""
+        authorization = None
         if self.headers is not None:
             fields = self.headers.items() if isinstance(self.headers, Mapping) else self.headers
             for name, value in fields:
                 if name.lower() == "authorization":
                     authorization = value
                     break
-        digest = hashlib.sha256(authorization.encode()).hexdigest()
-        return f"{self.frontend}:{digest}"
+        return f"{self.frontend}:{credentials_digest(authorization)}"
 
     def trace_headers(self) -> dict[str, str]:
         """W3C trace context from transport headers, used when `_meta` carries none."""
@@ -58,6 +57,12 @@ class Origin:
             if key in TRACE_HEADERS:
                 out.setdefault(key, value)
         return out
+
+
+def credentials_digest(authorization: str | None) -> str:
+    """Whose a piece of state is: a digest of the credentials (none is an owner too), so the
+    credentials themselves are never kept."""
+    return hashlib.sha256((authorization or "").encode()).hexdigest()
 
 
 STDIO_ORIGIN = Origin("stdio")
