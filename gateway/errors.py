@@ -84,5 +84,7 @@ HTTP_STATUS: Final[Mapping[int, int]] = MappingProxyType(
 def http_status(reply: Message) -> int:
     """HTTP status for a reply; errors not in the table (tool failures, our backend errors)
     travel as 200 so every client reads the JSON-RPC error rather than a bare HTTP failure."""
+    if "error" not in reply:
+        return 200
     code = jsonrpc.error_code(reply)
     return HTTP_STATUS.get(code, 200) if code is not None else 200

@@ -3,38 +3,35 @@ deadline, and the window after which a slow reply turns into an SSE stream), and
 cancelled within a millisecond.
 
 An event-loop timer costs a heap entry in asyncio and a libuv timer in uvloop (about 2.5 us to
-arm and cancel there); these cost a tuple pushed on a heap and a flag. They fire up to
-`RESOLUTION` late, which no deadline of seconds notices. Cancelled timers stay in the heap until
-they reach its top or until they are the majority, when the heap is rebuilt without them, so it
-holds at most about twice the timers that are live.
+arm and cancel there). The delays used are few and fixed (the JSON window, each backend's
+timeout), so timers of one delay fall due in the order they were armed: each delay gets a lane,
+an insertion-ordered dict, where arming is an insert and cancelling a delete. One loop timer
+ticks every `RESOLUTION` while any timer is pending and fires the due ones at the front of each
+lane; timers fire up to `RESOLUTION` late, which no deadline of seconds notices.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import weakref
 from collections.abc import Callable
 
 RESOLUTION = 0.05
-# Below this many cancelled entries the heap is never rebuilt (rebuilding a small heap costs
-# more than the entries it drops).
-_COMPACT_AT = 64
 
 
 class Timer:
-    __slots__ = ("_wheel", "callback", "cancelled")
+    __slots__ = ("_lane", "callback", "due")
 
-    def __init__(self, wheel: Wheel, callback: Callable[[], object]) -> None:
-        self._wheel = wheel
+    def __init__(self, lane: dict[Timer, None], callback: Callable[[], object], due: float) -> None:
+        self._lane: dict[Timer, None] | None = lane
         self.callback = callback
-        self.cancelled = False
+        self.due = due
 
     def cancel(self) -> None:
-        if not self.cancelled:
-            self.cancelled = True
-            self._wheel.forget_one()
+        lane = self._lane
+        if lane is not None:
+            self._lane = None
+            del lane[self]
 
 
 class Wheel:
@@ -42,41 +39,39 @@ class Wheel:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._heap: list[tuple[float, int, Timer]] = []
-        self._seq = itertools.count()
-        self._cancelled = 0
+        self._lanes: dict[float, dict[Timer, None]] = {}
         self._ticking: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
-        return len(self._heap) - self._cancelled
+        return sum(len(lane) for lane in self._lanes.values())
 
     def call_later(self, delay: float, callback: Callable[[], object]) -> Timer:
-        timer = Timer(self, callback)
-        heapq.heappush(self._heap, (self._loop.time() + delay, next(self._seq), timer))
+        lane = self._lanes.get(delay)
+        if lane is None:
+            lane = self._lanes[delay] = {}
+        timer = Timer(lane, callback, self._loop.time() + delay)
+        lane[timer] = None
         if self._ticking is None:
             self._ticking = self._loop.call_later(RESOLUTION, self._tick)
         return timer
 
-    def forget_one(self) -> None:
-        self._cancelled += 1
-        if self._cancelled > _COMPACT_AT and self._cancelled * 2 > len(self._heap):
-            self._heap = [entry for entry in self._heap if not entry[2].cancelled]
-            heapq.heapify(self._heap)
-            self._cancelled = 0
-
     def _tick(self) -> None:
         self._ticking = None
-        heap = self._heap
         now = self._loop.time()
         due: list[Timer] = []
-        while heap and (heap[0][2].cancelled or heap[0][0] <= now):
-            _, _, timer = heapq.heappop(heap)
-            if timer.cancelled:
-                self._cancelled -= 1
-            else:
-                timer.cancelled = True  # fired: a later cancel() is a no-op
-                due.append(timer)
-        if heap:
+        for delay, lane in list(self._lanes.items()):
+            fired: list[Timer] = []
+            for timer in lane:
+                if timer.due > now:
+                    break
+                fired.append(timer)
+            for timer in fired:
+                timer.cancel()  # out of its lane: a later cancel() is a no-op
+            if not lane:
+                del self._lanes[delay]  # delays that come and go do not accumulate lanes
+            due.extend(fired)
+        due.sort(key=lambda timer: timer.due)
+        if self._lanes:
             self._ticking = self._loop.call_later(RESOLUTION, self._tick)
         for timer in due:
             timer.callback()

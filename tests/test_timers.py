@@ -69,11 +69,27 @@ async def test_cancelling_a_fired_timer_changes_nothing() -> None:
 
 
 async def test_cancelled_timers_do_not_pile_up() -> None:
-    """Requests arm and cancel a long deadline each: the heap stays near the live count
+    """Requests arm and cancel a long deadline each: what the wheel holds stays the live timers
     instead of growing with every request until the deadlines pass."""
     wheel = timers.Wheel(asyncio.get_running_loop())
     live = [wheel.call_later(300, lambda: None) for _ in range(10)]
     for _ in range(10_000):
         wheel.call_later(300, lambda: None).cancel()
+        wheel.call_later(10, lambda: None).cancel()
     assert len(wheel) == len(live)
-    assert len(wheel._heap) <= 2 * len(live) + 2 * 64 + 1
+    assert sum(len(lane) for lane in wheel._lanes.values()) == len(live)
+
+
+async def test_timers_of_different_delays_fire_in_order_of_their_deadlines() -> None:
+    """Each delay has its own lane; a tick fires what is due in all of them, earliest first."""
+    loop = asyncio.get_running_loop()
+    wheel = timers.Wheel(loop)
+    order: list[str] = []
+    wheel.call_later(0.02, functools.partial(order.append, "long"))
+    wheel.call_later(0.01, functools.partial(order.append, "short"))
+    done = asyncio.Event()
+    wheel.call_later(0.2, done.set)
+    with anyio.fail_after(BOUND):
+        await done.wait()
+    assert order == ["short", "long"]
+    assert len(wheel._lanes) == 0  # lanes with nothing pending are dropped

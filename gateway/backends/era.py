@@ -49,7 +49,7 @@ from gateway.errors import (
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import CURRENT_ORIGIN
+from gateway.telemetry.api import SERVING
 
 log = logging.getLogger("gateway.backend")
 
@@ -503,7 +503,7 @@ class EraBackend:
         if method == "subscriptions/listen":
             return await self._listen(msg, sink, session)
         params = jsonrpc.params(msg)
-        caller = CURRENT_ORIGIN.get().caller()
+        caller = SERVING.get()[1].caller()
         if "requestState" in params:
             return await self._resume(msg, sink, caller)
         fields = jsonrpc.meta(msg)

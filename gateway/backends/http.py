@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import anyio
 
@@ -29,6 +30,7 @@ from gateway.telemetry.api import Stats
 log = logging.getLogger("gateway.backend")
 
 TRACE_HEADERS = ("traceparent", "tracestate")
+SSE = "text/event-stream"
 SESSION_HEADER = "Mcp-Session-Id"
 # Fixed for every request: the two media types we accept and the one we send.
 FIXED_HEADERS = (
@@ -43,13 +45,6 @@ END_SESSION_TIMEOUT = 1.0
 MAX_REPLY_BYTES = 64 * 1024 * 1024
 
 
-@functools.lru_cache(maxsize=1024)
-def _encoded(fields: tuple[tuple[str, str], ...]) -> str:
-    # The mirrored headers repeat from call to call (method, version, tool name): validate and
-    # encode each distinct set once.
-    return http1.encode_headers(fields)
-
-
 class HttpBackend:
     transport = "http"
 
@@ -62,6 +57,9 @@ class HttpBackend:
         http1.Target(self._url)  # a malformed URL fails here, at start-up
         self._fixed = http1.encode_headers((*FIXED_HEADERS, *config.target.headers.items()))
         self._custom = http1.encode_headers(config.target.headers.items())
+        # The mirrored headers repeat from call to call (method, version, tool name): derive,
+        # validate and encode each distinct set once.
+        self._mirrored = functools.lru_cache(maxsize=1024)(self._mirror)
         self._request_timeout = config.request_timeout
         self._connect_timeout = config.connect_timeout
         self._pool: http1.Pool | None = None
@@ -125,7 +123,7 @@ class HttpBackend:
             if resp.status == 405:
                 return False
             self._check_session(resp, legacy)
-            if resp.status != 200 or resp.content_type != "text/event-stream":
+            if resp.status != 200 or resp.content_type != SSE:
                 raise BackendProtocolError(self.name, f"GET stream answered HTTP {resp.status}")
             decoder = sse.Decoder()
             async for chunk in resp.chunks():
@@ -174,17 +172,19 @@ class HttpBackend:
     def _headers(self, msg: Message, param_headers: tuple[ParamHeader, ...]) -> str:
         if self._legacy is not None:
             return self._legacy.headers + _trace_headers(msg)
-        out = headers.derive(msg, param_headers)
-        trace_meta = jsonrpc.meta(msg)
-        for key in TRACE_HEADERS:  # trace context travels in headers too, for HTTP-aware tracing
-            if isinstance(trace_meta.get(key), str):
-                out[key] = trace_meta[key]
         try:
-            return self._fixed + _encoded(tuple(out.items()))
+            out = self._mirrored(headers.mirrored_fields(msg))
+            if param_headers:
+                out += http1.encode_headers(headers.derive_params(msg, param_headers).items())
         except ValueError as exc:
             raise BackendProtocolError(self.name, f"cannot mirror the request: {exc}") from None
+        # Trace context travels in headers too, for HTTP-aware tracing.
+        return out + _trace_headers(msg)
 
-    async def request(
+    def _mirror(self, fields: tuple[str, str | None, str | None]) -> str:
+        return self._fixed + http1.encode_headers(headers.derive_base(*fields).items())
+
+    def request(
         self,
         msg: Message,
         sink: NotificationSink,
@@ -192,13 +192,12 @@ class HttpBackend:
         *,
         long_lived: bool = False,
         wants_logs: bool | None = None,  # (each reply stream carries its own request's logs)
-    ) -> Message:
+    ) -> Coroutine[Any, Any, Message]:
+        # A plain function that hands back _post's coroutine: one coroutine frame less on every
+        # request. A listen stream has no deadline.
         if long_lived:
-            return await self._post(self._streams, msg, sink, param_headers)
-        try:
-            return await self._post(self._pool, msg, sink, param_headers, self._request_timeout)
-        except TimeoutError:
-            raise BackendTimeout(self.name, f"no reply within {self._request_timeout:g}s") from None
+            return self._post(self._streams, msg, sink, param_headers)
+        return self._post(self._pool, msg, sink, param_headers, self._request_timeout)
 
     async def notify(self, msg: Message) -> None:
         pool = self._pool
@@ -238,6 +237,8 @@ class HttpBackend:
             raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
         except http1.HttpProtocolError as exc:
             raise BackendProtocolError(self.name, str(exc)) from None
+        except TimeoutError:
+            raise BackendTimeout(self.name, f"no reply within {within:g}s") from None
         self._up = True
         if self._legacy is not None:
             try:
@@ -246,11 +247,18 @@ class HttpBackend:
                 resp.release()
                 raise
         try:
-            reply = await self._read_reply(resp, msg, sink)
-        except BaseException:
+            if resp.complete and resp.content_type != SSE:
+                reply = self._json_reply(resp, resp.body(MAX_REPLY_BYTES), msg)  # the common case
+            else:
+                reply = await self._read_reply(resp, msg, sink)
+        except BaseException as exc:
             # Closing (not releasing) the connection is what tells the backend that this
             # request is cancelled (streamable-http, Cancellation).
             resp.abort()
+            if isinstance(exc, TimeoutError):
+                raise BackendTimeout(self.name, f"no reply within {within:g}s") from None
+            if isinstance(exc, http1.HttpProtocolError):
+                raise BackendProtocolError(self.name, str(exc)) from None
             raise
         resp.release()
         return reply
@@ -263,16 +271,17 @@ class HttpBackend:
         self, resp: http1.Response, msg: Message, sink: NotificationSink
     ) -> Message:
         try:
-            if resp.content_type == "text/event-stream":
+            if resp.content_type == SSE:
                 return await self._read_stream(resp, msg, sink)
-            body = resp.body(MAX_REPLY_BYTES) if resp.complete else await resp.read(MAX_REPLY_BYTES)
+            body = await resp.read(MAX_REPLY_BYTES)
         except http1.Disconnected as exc:
             raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
-        except http1.HttpProtocolError as exc:
-            raise BackendProtocolError(self.name, str(exc)) from None
+        return self._json_reply(resp, body, msg)
+
+    def _json_reply(self, resp: http1.Response, body: bytes, msg: Message) -> Message:
         self._stats.bytes["backend", "in"] += len(body)
         reply = jsonrpc.decode(body, keep=True) if body else None
-        if isinstance(reply, dict) and jsonrpc.kind(reply) is jsonrpc.Kind.RESPONSE:
+        if isinstance(reply, dict) and "method" not in reply:  # (decoded: a response)
             return self._own(reply, msg)
         detail = f"HTTP {resp.status}"
         if resp.status >= 500 or resp.status in (401, 403, 404, 405):
@@ -341,5 +350,10 @@ class _LegacyHeaders:
 
 def _trace_headers(msg: Message) -> str:
     fields = jsonrpc.meta(msg)
+    if "traceparent" not in fields and "tracestate" not in fields:
+        return ""
     found = [(k, fields[k]) for k in TRACE_HEADERS if isinstance(fields.get(k), str)]
-    return _encoded(tuple(found)) if found else ""
+    try:
+        return http1.encode_headers(found)
+    except ValueError:
+        return ""  # not a header value: the context still travels in `_meta`

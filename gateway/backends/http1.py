@@ -12,6 +12,7 @@ exchange), `TimeoutError` (the deadline passed), `HttpProtocolError` (unparseabl
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import re
 import ssl
@@ -77,6 +78,11 @@ def encode_headers(headers: Iterable[tuple[str, str]]) -> str:
     return "".join(lines)
 
 
+@functools.lru_cache(maxsize=64)
+def _media_type(content_type: str) -> str:
+    return content_type.split(";")[0].strip().lower()
+
+
 class Response:
     """One reply. Read it whole with `read`, or as it arrives with `chunks`; then `release` it
     (the connection goes back to the pool) or `abort` it (the connection is closed, which is how
@@ -90,7 +96,7 @@ class Response:
 
     @property
     def content_type(self) -> str:
-        return self.headers.get("content-type", "").split(";")[0].strip().lower()
+        return _media_type(self.headers.get("content-type", ""))
 
     @property
     def complete(self) -> bool:
@@ -141,14 +147,16 @@ class Response:
 class _Deadline:
     """Fails what an exchange waits on (a pool slot or its connection) when time is up."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float | None) -> None:
+    def __init__(self, wheel: timers.Wheel, timeout: float | None) -> None:
         self.waiting_on: _Connection | asyncio.Future[_Connection | None] | None = None
         self.expired = False
-        self.at = math.inf if timeout is None else loop.time() + timeout
         # A coarse timer: nearly every deadline is cancelled long before it is due.
-        self._timer = (
-            timers.wheel(loop).call_later(timeout, self._expire) if timeout is not None else None
-        )
+        if timeout is None:
+            self.at = math.inf
+            self._timer: timers.Timer | None = None
+        else:
+            self._timer = wheel.call_later(timeout, self._expire)
+            self.at = self._timer.due
 
     def _expire(self) -> None:
         self.expired = True
@@ -330,6 +338,7 @@ class Pool:
     ) -> None:
         self.target = Target(url)
         self.loop = asyncio.get_running_loop()
+        self._wheel = timers.wheel(self.loop)
         self._limit = limit
         self._connect_timeout = connect_timeout
         self._ssl = (ssl_context or ssl.create_default_context()) if self.target.tls else None
@@ -356,7 +365,7 @@ class Pool:
         data = f"{line}{headers}Content-Length: {len(body)}\r\n\r\n".encode() + body
         # A timer rather than a cancel scope: it costs one heap entry, and it fails only what
         # this exchange is waiting on.
-        deadline = _Deadline(self.loop, within)
+        deadline = _Deadline(self._wheel, within)
         try:
             # An idle connection is taken without a coroutine; only waiting needs one.
             conn = self._idle_connection() or await self._acquire(deadline)

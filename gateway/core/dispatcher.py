@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +27,9 @@ from gateway.routing import table as routes
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure, Route, RouteTable
 from gateway.telemetry.api import (
-    CURRENT_ORIGIN,
-    NO_OBSERVATION,
+    SERVING,
     STDIO_ORIGIN,
     NoTelemetry,
-    Observation,
     Origin,
     Telemetry,
     tapped,
@@ -44,8 +41,6 @@ log = logging.getLogger("gateway")
 LOCAL_NOTIFICATIONS = frozenset({"notifications/cancelled"})
 FAIL_OPEN = "fail_open"
 Finder = Callable[[RouteTable, str], Route | None]
-# The observation of the request the current task is handling, for annotating where it went.
-_observation: ContextVar[Observation] = ContextVar("observation", default=NO_OBSERVATION)
 
 
 @dataclass(frozen=True)
@@ -96,30 +91,25 @@ class Dispatcher:
             telemetry.record("frontend", "in", msg, headers=origin.headers)
             sink = tapped(telemetry, sink, "frontend", "out", None)
         observed = telemetry.server(msg, origin)
-        token = _observation.set(observed)
-        origin_token = CURRENT_ORIGIN.set(origin)
+        token = SERVING.set((observed, origin))
         reply: Message | None = None
         try:
-            reply = await self._answer(msg, sink)
+            reply = meta.check_request(msg)
+            if reply is not None:
+                telemetry.stats.rejections[_rejection_reason(reply)] += 1
+            else:
+                try:
+                    reply = await self._dispatch(msg, sink)
+                except Exception as exc:
+                    if isinstance(exc, Refused) and exc.reason is not None:
+                        telemetry.stats.rejections[exc.reason] += 1
+                    reply = errors.to_wire(exc, msg["id"])
         finally:
-            CURRENT_ORIGIN.reset(origin_token)
-            _observation.reset(token)
+            SERVING.reset(token)
             observed.end(reply)
         if telemetry.tapping:
             telemetry.record("frontend", "out", reply)
         return reply
-
-    async def _answer(self, msg: Message, sink: NotificationSink) -> Message:
-        rejection = meta.check_request(msg)
-        if rejection is not None:
-            self.telemetry.stats.rejections[_rejection_reason(rejection)] += 1
-            return rejection
-        try:
-            return await self._dispatch(msg, sink)
-        except Exception as exc:
-            if isinstance(exc, Refused) and exc.reason is not None:
-                self.telemetry.stats.rejections[exc.reason] += 1
-            return errors.to_wire(exc, msg["id"])
 
     async def notify(self, msg: Message) -> None:
         """Forward a client notification; failures are logged, never raised (nobody awaits it)."""
@@ -138,10 +128,9 @@ class Dispatcher:
             self.catalogs.invalidate(backend)
 
     async def param_headers(self, tool: str) -> tuple[ParamHeader, ...] | None:
-        """The `x-mcp-header` annotations of a client-visible tool, if the tool is known."""
-        route = self.catalogs.table.tool(tool)  # the common case, without a coroutine
-        if route is None:
-            route = await self._lookup(RouteTable.tool, tool)
+        """The `x-mcp-header` annotations of a client-visible tool, if the tool is known (after
+        refreshing stale catalogs: callers look in `catalogs.table` first, without a coroutine)."""
+        route = await self._lookup(RouteTable.tool, tool)
         return route.param_headers if route is not None else None
 
     # --- dispatch ----------------------------------------------------------------------------
@@ -149,22 +138,22 @@ class Dispatcher:
     async def _dispatch(self, msg: Message, sink: NotificationSink) -> Message:
         method = msg["method"]
         params = jsonrpc.params(msg)
-        if method == "server/discover":
-            return await self._discover(msg)
-        if method in merge.LIST_KEYS:
-            return await self._list(msg)
         if method == "tools/call":
             name = params.get("name")
             # A known tool is found without a coroutine; only a miss may refresh catalogs.
             found = self.catalogs.table.tool(name) if isinstance(name, str) else None
             route = found or await self._route_name(RouteTable.tool, "tool", name)
-            return await self._forward(msg, sink, route, "name", route.param_headers)
+            return await self._forward(msg, params, sink, route, "name", route.param_headers)
+        if method == "server/discover":
+            return await self._discover(msg)
+        if method in merge.LIST_KEYS:
+            return await self._list(msg)
         if method == "prompts/get":
             route = await self._route_name(RouteTable.prompt, "prompt", params.get("name"))
-            return await self._forward(msg, sink, route, "name")
+            return await self._forward(msg, params, sink, route, "name")
         if method == "resources/read":
             route = await self._route_uri(params.get("uri"))
-            return await self._forward(msg, sink, route, "uri")
+            return await self._forward(msg, params, sink, route, "uri")
         if method == "completion/complete":
             return await self._complete(msg, sink)
         if method == "subscriptions/listen":
@@ -214,6 +203,7 @@ class Dispatcher:
     async def _forward(
         self,
         msg: Message,
+        params: dict[str, Any],
         sink: NotificationSink,
         route: Route,
         field: str,
@@ -221,20 +211,12 @@ class Dispatcher:
     ) -> Message:
         """Send a request to its backend under the backend's own name, and show the reply's
         URIs as clients know them."""
+        visible = params.get(field)
         # Only listed tool and prompt names become metric labels: their number is bounded.
-        target = jsonrpc.params(msg).get(field) if field == "name" and route.listed else None
-        _observation.get().annotate(target=target, backend=route.backend)
-        backend = self.backends[route.backend]
-        params = jsonrpc.params(msg)
-        out = (
-            msg
-            if params.get(field) == route.name
-            else {
-                **msg,
-                "params": {**params, field: route.name},
-            }
-        )
-        reply = await backend.request(out, sink, param_headers)
+        target = visible if field == "name" and route.listed else None
+        SERVING.get()[0].annotate(target=target, backend=route.backend)
+        out = msg if visible == route.name else {**msg, "params": {**params, field: route.name}}
+        reply = await self.backends[route.backend].request(out, sink, param_headers)
         if self._naming.prefixed:
             self._expose_reply_uris(msg["method"], route.backend, reply)
         return reply

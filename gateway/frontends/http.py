@@ -22,6 +22,7 @@ from gateway.frontends.ops import Operations, operation_routes
 from gateway.frontends.server import Handler, Reply, Request, Stream
 from gateway.frontends.sessions import HttpSession, SessionStore, owner_of
 from gateway.protocol import codes, headers, jsonrpc, sse
+from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Origin, Stats
 
@@ -68,38 +69,47 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _guard(request: Request, listen: HttpListen) -> tuple[str, str] | None:
-    """DNS-rebinding protection (streamable-http, Security & Endpoint): what is refused, why."""
-    origin = request.headers.get("Origin")
-    if origin is not None and origin not in listen.allowed_origins:
-        host = urlsplit(origin).hostname or ""
-        if not _is_loopback(host):
-            return "origin", f"Origin {origin!r} is not allowed"
+# What a request's screening found: (metric reason, HTTP status, message); None when it passed.
+Verdict = tuple[str, int, str] | None
+_TYPE_REFUSED: Verdict = ("media_type", 415, "Content-Type must be application/json")
+_ACCEPT_REFUSED: Verdict = (
+    "not_acceptable",
+    406,
+    "Accept must list application/json and text/event-stream",
+)
+
+
+def _guard(origin: str | None, host_header: str, listen: HttpListen) -> Verdict:
+    """DNS-rebinding protection (streamable-http, Security & Endpoint)."""
+    if (
+        origin is not None
+        and origin not in listen.allowed_origins
+        and not _is_loopback(urlsplit(origin).hostname or "")
+    ):
+        return "origin", 403, f"Origin {origin!r} is not allowed"
     if _is_loopback(listen.host):
-        host = _hostname(request.host)
+        host = urlsplit("//" + host_header).hostname or ""
         if not _is_loopback(host) and host not in listen.allowed_hosts:
-            return "host", f"Host {request.host!r} is not allowed"
+            return "host", 403, f"Host {host_header!r} is not allowed"
     return None
 
 
-# Header values repeat from request to request: parse each distinct one once (bounded caches).
-@functools.lru_cache(maxsize=256)
-def _hostname(host_header: str) -> str:
-    return urlsplit("//" + host_header).hostname or ""
+def _screen(
+    listen: HttpListen, origin: str | None, host: str, content_type: str, accept: str
+) -> tuple[Verdict, Verdict]:
+    """The checks on a request's header fields, cheapest first: (the origin and host guard,
+    the media types of a POST). Pure, so the endpoint caches it: the fields repeat from request
+    to request."""
+    media = None
+    if content_type.split(";")[0].strip().lower() != JSON:
+        media = _TYPE_REFUSED
+    elif not _accepts_value(accept):
+        media = _ACCEPT_REFUSED
+    return _guard(origin, host, listen), media
 
 
-@functools.lru_cache(maxsize=256)
-def _media_type(content_type: str) -> str:
-    return content_type.split(";")[0].strip().lower()
-
-
-def _accepts(request: Request) -> bool:
-    # Accept is a list field: several header lines mean the same as one comma-separated line.
-    return _accepts_value(",".join(request.headers.getall("Accept")))
-
-
-@functools.lru_cache(maxsize=256)
 def _accepts_value(accept: str) -> bool:
+    # Accept is a list field: several header lines mean the same as one comma-separated line.
     kinds = {part.split(";")[0].strip().lower() for part in accept.split(",")}
     if "*/*" in kinds:
         return True
@@ -115,6 +125,8 @@ class Endpoint:
         self._stats = dispatcher.telemetry.stats
         self._legacy = LegacyFront(dispatcher)
         self.sessions = SessionStore(listen.session_idle_timeout)
+        self._timers = timers.wheel()  # (made within the running loop, by the app)
+        self._screen = functools.lru_cache(maxsize=512)(functools.partial(_screen, listen))
 
     def _reject(
         self,
@@ -129,26 +141,23 @@ class Endpoint:
 
     async def handle(self, request: Request) -> Reply | None:
         listen = self.listen
-        refused = _guard(request, listen)
-        if refused is not None:
-            return self._reject(refused[0], 403, codes.INVALID_REQUEST, refused[1])
-        session_id = request.headers.get(SESSION_HEADER)
+        fields = request.headers
+        guard, media = self._screen(
+            fields.get("origin"),
+            fields.get("host") or "",
+            fields.get("content-type") or "",
+            ",".join(fields.getall("accept")),
+        )
+        if guard is not None:
+            return self._reject(guard[0], guard[1], codes.INVALID_REQUEST, guard[2])
+        session_id = fields.get(SESSION_HEADER)
         if request.method != "POST":
             if session_id is not None and request.method in ("GET", "DELETE"):
                 return await self._session_method(request, session_id)
             self._stats.rejections["method_not_allowed"] += 1
             return _reply(405, Allow="POST")
-        if _media_type(request.headers.get("Content-Type") or "") != JSON:
-            return self._reject(
-                "media_type", 415, codes.INVALID_REQUEST, "Content-Type must be application/json"
-            )
-        if not _accepts(request):
-            return self._reject(
-                "not_acceptable",
-                406,
-                codes.INVALID_REQUEST,
-                "Accept must list application/json and text/event-stream",
-            )
+        if media is not None:
+            return self._reject(media[0], media[1], codes.INVALID_REQUEST, media[2])
         if request.too_big:
             too_big = f"Body over {listen.max_body_bytes} bytes"
             return self._reject("size", 413, codes.INVALID_REQUEST, too_big)
@@ -175,7 +184,10 @@ class Endpoint:
             return _reply(202)
         if is_legacy_opening(msg):
             return await self._open_session(request, msg)
-        mismatch = await _check_headers(request, msg, dispatcher)
+        specs = _param_specs(msg, dispatcher)
+        if isinstance(specs, str):  # a tool the table does not know (yet)
+            specs = await dispatcher.param_headers(specs)
+        mismatch = headers.check(fields.getall, msg, specs)
         if mismatch is not None:
             return self._reject(
                 "header_mismatch",
@@ -242,7 +254,7 @@ class Endpoint:
         end of the session does), so the work is not tied to this connection."""
         relay = _Relay(request, self._stats, cancel_when_gone=False)
         loop = asyncio.get_running_loop()
-        timer = timers.wheel(loop).call_later(JSON_WINDOW, relay.window_closed)
+        timer = self._timers.call_later(JSON_WINDOW, relay.window_closed)
         id_ = msg["id"]
         work = loop.create_task(self._legacy.handle(session, msg, relay.note, _origin(request)))
         session.in_flight[id_] = work
@@ -314,13 +326,15 @@ class Endpoint:
         on the common path. Only a request still running when the JSON window closes gets a
         helper task, which turns the reply into a stream and keeps it alive."""
         relay = _Relay(request, self._stats)
-        timer = timers.wheel().call_later(JSON_WINDOW, relay.window_closed)
+        timer = self._timers.call_later(JSON_WINDOW, relay.window_closed)
         try:
             reply = await self.dispatcher.handle(msg, relay.note, _origin(request))
         finally:
             timer.cancel()
             if relay.keepalive is not None:
                 await relay.stop_keepalive()
+        if relay.stream is None:  # the common case, without a coroutine
+            return Reply(errors.http_status(reply), relay.count_out(jsonrpc.encode(reply)), JSON)
         return await self._finish(relay, reply)
 
 
@@ -337,13 +351,17 @@ def _origin(request: Request) -> Origin:
     return Origin("http", request.remote, request.headers.raw)
 
 
-async def _check_headers(request: Request, msg: Message, dispatcher: Dispatcher) -> str | None:
-    param_specs = None
-    if msg["method"] == "tools/call":
-        name = jsonrpc.params(msg).get("name")
-        if isinstance(name, str):
-            param_specs = await dispatcher.param_headers(name)
-    return headers.check(request.headers.getall, msg, param_specs)
+def _param_specs(msg: Message, dispatcher: Dispatcher) -> tuple[ParamHeader, ...] | str | None:
+    """The `x-mcp-header` annotations to check a request's Mcp-Param-* headers against: None
+    when there are none to check, or the tool's name when the route table must be refreshed to
+    know them (the common case is decided without a coroutine)."""
+    if msg["method"] != "tools/call":
+        return None
+    name = jsonrpc.params(msg).get("name")
+    if not isinstance(name, str):
+        return None
+    route = dispatcher.catalogs.table.tool(name)
+    return route.param_headers if route is not None else name
 
 
 class _Relay:

@@ -363,17 +363,18 @@ class _Connection(asyncio.Protocol):
         self._raw_headers = []  # trailer fields land here, unread (RFC 9110 6.5.1)
         if self._parser.should_upgrade():
             return  # parsed again without the offer: see _decline_upgrade
-        length = 0
-        expect = False
-        for name, value in self._headers.raw:
-            lowered = name.lower()
-            if lowered == "content-length":
-                length = int(value) if value.isdigit() else 0
-            elif lowered == "expect":
-                expect = value.strip().lower() == "100-continue"
+        fields = self._headers
+        declared = fields.get("content-length")
+        length = int(declared) if declared is not None and declared.isdigit() else 0
+        expect = fields.get("expect")
         if length > self._server.max_body:
             self._too_big()
-        elif expect and self._transport is not None and self._parser.get_http_version() != "1.0":
+        elif (
+            expect is not None
+            and expect.strip().lower() == "100-continue"
+            and self._transport is not None
+            and self._parser.get_http_version() != "1.0"
+        ):
             # (RFC 9110 10.1.1: an HTTP/1.0 request's expectation is ignored)
             if self._task is None:
                 self._transport.write(_CONTINUE)

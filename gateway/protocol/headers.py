@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -146,15 +147,40 @@ def _at_path(arguments: object, path: Iterable[str]) -> object:
 
 def derive(msg: Message, params_spec: Iterable[ParamHeader] = ()) -> dict[str, str]:
     """The mirrored headers for a request body, as a client must send them."""
-    out = {METHOD: str(msg.get("method", ""))}
-    version = jsonrpc.meta(msg).get(meta.PROTOCOL_VERSION)
-    if isinstance(version, str):
+    out = derive_base(*mirrored_fields(msg))
+    out.update(derive_params(msg, params_spec))
+    return out
+
+
+def mirrored_fields(msg: Message) -> tuple[str, str | None, str | None]:
+    """What Mcp-Method, MCP-Protocol-Version and Mcp-Name mirror: the method, the version in
+    `_meta`, and the name or URI (None where absent or not a string). Few distinct triples occur,
+    so callers can cache what they derive from one."""
+    method = str(msg.get("method", ""))
+    params = jsonrpc.params(msg)
+    found = params.get("_meta")
+    version = found.get(meta.PROTOCOL_VERSION) if isinstance(found, dict) else None
+    source = NAME_SOURCE.get(method)
+    name = params.get(source) if source is not None else None
+    return (
+        method,
+        version if isinstance(version, str) else None,
+        name if isinstance(name, str) else None,
+    )
+
+
+def derive_base(method: str, version: str | None, name: str | None) -> dict[str, str]:
+    out = {METHOD: method}
+    if version is not None:
         out[PROTOCOL_VERSION] = version
-    source = NAME_SOURCE.get(out[METHOD])
-    if source is not None:
-        value = jsonrpc.params(msg).get(source)
-        if isinstance(value, str):
-            out[NAME] = encode_value(value)
+    if name is not None and method in NAME_SOURCE:
+        out[NAME] = encode_value(name)
+    return out
+
+
+def derive_params(msg: Message, params_spec: Iterable[ParamHeader]) -> dict[str, str]:
+    """The Mcp-Param-* headers of a tool call."""
+    out: dict[str, str] = {}
     arguments = jsonrpc.params(msg).get("arguments")
     for spec in params_spec:
         text = param_text(_at_path(arguments, spec.path))
@@ -177,11 +203,23 @@ def check(
     params = jsonrpc.params(msg)
     version = jsonrpc.meta(msg).get(meta.PROTOCOL_VERSION)
     method = msg.get("method")
-    problem = _compare(get_all(PROTOCOL_VERSION), PROTOCOL_VERSION, _text(version), raw=True)
-    problem = problem or _compare(get_all(METHOD), METHOD, _text(method), raw=True)
     source = NAME_SOURCE.get(str(method))
-    if source is not None:
-        problem = problem or _compare(get_all(NAME), NAME, _text(params.get(source)), required=True)
+    name = params.get(source) if source is not None else None
+    versions, methods = get_all(PROTOCOL_VERSION), get_all(METHOD)
+    if (
+        # The common case, decided with a few comparisons: each header once, equal to its
+        # field, which needs no encoding (the equalities make every compared value a str).
+        versions == [version]
+        and methods == [method]
+        and (source is None or get_all(NAME) == [name])
+        and _plain((version, method, name))
+    ):
+        problem = None
+    else:
+        problem = _compare(versions, PROTOCOL_VERSION, _text(version), raw=True)
+        problem = problem or _compare(methods, METHOD, _text(method), raw=True)
+        if source is not None:
+            problem = problem or _compare(get_all(NAME), NAME, _text(name), required=True)
     if problem or params_spec is None:
         return problem
     arguments = params.get("arguments")
@@ -192,6 +230,12 @@ def check(
         if problem:
             return problem
     return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _plain(values: tuple[str | None, ...]) -> bool:
+    """Whether each value goes into a header as itself (no sentinel encoding)."""
+    return all(value is None or encode_value(value) == value for value in values)
 
 
 def _text(value: object) -> str | None:

@@ -26,10 +26,7 @@ class Received(dict[str, Any]):
     place must call `changed(msg)`. Building a new dict (`{**msg, ...}`) gives a plain Message."""
 
     __slots__ = ("raw",)
-
-    def __init__(self, value: dict[str, Any], raw: bytes) -> None:
-        super().__init__(value)
-        self.raw: bytes | None = raw
+    raw: bytes | None  # set right after construction (dict's own __init__ copies the members)
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.raw = None
@@ -91,32 +88,36 @@ def decode(raw: bytes | str, *, keep: bool = False) -> Message | Invalid:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         return Invalid(codes.PARSE_ERROR, f"Parse error: {exc}")
-    if isinstance(value, list):
-        return Invalid(codes.INVALID_REQUEST, "Batch requests are not supported")
-    if not isinstance(value, dict):
+    # (orjson gives exact types: `type(...) is` checks suffice, and a bool is not an int)
+    if type(value) is not dict:
+        if type(value) is list:
+            return Invalid(codes.INVALID_REQUEST, "Batch requests are not supported")
         return Invalid(codes.INVALID_REQUEST, "A JSON-RPC message must be an object")
     problem = _shape_problem(value)
     if problem is not None:
         raw_id = value.get("id")
-        readable = (
-            raw_id if isinstance(raw_id, (str, int)) and not isinstance(raw_id, bool) else None
-        )
-        return Invalid(codes.INVALID_REQUEST, problem, readable)
+        return Invalid(codes.INVALID_REQUEST, problem, raw_id if _is_id(raw_id) else None)
     if keep:
-        return Received(value, raw if isinstance(raw, bytes) else raw.encode())
+        received = Received(value)
+        received.raw = raw.encode() if isinstance(raw, str) else raw
+        return received
     return value
+
+
+def _is_id(value: object) -> bool:
+    return type(value) is str or type(value) is int
 
 
 def _shape_problem(msg: Message) -> str | None:
     if msg.get("jsonrpc") != "2.0":
         return 'The "jsonrpc" member must be exactly "2.0"'
-    if "id" in msg and not _valid_id(msg["id"]):
+    if "id" in msg and not _is_id(msg["id"]):
         return 'The "id" member must be a string or an integer'
     if "method" in msg:
-        if not isinstance(msg["method"], str):
+        if type(msg["method"]) is not str:
             return 'The "method" member must be a string'
         params = msg.get("params")
-        if params is not None and not isinstance(params, dict):
+        if params is not None and type(params) is not dict:
             return 'The "params" member must be an object'
         return None
     if "id" not in msg:
@@ -124,10 +125,6 @@ def _shape_problem(msg: Message) -> str | None:
     if ("result" in msg) == ("error" in msg):
         return "A response carries exactly one of result and error"
     return None
-
-
-def _valid_id(value: object) -> bool:
-    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def kind(msg: Message) -> Kind:

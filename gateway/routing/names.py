@@ -8,6 +8,7 @@ mapping back is always a table lookup built from these same functions, never a s
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ class Naming:
     max_length: int = 64
     backends: int = 1
 
-    @property
+    @functools.cached_property
     def prefixed(self) -> bool:
         return self.mode is PrefixMode.ALWAYS or (
             self.mode is PrefixMode.AUTO and self.backends > 1

@@ -65,12 +65,6 @@ def credentials_digest(authorization: str | None) -> str:
     return hashlib.sha256((authorization or "").encode()).hexdigest()
 
 
-STDIO_ORIGIN = Origin("stdio")
-# The origin of the client request being handled, for the few backends that bind state to the
-# caller (a legacy backend's held call); set by the dispatcher.
-CURRENT_ORIGIN: ContextVar[Origin] = ContextVar("origin", default=STDIO_ORIGIN)
-
-
 @dataclass
 class Stats:
     """Counters the hot path bumps; exporters read them when scraped."""
@@ -133,6 +127,14 @@ class _NoObservation:
 
 
 NO_OBSERVATION: Observation = _NoObservation()
+STDIO_ORIGIN = Origin("stdio")
+# The client request the current task is handling: its observation (for annotating where it
+# went, and for labelling the backend requests made for it) and its origin (for the few backends
+# that bind state to the caller, such as a legacy backend's held call). Set by the dispatcher;
+# one variable, since setting one costs as much as its contents.
+SERVING: ContextVar[tuple[Observation, Origin]] = ContextVar(
+    "serving", default=(NO_OBSERVATION, STDIO_ORIGIN)
+)
 
 
 class NoTelemetry:

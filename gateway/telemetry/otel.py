@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import time
-from contextvars import ContextVar
 from typing import Any
 
 import orjson
@@ -15,7 +14,15 @@ from opentelemetry import context, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gateway.protocol import jsonrpc, meta
-from gateway.telemetry.api import HeaderFields, Message, Observation, Origin, Stats, error_type
+from gateway.telemetry.api import (
+    SERVING,
+    HeaderFields,
+    Message,
+    Observation,
+    Origin,
+    Stats,
+    error_type,
+)
 from gateway.telemetry.metrics import OTHER, Recorder
 from gateway.telemetry.tap import Tap
 
@@ -55,15 +62,13 @@ def _span_target(msg: Message) -> str:
 
 class _Observed:
     __slots__ = ("backend", "msg", "reply", "span", "started", "target", "telemetry")
-
-    def __init__(self, telemetry: GatewayTelemetry, msg: Message, span: trace.Span | None) -> None:
-        self.telemetry = telemetry
-        self.msg = msg
-        self.span = span
-        self.target: str | None = None
-        self.backend: str | None = None
-        self.reply: Message | None = None
-        self.started = time.perf_counter()
+    telemetry: GatewayTelemetry
+    msg: Message
+    span: trace.Span | None
+    target: str | None
+    backend: str | None
+    reply: Message | None
+    started: float
 
     def annotate(self, *, target: str | None = None, backend: str | None = None) -> None:
         if target is not None:
@@ -74,44 +79,51 @@ class _Observed:
                 self.span.set_attribute(ATTR_BACKEND, backend)
 
     def carrier(self) -> dict[str, str]:
+        if self.span is None:
+            return _NO_CARRIER
         out: dict[str, str] = {}
-        if self.span is not None:
-            propagate.inject(out, context=trace.set_span_in_context(self.span))
+        propagate.inject(out, context=trace.set_span_in_context(self.span))
         return out
 
-    def trace_id(self) -> str:
-        if self.span is None:
-            return ""
-        ctx = self.span.get_span_context()
-        return format(ctx.trace_id, "032x") if ctx.is_valid else ""
-
-    def end_span(self, error: str, reply: Message | None) -> None:
-        if self.span is None:
-            return
+    def end_span(self, error: str, reply: Message | None) -> str:
+        """End the span; the trace id, for exemplars."""
+        span = self.span
+        assert span is not None
         if error:
-            self.span.set_attribute("error.type", error)
+            span.set_attribute("error.type", error)
             code = jsonrpc.error_code(reply) if reply is not None else None
             if code is not None:
-                self.span.set_attribute("rpc.response.status_code", str(code))
-            self.span.set_status(Status(StatusCode.ERROR))
-        self.span.end()
+                span.set_attribute("rpc.response.status_code", str(code))
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
+        ctx = span.get_span_context()
+        return format(ctx.trace_id, "032x") if ctx.is_valid else ""
+
+
+# What `carrier` gives without a span: shared, and never changed by callers.
+_NO_CARRIER: dict[str, str] = {}
 
 
 class _ServerObserved(_Observed):
-    __slots__ = ("context_token", "origin", "serving_token")
+    __slots__ = ("context_token", "origin")
 
     def __init__(
         self, telemetry: GatewayTelemetry, msg: Message, span: trace.Span | None, origin: Origin
     ) -> None:
-        super().__init__(telemetry, msg, span)
+        # (every field set here rather than in a shared __init__: one call less per request)
+        self.telemetry = telemetry
+        self.msg = msg
+        self.span = span
+        self.target = None
+        self.backend = None
+        self.reply = None
         self.origin = origin
         self.context_token = (
             context.attach(trace.set_span_in_context(span)) if span is not None else None
         )
-        self.serving_token = _serving.set(self)
+        self.started = time.perf_counter()
 
     def end(self, reply: Message | None) -> None:
-        _serving.reset(self.serving_token)
         if self.context_token is not None:
             context.detach(self.context_token)
         self.reply = reply
@@ -124,16 +136,18 @@ class _ClientObserved(_Observed):
     def __init__(
         self, telemetry: GatewayTelemetry, msg: Message, span: trace.Span | None, backend: str
     ) -> None:
-        super().__init__(telemetry, msg, span)
+        self.telemetry = telemetry
+        self.msg = msg
+        self.span = span
+        self.target = None
+        self.backend = None
+        self.reply = None
         self.backend_name = backend
+        self.started = time.perf_counter()
 
     def end(self, reply: Message | None) -> None:
         self.reply = reply
         self.telemetry._end_client(self)
-
-
-# The client request being served by the current task, if any.
-_serving: ContextVar[_Observed | None] = ContextVar("serving", default=None)
 
 
 class GatewayTelemetry:
@@ -199,13 +213,15 @@ class GatewayTelemetry:
         seconds = time.perf_counter() - observed.started
         reply = observed.reply
         error = error_type(reply)
-        if observed.span is not None and observed.target:
-            observed.span.update_name(f"{msg.get('method', '')} {observed.target}")
-        observed.end_span(error, reply)
+        trace_id = ""
+        if observed.span is not None:
+            if observed.target:
+                observed.span.update_name(f"{msg.get('method', '')} {observed.target}")
+            trace_id = observed.end_span(error, reply)
         method = str(msg.get("method", ""))
         if self._recorder is not None:
             target = observed.target or ("" if method not in _NAME_ATTR else OTHER)
-            self._recorder.server(method, target, error, seconds, observed.trace_id())
+            self._recorder.server(method, target, error, seconds, trace_id)
         if self._access is not None:
             line = {
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()),
@@ -214,7 +230,7 @@ class GatewayTelemetry:
                 "backend": observed.backend,
                 "outcome": error or "ok",
                 "duration_ms": round(seconds * 1000, 3),
-                "trace_id": observed.trace_id() or None,
+                "trace_id": trace_id or None,
                 "client": origin.peer,
                 "frontend": origin.frontend,
             }
@@ -238,14 +254,14 @@ class GatewayTelemetry:
     def _end_client(self, observed: _ClientObserved) -> None:
         seconds = time.perf_counter() - observed.started
         error = error_type(observed.reply)
-        observed.end_span(error, observed.reply)
+        trace_id = observed.end_span(error, observed.reply) if observed.span is not None else ""
         if self._recorder is not None:
             msg = observed.msg
             method = str(msg.get("method", ""))
-            serving = _serving.get()
-            # A name becomes a label only if the client's name was a listed one (bounded).
-            listed = serving is None or bool(serving.target)
-            target = _span_target(msg) if method in _NAME_ATTR and listed else ""
-            self._recorder.client(
-                method, target, observed.backend_name, error, seconds, observed.trace_id()
-            )
+            target = ""
+            if method in _NAME_ATTR:
+                serving = SERVING.get()[0]
+                # A name becomes a label only if the client's name was a listed one (bounded).
+                if not isinstance(serving, _ServerObserved) or serving.target:
+                    target = _span_target(msg)
+            self._recorder.client(method, target, observed.backend_name, error, seconds, trace_id)
