@@ -124,6 +124,42 @@ async def test_a_backend_that_never_answers_the_probe_is_taken_for_legacy(
         assert gw.eras[0].era == "legacy"
 
 
+async def test_an_http_backend_that_never_answers_the_probe_is_taken_for_legacy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """transports/streamable-http, Backward Compatibility: the same over HTTP. The probe's POST
+    runs out of time (a BackendTimeout, as on stdio), and the backend is initialised."""
+    monkeypatch.setattr(era, "PROBE_TIMEOUT", 0.5)
+    never = anyio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        method = body.get("method")
+        if method == "server/discover":
+            await never.wait()  # silent until the gateway gives up (and drops the connection)
+        if "id" not in body:
+            return web.Response(status=202)
+        if method == "initialize":
+            result: dict[str, Any] = {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "slow-legacy", "version": "1"},
+            }
+        elif method == "tools/list":
+            result = {"tools": [{"name": "t", "inputSchema": {"type": "object"}}]}
+        else:
+            result = {"content": [{"type": "text", "text": "legacy"}]}
+        return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": result})
+
+    async with (
+        serve_http(handler) as base,
+        gateway({"http": {"url": f"{base}/mcp"}}) as (gw, url),
+    ):
+        with anyio.fail_after(BOUND):
+            assert text_of(await post(url, call(1, "t"))) == "legacy"
+        assert gw.eras[0].era == "legacy"
+
+
 async def test_a_pinned_era_is_not_probed(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "gateway.backend")
     command = sdk_stdio_command("--legacy-only", "--silent-discover")
