@@ -88,6 +88,20 @@ def answered(rid: int, first: Message, answer: str = "because") -> Message:
     return ask(rid, inputResponses={key: content}, requestState=result["requestState"])
 
 
+def fake_legacy_result(method: str, text: str, version: str = "2025-11-25") -> dict[str, Any]:
+    """What the fake legacy HTTP servers below answer: `initialize`, a one-tool list (`t`), and
+    `text` for a call."""
+    if method == "initialize":
+        return {
+            "protocolVersion": version,
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "fake-legacy", "version": "1"},
+        }
+    if method == "tools/list":
+        return {"tools": [{"name": "t", "inputSchema": {"type": "object"}}]}
+    return {"content": [{"type": "text", "text": text}]}
+
+
 # --- the era probe -------------------------------------------------------------------------
 
 
@@ -139,16 +153,7 @@ async def test_an_http_backend_that_never_answers_the_probe_is_taken_for_legacy(
             await never.wait()  # silent until the gateway gives up (and drops the connection)
         if "id" not in body:
             return web.Response(status=202)
-        if method == "initialize":
-            result: dict[str, Any] = {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {"tools": {}},
-                "serverInfo": {"name": "slow-legacy", "version": "1"},
-            }
-        elif method == "tools/list":
-            result = {"tools": [{"name": "t", "inputSchema": {"type": "object"}}]}
-        else:
-            result = {"content": [{"type": "text", "text": "legacy"}]}
+        result = fake_legacy_result(method, "legacy")
         return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": result})
 
     async with (
@@ -263,11 +268,7 @@ async def test_a_legacy_http_session_rides_on_every_request_and_ends_with_delete
         seen.append((method, sid, version))
         if method == "initialize":
             live["session"] = next(minted)
-            result: dict[str, Any] = {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {"tools": {}},
-                "serverInfo": {"name": "fake-legacy", "version": "1"},
-            }
+            result = fake_legacy_result(method, "", version="2025-06-18")
             reply = {"jsonrpc": "2.0", "id": body["id"], "result": result}
             return web.json_response(reply, headers={"Mcp-Session-Id": live["session"] or ""})
         if sid is None:  # what 2025-era servers answer to anything outside a session
@@ -277,10 +278,7 @@ async def test_a_legacy_http_session_rides_on_every_request_and_ends_with_delete
             return web.Response(status=404)
         if "id" not in body:
             return web.Response(status=202)
-        if method == "tools/list":
-            result = {"tools": [{"name": "t", "inputSchema": {"type": "object"}}]}
-        else:
-            result = {"content": [{"type": "text", "text": f"session {sid}"}]}
+        result = fake_legacy_result(method, f"session {sid}")
         return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": result})
 
     async with (

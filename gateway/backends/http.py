@@ -235,10 +235,8 @@ class HttpBackend:
         except (http1.ConnectFailed, http1.Disconnected) as exc:
             self._up = False
             raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
-        except http1.HttpProtocolError as exc:
-            raise BackendProtocolError(self.name, str(exc)) from None
-        except TimeoutError:
-            raise BackendTimeout(self.name, f"no reply within {within:g}s") from None
+        except (http1.HttpProtocolError, TimeoutError) as exc:
+            raise self._failure(exc, within) from None
         self._up = True
         if self._legacy is not None:
             try:
@@ -255,13 +253,16 @@ class HttpBackend:
             # Closing (not releasing) the connection is what tells the backend that this
             # request is cancelled (streamable-http, Cancellation).
             resp.abort()
-            if isinstance(exc, TimeoutError):
-                raise BackendTimeout(self.name, f"no reply within {within:g}s") from None
-            if isinstance(exc, http1.HttpProtocolError):
-                raise BackendProtocolError(self.name, str(exc)) from None
+            if isinstance(exc, (http1.HttpProtocolError, TimeoutError)):
+                raise self._failure(exc, within) from None
             raise
         resp.release()
         return reply
+
+    def _failure(self, exc: Exception, within: float | None) -> Exception:
+        if isinstance(exc, TimeoutError):
+            return BackendTimeout(self.name, f"no reply within {within or 0:g}s")
+        return BackendProtocolError(self.name, str(exc))
 
     @property
     def up(self) -> bool:

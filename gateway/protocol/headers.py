@@ -200,29 +200,26 @@ def check(
     `get_all(name)` returns every value of a header (case-insensitive), so duplicates show.
     `params_spec` is None when the tool's schema is unknown: Mcp-Param-* are then not checked.
     """
-    params = jsonrpc.params(msg)
-    version = jsonrpc.meta(msg).get(meta.PROTOCOL_VERSION)
-    method = msg.get("method")
-    source = NAME_SOURCE.get(str(method))
-    name = params.get(source) if source is not None else None
+    method, version, name = mirrored_fields(msg)
+    named = method in NAME_SOURCE
     versions, methods = get_all(PROTOCOL_VERSION), get_all(METHOD)
     if (
         # The common case, decided with a few comparisons: each header once, equal to its
-        # field, which needs no encoding (the equalities make every compared value a str).
+        # field, which needs no encoding (the equalities rule out absent fields).
         versions == [version]
         and methods == [method]
-        and (source is None or get_all(NAME) == [name])
+        and (not named or get_all(NAME) == [name])
         and _plain((version, method, name))
     ):
         problem = None
     else:
-        problem = _compare(versions, PROTOCOL_VERSION, _text(version), raw=True)
-        problem = problem or _compare(methods, METHOD, _text(method), raw=True)
-        if source is not None:
-            problem = problem or _compare(get_all(NAME), NAME, _text(name), required=True)
+        problem = _compare(versions, PROTOCOL_VERSION, version, raw=True)
+        problem = problem or _compare(methods, METHOD, method, raw=True)
+        if named:
+            problem = problem or _compare(get_all(NAME), NAME, name, required=True)
     if problem or params_spec is None:
         return problem
-    arguments = params.get("arguments")
+    arguments = jsonrpc.params(msg).get("arguments")
     for spec in params_spec:
         header = PARAM_PREFIX + spec.name
         body = param_text(_at_path(arguments, spec.path))
@@ -236,10 +233,6 @@ def check(
 def _plain(values: tuple[str | None, ...]) -> bool:
     """Whether each value goes into a header as itself (no sentinel encoding)."""
     return all(value is None or encode_value(value) == value for value in values)
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def _compare(
