@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from gateway.config import http as http_sections
 from gateway.config.mcpjson import load_mcp_json
 from gateway.config.model import (
     _HEADER_NAME,
@@ -38,12 +39,16 @@ from gateway.config.model import (
     WILDCARD_HOSTS,
     AdminListen,
     BackendConfig,
+    BackendLimits,
+    ClientTls,
     Config,
     ConfigInvalid,
     HttpListen,
     HttpTarget,
     Listen,
+    ListenerLimits,
     Namespacing,
+    ServerTls,
     SseTarget,
     StdioTarget,
     TapConfig,
@@ -53,7 +58,7 @@ from gateway.config.model import (
 from gateway.config.reader import _Check, _Reader
 
 
-def _listen(c: _Check, raw: Any) -> Listen:
+def _listen(c: _Check, raw: Any, base: Path) -> Listen:
     body = c.mapping(raw, ("listen",), {"http", "stdio", "admin"})
     http: HttpListen | None = None
     if body.get("http") is not None:
@@ -69,6 +74,8 @@ def _listen(c: _Check, raw: Any) -> Listen:
                 "allowed_hosts",
                 "max_body_bytes",
                 "session_idle_timeout",
+                "limits",
+                "tls",
             },
         )
         url_path = c.string(h.get("path"), path + ("path",), DEFAULT_HTTP_PATH) or "/"
@@ -80,11 +87,10 @@ def _listen(c: _Check, raw: Any) -> Listen:
             path=url_path,
             allowed_origins=c.strings(h.get("allowed_origins"), path + ("allowed_origins",)),
             allowed_hosts=c.strings(h.get("allowed_hosts"), path + ("allowed_hosts",)),
-            max_body_bytes=int(
-                c.number(
-                    h.get("max_body_bytes"), path + ("max_body_bytes",), DEFAULT_MAX_BODY_BYTES
-                )
+            limits=http_sections.listener_limits(
+                c, h.get("limits"), path + ("limits",), h.get("max_body_bytes")
             ),
+            tls=http_sections.server_tls(c, h.get("tls"), path + ("tls",), base),
             session_idle_timeout=float(
                 c.number(
                     h.get("session_idle_timeout"),
@@ -120,7 +126,7 @@ def _admin(c: _Check, raw: Any, http: HttpListen | None) -> AdminListen | None:
     return AdminListen(host=host, port=port)
 
 
-def _backend(c: _Check, name: str, raw: Any) -> BackendConfig | None:
+def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None:
     path = ("backends", name)
     if not _NAME.match(name):
         c.r.problem(path, "a backend name uses letters, digits, '_', '.' and '-'")
@@ -158,12 +164,17 @@ def _backend(c: _Check, name: str, raw: Any) -> BackendConfig | None:
         )
     else:
         hp = path + (kinds[0],)
-        h = c.mapping(body[kinds[0]], hp, {"url", "headers"})
+        h = c.mapping(body[kinds[0]], hp, {"url", "headers", "tls", "limits"})
         url = c.string(h.get("url"), hp + ("url",))
         if not url or not re.match(r"^https?://", url):
             c.r.problem(hp + ("url",), "must be an http:// or https:// URL")
         kind = HttpTarget if kinds[0] == "http" else SseTarget
-        target = kind(url=url or "", headers=c.string_map(h.get("headers"), hp + ("headers",)))
+        target = kind(
+            url=url or "",
+            headers=c.string_map(h.get("headers"), hp + ("headers",)),
+            tls=http_sections.client_tls(c, h.get("tls"), hp + ("tls",), base),
+            limits=http_sections.backend_limits(c, h.get("limits"), hp + ("limits",)),
+        )
     era = c.string(body.get("era"), path + ("era",), "auto") or "auto"
     if era not in ERAS:
         c.r.problem(path + ("era",), f"must be one of {', '.join(ERAS)}")
@@ -210,10 +221,11 @@ def parse(
         (),
         {"listen", "backends", "backends_from", "namespacing", "fan_out", "tap", "telemetry"},
     )
-    listen = _listen(check, top.get("listen"))
+    base = _beside(source, ".")
+    listen = _listen(check, top.get("listen"), base)
     backends: list[BackendConfig] = []
     for name, body in check.mapping(top.get("backends"), ("backends",)).items():
-        backend = _backend(check, name, body)
+        backend = _backend(check, name, body, base)
         if backend is not None:
             backends.append(backend)
     imported = check.string(top.get("backends_from"), ("backends_from",))
@@ -419,12 +431,16 @@ __all__ = [
     "WILDCARD_HOSTS",
     "AdminListen",
     "BackendConfig",
+    "BackendLimits",
+    "ClientTls",
     "Config",
     "ConfigInvalid",
     "HttpListen",
     "HttpTarget",
     "Listen",
+    "ListenerLimits",
     "Namespacing",
+    "ServerTls",
     "SseTarget",
     "StdioTarget",
     "TapConfig",

@@ -11,6 +11,34 @@ DEFAULT_HTTP_PORT = 8080
 DEFAULT_HTTP_PATH = "/mcp"
 # 4 MiB holds any realistic tool call; larger bodies are far more likely abuse than use.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# The listener's limits (listen.http.limits). Each bounds what one client can make the gateway
+# hold; the defaults leave room for any well-behaved MCP client.
+# Open client connections; more are closed as they arrive (a team gateway sees tens).
+DEFAULT_MAX_CONNECTIONS = 1024
+# Requests served on one keep-alive connection before it is closed (the client reconnects),
+# so one connection cannot hold a worker's attention forever.
+DEFAULT_MAX_REQUESTS_PER_CONNECTION = 10_000
+# One header line (and the request line); aiohttp's own default, as most servers use.
+DEFAULT_MAX_HEADER_BYTES = 8190
+# Header (and trailer) fields per request; MCP requests carry a dozen or so.
+DEFAULT_MAX_HEADERS = 100
+# A keep-alive connection with no request is closed after this long (seconds).
+DEFAULT_IDLE_TIMEOUT = 75.0
+# A new connection must deliver its first request head within this long (slow-header abuse).
+DEFAULT_HEADER_TIMEOUT = 10.0
+# A request body must arrive within this long once its head has.
+DEFAULT_BODY_TIMEOUT = 30.0
+# A backend's limits (backends.NAME.http.limits / .sse.limits).
+# Open connections per backend; more concurrent calls wait for one.
+DEFAULT_BACKEND_MAX_CONNECTIONS = 100
+# An idle pooled connection is closed after this long: below the 5 s keep-alive of uvicorn,
+# hypercorn and Node, so the gateway, not the backend, closes it, and a reused connection is
+# never one the backend is closing.
+DEFAULT_BACKEND_IDLE_TIMEOUT = 4.0
+# A JSON reply, and all the events of one SSE reply together.
+DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
+# One SSE event from a backend.
+DEFAULT_MAX_EVENT_BYTES = 16 * 1024 * 1024
 # A legacy client's HTTP session ends after this long without a request (seconds).
 DEFAULT_SESSION_IDLE_TIMEOUT = 1800.0
 # How long a backend may take to accept a connection or (stdio) to come back after a crash.
@@ -50,14 +78,45 @@ class ConfigInvalid(Exception):
 
 
 @dataclass(frozen=True)
+class ListenerLimits:
+    """Everything one client may make an HTTP listener hold, in one place."""
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_headers: int = DEFAULT_MAX_HEADERS
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_requests_per_connection: int = DEFAULT_MAX_REQUESTS_PER_CONNECTION
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """The listener's certificate chain and key (PEM files)."""
+
+    cert_file: str
+    key_file: str
+
+
+@dataclass(frozen=True)
 class HttpListen:
     host: str = DEFAULT_HTTP_HOST
     port: int = DEFAULT_HTTP_PORT
     path: str = DEFAULT_HTTP_PATH
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     session_idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT
+    limits: ListenerLimits = ListenerLimits()
+    tls: ServerTls | None = None
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.limits.max_body_bytes
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
 
 
 @dataclass(frozen=True)
@@ -104,9 +163,33 @@ class StdioTarget:
 
 
 @dataclass(frozen=True)
+class ClientTls:
+    """How the gateway checks an https backend and proves itself to it (PEM files)."""
+
+    ca_file: str | None = None  # None: the system's trust store
+    cert_file: str | None = None  # a client certificate, for servers that ask for one
+    key_file: str | None = None  # its key (None: in cert_file)
+    verify: bool = True  # False accepts any certificate: for tests, never for production
+
+
+@dataclass(frozen=True)
+class BackendLimits:
+    """What one HTTP backend may make the gateway hold."""
+
+    max_connections: int = DEFAULT_BACKEND_MAX_CONNECTIONS
+    idle_timeout: float = DEFAULT_BACKEND_IDLE_TIMEOUT
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_headers: int = DEFAULT_MAX_HEADERS
+
+
+@dataclass(frozen=True)
 class HttpTarget:
     url: str
     headers: Mapping[str, str] = field(default_factory=dict)
+    tls: ClientTls = ClientTls()
+    limits: BackendLimits = BackendLimits()
 
 
 @dataclass(frozen=True)
@@ -115,6 +198,8 @@ class SseTarget:
 
     url: str
     headers: Mapping[str, str] = field(default_factory=dict)
+    tls: ClientTls = ClientTls()
+    limits: BackendLimits = BackendLimits()
 
 
 Target = StdioTarget | HttpTarget | SseTarget
