@@ -1,12 +1,11 @@
 """Bare pass-through baselines: the least any HTTP proxy in Python must cost.
 
-    python -m bench.passthrough --upstream URL [--client raw|aiohttp|gateway] [--port 0]
+    python -m bench.passthrough --upstream URL [--client raw|aiohttp] [--port 0]
 
 An aiohttp server on 127.0.0.1 that forwards each POST body unchanged to the upstream and
 returns the upstream's status, body and content type. `raw` forwards with a minimal
-hand-rolled keep-alive pool (the floor); `aiohttp` with an aiohttp.ClientSession (what a
-typical aiohttp-based proxy pays); `gateway` with the gateway's own client
-(gateway/backends/http1.py), to price it alone. Prints `READY http://127.0.0.1:<port>/mcp`
+hand-rolled keep-alive pool (the floor); `aiohttp` with a pooled aiohttp.ClientSession (what
+any aiohttp-based proxy pays, the gateway included: the yardstick of its targets). Prints `READY http://127.0.0.1:<port>/mcp`
 once listening.
 """
 
@@ -25,7 +24,6 @@ import httptools
 from aiohttp import web
 
 from bench import run
-from gateway.backends import http1
 
 # Request headers a Streamable HTTP server may act on; everything else is hop-local.
 FORWARD = ("Content-Type", "Accept", "MCP-Protocol-Version", "Mcp-Method", "Mcp-Name")
@@ -151,32 +149,6 @@ def _upstream(status: int, ctype: str | None, session: str | None, data: bytes) 
     )
 
 
-class GatewayClient:
-    """The gateway's own HTTP/1.1 client (gateway/backends/http1.py), measured alone."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.pool: http1.Pool | None = None
-
-    async def forward(self, body: bytes, headers: dict[str, str]) -> Upstream:
-        if self.pool is None:
-            self.pool = http1.Pool(self.url, limit=None, connect_timeout=10.0)
-        resp = await self.pool.request(http1.encode_headers(headers.items()), body, within=30.0)
-        try:
-            data = await resp.read(64 * 1024 * 1024)
-        except BaseException:
-            resp.abort()
-            raise
-        resp.release()
-        return _upstream(
-            resp.status, resp.headers.get("content-type"), resp.headers.get(SESSION.lower()), data
-        )
-
-    async def close(self) -> None:
-        if self.pool is not None:
-            await self.pool.close()
-
-
 class AiohttpClient:
     def __init__(self, url: str) -> None:
         self.url = url
@@ -221,13 +193,8 @@ def make_app(forward: Forward) -> web.Application:
 
 
 async def serve(upstream: str, client: str, port: int) -> None:
-    forwarder: RawPool | AiohttpClient | GatewayClient
-    if client == "raw":
-        forwarder = RawPool(upstream)
-    elif client == "aiohttp":
-        forwarder = AiohttpClient(upstream)
-    else:
-        forwarder = GatewayClient(upstream)
+    forwarder: RawPool | AiohttpClient
+    forwarder = RawPool(upstream) if client == "raw" else AiohttpClient(upstream)
     runner = web.AppRunner(make_app(forwarder.forward), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024)
@@ -249,7 +216,7 @@ async def serve(upstream: str, client: str, port: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.passthrough", description=__doc__)
     parser.add_argument("--upstream", required=True, help="the MCP endpoint to forward to")
-    parser.add_argument("--client", choices=["raw", "aiohttp", "gateway"], default="raw")
+    parser.add_argument("--client", choices=["raw", "aiohttp"], default="raw")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
     run(serve(args.upstream, args.client, args.port))

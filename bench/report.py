@@ -20,18 +20,17 @@ DIRECT = "direct"
 GATEWAY = "gateway"
 PASSTHROUGH_RAW = "passthrough-raw"
 PASSTHROUGH_AIOHTTP = "passthrough-aiohttp"
-# The gateway's own HTTP/1.1 client (gateway/backends/http1.py) behind the same bare server.
-PASSTHROUGH_HTTP1 = "passthrough-http1"
 PASSTHROUGH_NAMES = {
     "raw": PASSTHROUGH_RAW,
-    "gateway": PASSTHROUGH_HTTP1,
     "aiohttp": PASSTHROUGH_AIOHTTP,
 }
 NO_TELEMETRY = "n/a"  # subjects that have no telemetry switch (everything but the gateway)
 
-# The goals the gateway is held to (HTTP->HTTP, tools/call, telemetry off unless said otherwise).
-TARGET_CPU_MS_PER_1K = 150.0
-TARGET_ADDED_P50_MS = 0.35
+# The goals the gateway is held to (HTTP->HTTP, tools/call, telemetry off unless said otherwise),
+# measured against the bare aiohttp pass-through (aiohttp server + pooled ClientSession): the
+# gateway is built on the same two, so the rest of its hop is what these price.
+TARGET_CPU_FACTOR_OF_PASSTHROUGH = 1.25
+TARGET_ADDED_P50_MS = 0.5
 TARGET_SHARE_OF_PASSTHROUGH = 0.80
 TARGET_TIMES_FASTMCP = 20.0
 TARGET_TIMES_SUPERGATEWAY = 5.0
@@ -362,14 +361,16 @@ def check_targets(rows: Sequence[Row], soak: Soak | None = None) -> list[Check]:
 
     gw64 = one(GATEWAY, 64)
     gw1 = one(GATEWAY, 1)
-    raw64 = one(PASSTHROUGH_RAW, 64)
+    bare64 = one(PASSTHROUGH_AIOHTTP, 64)
     checks = [
         _check(
-            "gateway CPU ms/1000 req, HTTP->HTTP tools/call, 64 clients",
-            gw64.cpu_ms_per_1k if gw64 else None,
-            TARGET_CPU_MS_PER_1K,
+            "gateway CPU / passthrough-aiohttp CPU, HTTP->HTTP tools/call, 64 clients",
+            gw64.cpu_ms_per_1k / bare64.cpu_ms_per_1k
+            if gw64 and bare64 and gw64.cpu_ms_per_1k and bare64.cpu_ms_per_1k
+            else None,
+            TARGET_CPU_FACTOR_OF_PASSTHROUGH,
             True,
-            "gateway process and its non-backend children",
+            "CPU ms per 1000 requests of each process (the gateway's non-backend children too)",
         ),
         _check(
             "added p50 ms, HTTP->HTTP tools/call, 1 client",
@@ -379,11 +380,11 @@ def check_targets(rows: Sequence[Row], soak: Soak | None = None) -> list[Check]:
             "gateway p50 minus direct p50 of the same rounds",
         ),
         _check(
-            "rps share of passthrough-raw, HTTP->HTTP tools/call, 64 clients",
-            gw64.rps / raw64.rps if gw64 and raw64 and raw64.rps > 0 else None,
+            "rps share of passthrough-aiohttp, HTTP->HTTP tools/call, 64 clients",
+            gw64.rps / bare64.rps if gw64 and bare64 and bare64.rps > 0 else None,
             TARGET_SHARE_OF_PASSTHROUGH,
             False,
-            "gateway rps / passthrough-raw rps",
+            "gateway rps / passthrough-aiohttp rps",
         ),
     ]
     # Generous to the others: their best rps anywhere, even at another concurrency.

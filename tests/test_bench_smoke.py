@@ -123,16 +123,26 @@ def test_targets_pass_fail_and_skip() -> None:
         [
             series("gateway", 1, 3000, 0.30, 120.0),
             series("gateway", 64, 9000, 5.0, 140.0),
-            series("passthrough-raw", 64, 10000, 4.0, 90.0),
+            series("passthrough-aiohttp", 64, 10000, 4.0, 120.0),
             series("fastmcp", 64, 600, 90.0, 3000.0),
         ]
     )
     status = {c.name.split(",")[0]: c.status for c in check_targets(rows)}
-    assert status["gateway CPU ms/1000 req"] == "PASS"
+    assert status["gateway CPU / passthrough-aiohttp CPU"] == "PASS"  # 140 / 120
     assert status["added p50 ms"] == "PASS"  # 0.30 - 0.05
-    assert status["rps share of passthrough-raw"] == "PASS"  # 0.9
+    assert status["rps share of passthrough-aiohttp"] == "PASS"  # 0.9
     assert status["rps vs fastmcp's best"] == "FAIL"  # 15x < 20x
     assert status["rps vs supergateway's best"] == "SKIP"
+    heavy = build_rows(
+        [
+            series("gateway", 64, 7000, 5.0, 160.0),
+            series("passthrough-aiohttp", 64, 10000, 4.0, 120.0),
+        ]
+    )
+    status = {c.name.split(",")[0]: c.status for c in check_targets(heavy)}
+    assert status["gateway CPU / passthrough-aiohttp CPU"] == "FAIL"  # 1.33x > 1.25x
+    assert status["rps share of passthrough-aiohttp"] == "FAIL"  # 0.7
+    assert status["added p50 ms"] == "SKIP"  # no 1-client row
 
 
 def test_soak_slope_and_json_without_nan(tmp_path: Path) -> None:

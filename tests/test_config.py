@@ -9,8 +9,12 @@ import pytest
 
 from gateway.config import (
     AdminListen,
+    BackendLimits,
+    ClientTls,
     ConfigInvalid,
     HttpTarget,
+    ListenerLimits,
+    ServerTls,
     SseTarget,
     StdioTarget,
     TapConfig,
@@ -338,3 +342,99 @@ def test_check_config_describes_tap_telemetry_and_admin(tmp_path: Path) -> None:
     assert f"tap          {tmp_path / 'tap.jsonl'}" in done.stdout
     assert "X-Api-Key" in done.stdout and "Authorization" in done.stdout
     assert "traces=http://collector:4318" in done.stdout and "access log=stderr" in done.stdout
+
+
+def test_http_limits_default_and_are_read_from_one_section() -> None:
+    """Every listener and backend limit has a default and a key (README "Limits")."""
+    plain = parse("listen: {http: {}}\nbackends: {a: {http: {url: 'http://x'}}}\n", env={})
+    assert plain.listen.http is not None
+    assert plain.listen.http.limits == ListenerLimits()
+    assert plain.listen.http.tls is None and plain.listen.http.scheme == "http"
+    target = plain.backends[0].target
+    assert isinstance(target, HttpTarget)
+    assert target.limits == BackendLimits() and target.tls == ClientTls()
+    assert target.limits.idle_timeout < 5  # below the 5 s keep-alive of common servers
+    text = (
+        "listen:\n"
+        "  http:\n"
+        "    limits: {max_body_bytes: 10, max_header_bytes: 512, max_headers: 20,\n"
+        "             max_connections: 3, max_requests_per_connection: 4, idle_timeout: 5,\n"
+        "             header_timeout: 6, body_timeout: 7}\n"
+        "backends:\n"
+        "  a: {sse: {url: 'http://x/sse', limits: {max_connections: 2, idle_timeout: 1.5,\n"
+        "      max_reply_bytes: 100, max_event_bytes: 50,\n"
+        "      max_header_bytes: 300, max_headers: 9}}}\n"
+    )
+    config = parse(text, env={})
+    assert config.listen.http is not None
+    assert config.listen.http.limits == ListenerLimits(10, 512, 20, 3, 4, 5.0, 6.0, 7.0)
+    assert config.listen.http.max_body_bytes == 10
+    sse = config.backends[0].target
+    assert isinstance(sse, SseTarget)
+    assert sse.limits == BackendLimits(2, 1.5, 100, 50, 300, 9)
+
+
+def test_the_older_max_body_bytes_key_still_counts() -> None:
+    config = parse("listen: {http: {max_body_bytes: 99}}\nbackends: {a: {stdio: {command: x}}}\n")
+    assert config.listen.http is not None and config.listen.http.max_body_bytes == 99
+
+
+def test_limit_values_are_checked_with_their_lines() -> None:
+    text = (
+        "listen:\n"
+        "  http:\n"
+        "    limits:\n"
+        "      max_connections: 0\n"
+        "      idle_timeout: -1\n"
+        "      max_header_bytes: 10\n"
+        "      no_such_limit: 1\n"
+        "backends:\n"
+        "  a:\n"
+        "    http:\n"
+        "      url: http://x\n"
+        "      limits: {max_reply_bytes: many}\n"
+    )
+    with pytest.raises(ConfigInvalid) as err:
+        parse(text, env={})
+    problems = "\n".join(err.value.problems)
+    for where in (
+        ":4: listen.http.limits.max_connections",
+        ":5: listen.http.limits.idle_timeout",
+        ":6: listen.http.limits.max_header_bytes",
+        ":7: listen.http.limits.no_such_limit",
+        ":12: backends.a.http.limits.max_reply_bytes",
+    ):
+        assert where in problems
+
+
+def test_tls_files_resolve_beside_the_config_and_must_exist(tmp_path: Path) -> None:
+    for name in ("cert.pem", "key.pem", "ca.pem"):
+        (tmp_path / name).write_text("-")
+    file = tmp_path / "gateway.yaml"
+    file.write_text(
+        "listen: {http: {tls: {cert_file: cert.pem, key_file: key.pem}}}\n"
+        "backends:\n"
+        "  a: {http: {url: 'https://x', tls: {ca_file: ca.pem, cert_file: cert.pem,\n"
+        "      key_file: key.pem, verify: false}}}\n"
+    )
+    config = load(file)
+    assert config.listen.http is not None
+    assert config.listen.http.tls == ServerTls(
+        str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    )
+    assert config.listen.http.scheme == "https"
+    target = config.backends[0].target
+    assert isinstance(target, HttpTarget)
+    assert target.tls == ClientTls(
+        str(tmp_path / "ca.pem"), str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"), False
+    )
+    file.write_text(
+        "listen: {http: {tls: {cert_file: missing.pem}}}\n"
+        "backends: {a: {http: {url: 'https://x', tls: {key_file: key.pem}}}}\n"
+    )
+    with pytest.raises(ConfigInvalid) as err:
+        load(file)
+    problems = "\n".join(err.value.problems)
+    assert "listen.http.tls.cert_file" in problems and "missing.pem" in problems
+    assert "listen.http.tls.key_file" in problems  # required with cert_file
+    assert "backends.a.http.tls.key_file" in problems  # a key without a certificate

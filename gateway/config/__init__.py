@@ -372,7 +372,7 @@ def describe(config: Config) -> str:
     lines = [f"config {config.source}: OK"]
     if config.listen.http is not None:
         h = config.listen.http
-        lines.append(f"  listen http  http://{h.host}:{h.port}{h.path}")
+        lines.append(f"  listen http  {h.scheme}://{h.host}:{h.port}{h.path}")
     if config.listen.stdio:
         lines.append("  listen stdio")
     if config.listen.admin is not None:
