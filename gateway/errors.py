@@ -4,6 +4,7 @@
     ├── Refused                  answered by the gateway itself (unknown name, bad cursor, ...)
     └── BackendError             a backend could not answer a request
         ├── BackendUnavailable   not running, crashed mid-call, connection refused
+        ├── BackendConnectionLost  an HTTP connection broke after the request went out
         ├── BackendTimeout       no answer within the configured time
         └── BackendProtocolError answered with something that is not MCP
 
@@ -51,6 +52,14 @@ class BackendUnavailable(BackendError):
 
 class SessionExpired(BackendUnavailable):
     """A legacy HTTP backend no longer knows the gateway's session (404): initialise again."""
+
+
+class BackendConnectionLost(BackendError):
+    """The connection broke after the request's bytes may have reached the backend. It is not
+    sent again (it may have run), and whether it ran cannot be known: a code of its own, so a
+    client does not take it for "unavailable" (nothing was sent) and blindly retry."""
+
+    code = codes.BACKEND_CONNECTION_LOST
 
 
 class BackendTimeout(BackendError):

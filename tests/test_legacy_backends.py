@@ -8,6 +8,7 @@ sealed `requestState` of a held call (basic/patterns/mrtr)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -379,6 +380,45 @@ async def test_a_held_call_expires(monkeypatch: pytest.MonkeyPatch) -> None:
             assert late["error"]["code"] == codes.INVALID_PARAMS
             assert text_of(await post(url, call(3, "echo", text="after"))) == "after"
         assert not gw.eras[0]._held
+
+
+# --- the HTTP+SSE transport's limits ---------------------------------------------------
+
+
+async def test_an_sse_event_over_max_event_bytes_drops_the_stream_and_it_is_made_again() -> None:
+    """2025-11-25 transports, Backwards Compatibility (HTTP+SSE): the server's one stream is
+    bounded per event by limits.max_event_bytes. Past it the stream is dropped (not buffered)
+    and opened again; the session on the new stream serves the call."""
+    streams: list[asyncio.Queue[Message]] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.method == "POST":
+            body = orjson.loads(await request.read())
+            if "id" in body and "method" in body:
+                result = fake_legacy_result(body["method"], "after", version="2024-11-05")
+                reply = {"jsonrpc": "2.0", "id": body["id"], "result": result}
+                await streams[int(request.query["s"])].put(reply)
+            return web.Response(status=202)
+        queue: asyncio.Queue[Message] = asyncio.Queue()
+        streams.append(queue)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(f"event: endpoint\ndata: /sse?s={len(streams) - 1}\n\n".encode())
+        if len(streams) == 1:
+            await resp.write(b"event: message\ndata: " + b"x" * 5000 + b"\n\n")
+        while True:
+            msg = await queue.get()
+            await resp.write(b"event: message\ndata: " + orjson.dumps(msg) + b"\n\n")
+
+    async with serve_http(handler, "/sse") as base:
+        backend: dict[str, object] = {
+            "sse": {"url": f"{base}/sse", "limits": {"max_event_bytes": 4096}}
+        }
+        async with gateway(backend) as (gw, url):
+            with anyio.fail_after(BOUND):
+                assert text_of(await post(url, call(1, "t"))) == "after"
+            assert len(streams) >= 2
+            assert gw.transports[0].restarts >= 1  # type: ignore[union-attr]
 
 
 # --- pure parts ---------------------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
 
 # Receives the request-scoped notifications (progress, log messages) of one request, in order.
@@ -19,6 +18,8 @@ class Backend(Protocol):
     `errors.BackendError` when there is no reply to give. A `long_lived` request (a listen
     stream) has no overall timeout. Cancelling the calling task cancels
     the request on the backend (stdio: `notifications/cancelled`; HTTP: the stream is closed).
+    Nothing of any transport's wire travels here: what HTTP needs for its headers, the HTTP
+    backend derives from the message itself.
     """
 
     name: str
@@ -36,7 +37,6 @@ class Backend(Protocol):
         self,
         msg: Message,
         sink: NotificationSink,
-        param_headers: tuple[ParamHeader, ...] = (),
         *,
         long_lived: bool = False,
     ) -> Message: ...

@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable
 from gateway.backends.base import NotificationSink
 from gateway.errors import BackendTimeout, BackendUnavailable
 from gateway.protocol import codes, jsonrpc, meta
-from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
 
 log = logging.getLogger("gateway.backend")
@@ -209,7 +208,6 @@ class Channel:
         self,
         msg: Message,
         sink: NotificationSink,
-        param_headers: tuple[ParamHeader, ...] = (),
         *,
         long_lived: bool = False,
         wants_logs: bool | None = None,

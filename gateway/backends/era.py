@@ -47,7 +47,6 @@ from gateway.errors import (
     SessionExpired,
 )
 from gateway.protocol import codes, jsonrpc, meta
-from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import SERVING
 
@@ -102,7 +101,6 @@ class Link(Protocol):
         self,
         msg: Message,
         sink: NotificationSink,
-        param_headers: tuple[ParamHeader, ...] = (),
         *,
         long_lived: bool = False,
         wants_logs: bool | None = None,
@@ -464,13 +462,12 @@ class EraBackend:
         self,
         msg: Message,
         sink: NotificationSink,
-        param_headers: tuple[ParamHeader, ...] = (),
         *,
         long_lived: bool = False,
     ) -> Message:
         if self.era == "modern":
             try:
-                return await self.inner.request(msg, sink, param_headers, long_lived=long_lived)
+                return await self.inner.request(msg, sink, long_lived=long_lived)
             except BackendUnavailable:
                 if not self._pinned and not self._channel:
                     self.era = None  # remembered until it fails: ask again next time
@@ -480,8 +477,8 @@ class EraBackend:
         elif self.era is None or self.session is None:
             await self._settle()
         if self.era == "modern":
-            return await self.inner.request(msg, sink, param_headers, long_lived=long_lived)
-        return await self._legacy(msg, sink, param_headers)
+            return await self.inner.request(msg, sink, long_lived=long_lived)
+        return await self._legacy(msg, sink)
 
     async def notify(self, msg: Message) -> None:
         if self.era == "modern":
@@ -491,9 +488,7 @@ class EraBackend:
             await self._settle()
         await self.inner.notify(to_legacy(msg) if self.era == "legacy" else msg)
 
-    async def _legacy(
-        self, msg: Message, sink: NotificationSink, param_headers: tuple[ParamHeader, ...]
-    ) -> Message:
+    async def _legacy(self, msg: Message, sink: NotificationSink) -> Message:
         session = self.session
         if session is None:
             raise BackendUnavailable(self.name, "the legacy session is not open")
@@ -518,7 +513,7 @@ class EraBackend:
             # (a channel gives each request its own id already).
             out["id"] = call.backend_id = f"gateway-{next(self._ids)}"
         call.task = asyncio.get_running_loop().create_task(
-            self._run_call(out, call, param_headers, isinstance(level, str), session)
+            self._run_call(out, call, isinstance(level, str), session)
         )
         call.task.add_done_callback(call.finished)
         return await self._attend(call, msg)
@@ -527,19 +522,14 @@ class EraBackend:
         self,
         out: Message,
         call: _Call,
-        param_headers: tuple[ParamHeader, ...],
         wants_logs: bool,
         session: LegacySession,
     ) -> Message:
         try:
-            return await self.inner.request(
-                out, call.on_message, param_headers, wants_logs=wants_logs
-            )
+            return await self.inner.request(out, call.on_message, wants_logs=wants_logs)
         except SessionExpired:
             await self._reopen(session)
-            return await self.inner.request(
-                out, call.on_message, param_headers, wants_logs=wants_logs
-            )
+            return await self.inner.request(out, call.on_message, wants_logs=wants_logs)
 
     async def _attend(self, call: _Call, msg: Message) -> Message:
         """Wait for the call to finish or to ask the client something."""

@@ -1,48 +1,52 @@
 """A backend reached over Streamable HTTP (basic/transports/streamable-http).
 
-Every request is its own POST on a pooled keep-alive session. The mirrored headers are derived
-from the body actually sent; nothing the front-end client sent in its own headers is copied.
+Every request is its own POST on the backend's pooled aiohttp session. The mirrored headers and
+Mcp-Param-* are derived here from the body actually sent (hop.py); nothing the front-end client
+sent in its own headers is copied. Closing a reply's connection, rather than returning it to
+the pool, is how a request is cancelled (streamable-http, Cancellation).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import aiohttp
 import anyio
+from multidict import CIMultiDict
 
-from gateway.backends import http1
+from gateway.backends import hop, web
 from gateway.backends.base import NotificationSink
 from gateway.config import BackendConfig, HttpTarget
 from gateway.errors import (
     BackendProtocolError,
-    BackendTimeout,
     BackendUnavailable,
+    Refused,
     SessionExpired,
 )
 from gateway.protocol import codes, headers, jsonrpc, sse
-from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Stats
 
 log = logging.getLogger("gateway.backend")
 
-TRACE_HEADERS = ("traceparent", "tracestate")
 SSE = "text/event-stream"
 SESSION_HEADER = "Mcp-Session-Id"
-# Fixed for every request: the two media types we accept and the one we send.
-FIXED_HEADERS = (
+# Fixed for every POST: the two media types we accept and the one we send.
+POST_HEADERS = (
     ("Accept", "application/json, text/event-stream"),
     ("Content-Type", "application/json"),
 )
-# Open connections kept per backend; more concurrent calls queue for a free connection.
-POOL_SIZE = 100
 # Shutdown waits this long for a legacy session's DELETE.
 END_SESSION_TIMEOUT = 1.0
-# A JSON reply larger than this is refused rather than buffered whole.
-MAX_REPLY_BYTES = 64 * 1024 * 1024
+# Distinct mirrored header sets kept encoded (method, version, name: few repeat).
+MIRRORED_CACHE = 1024
+# A session id is visible ASCII (2025-11-25 transports, Session Management): anything else
+# from a server is not sent back in a header.
+_SESSION_ID = re.compile(r"[\x21-\x7e]+")
 
 
 class HttpBackend:
@@ -50,40 +54,67 @@ class HttpBackend:
 
     def __init__(self, config: BackendConfig, stats: Stats | None = None) -> None:
         assert isinstance(config.target, HttpTarget)
+        self._config = config
         self._stats = stats or Stats()
         self._up = False
         self.name = config.name
-        self._url = config.target.url
-        http1.Target(self._url)  # a malformed URL fails here, at start-up
-        self._fixed = http1.encode_headers((*FIXED_HEADERS, *config.target.headers.items()))
-        self._custom = http1.encode_headers(config.target.headers.items())
+        self._url = web.target_url(config)  # a malformed URL fails here, at start-up
+        self._tls = web.ssl_context(config)
+        self._proxy = web.env_proxy(config, self._url)
+        limits = config.target.limits
+        self._limits = limits
+        self._custom = web.fixed_headers(config)
+        self._fixed = [*self._custom, *POST_HEADERS]
         # The mirrored headers repeat from call to call (method, version, tool name): derive,
-        # validate and encode each distinct set once.
-        self._mirrored = functools.lru_cache(maxsize=1024)(self._mirror)
+        # validate and build each distinct set once.
+        self._mirrored = functools.lru_cache(maxsize=MIRRORED_CACHE)(self._mirror)
+        self._tools = hop.ToolHeaders()
         self._request_timeout = config.request_timeout
         self._connect_timeout = config.connect_timeout
-        self._pool: http1.Pool | None = None
-        # Listen streams stay open indefinitely; they get their own unbounded pool so they can
-        # never use up the connections that calls need.
-        self._streams: http1.Pool | None = None
+        self._deadlines: dict[float | None, aiohttp.ClientTimeout] = {}
+        self._calls: aiohttp.ClientSession | None = None
+        self._streams: aiohttp.ClientSession | None = None
         # The legacy era (set by era.py): a session id the server gives at `initialize`, sent on
         # every request with the agreed version; None while the backend is modern.
         self._legacy: _LegacyHeaders | None = None
         self.takes_requests = False
         self.on_notification: Callable[[str, Message], None] | None = None
 
+    def _deadline(self, within: float | None) -> aiohttp.ClientTimeout:
+        """A ClientTimeout per distinct deadline, built once (there are a handful)."""
+        found = self._deadlines.get(within)
+        if found is None:
+            found = self._deadlines[within] = web.timeout(within, self._connect_timeout)
+        return found
+
     async def run(self) -> None:
-        self._pool = http1.Pool(self._url, limit=POOL_SIZE, connect_timeout=self._connect_timeout)
-        self._streams = http1.Pool(self._url, limit=None, connect_timeout=self._connect_timeout)
+        config, tls, proxy = self._config, self._tls, self._proxy
+        self._calls = web.session(
+            config,
+            limit=self._limits.max_connections,
+            default_timeout=self._deadline(self._request_timeout),
+            tls=tls,
+            proxy=proxy,
+        )
+        # Listen streams stay open indefinitely: their own session without a connection limit
+        # or deadline, so that they can never use up the connections that calls need.
+        self._streams = web.session(
+            config, limit=None, default_timeout=self._deadline(None), tls=tls, proxy=proxy
+        )
         try:
             await anyio.sleep_forever()
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(END_SESSION_TIMEOUT):
-                await self._end_session()
-            pools = (self._pool, self._streams)
-            self._pool = self._streams = None
-            for pool in pools:
-                await pool.close()
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(END_SESSION_TIMEOUT):
+                    await self._end_session()
+                sessions = (self._calls, self._streams)
+                self._calls = self._streams = None
+                for session in sessions:
+                    await session.close()
+
+    @property
+    def up(self) -> bool:
+        return self._up
 
     # --- the legacy era (2025-11-25 transports, Session Management) -------------------------
 
@@ -107,26 +138,24 @@ class HttpBackend:
         *,
         wants_logs: bool | None = None,
     ) -> Message:
-        return await self._post(self._pool, msg, sink, (), within)
+        return await self._post(self._calls, msg, sink, within, self._deadline(within))
 
     async def watch(self, deliver: Callable[[str, Message], None]) -> bool:
         """The legacy session's GET stream, until it ends: its notifications to `deliver`.
         False if the server offers none (405)."""
-        pool, legacy = self._streams, self._legacy
-        if pool is None or legacy is None:
+        session, legacy = self._streams, self._legacy
+        if session is None or legacy is None:
             raise BackendUnavailable(self.name, "not started")
-        try:
-            resp = await pool.request(legacy.stream_headers, b"", method="GET")
-        except (http1.ConnectFailed, http1.Disconnected) as exc:
-            raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
+        resp = await self._open(session, "GET", legacy.stream_headers, None, None)
         try:
             if resp.status == 405:
                 return False
             self._check_session(resp, legacy)
             if resp.status != 200 or resp.content_type != SSE:
                 raise BackendProtocolError(self.name, f"GET stream answered HTTP {resp.status}")
-            decoder = sse.Decoder()
-            async for chunk in resp.chunks():
+            decoder = sse.Decoder(self._limits.max_event_bytes)
+            async for chunk in resp.content.iter_any():
+                self._stats.bytes["backend", "in"] += len(chunk)
                 for data in decoder.feed(chunk):
                     event = jsonrpc.decode(data, keep=True)
                     if isinstance(event, jsonrpc.Invalid):
@@ -136,10 +165,12 @@ class HttpBackend:
                     elif jsonrpc.kind(event) is jsonrpc.Kind.REQUEST:
                         await self._refuse_unrelated(event)
             return True
-        except http1.HttpClientError as exc:
-            raise BackendUnavailable(self.name, f"GET stream failed: {exc}") from None
+        except sse.EventTooLarge as exc:
+            raise BackendProtocolError(self.name, f"GET stream: {exc}") from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise web.failure(self.name, exc, None) from None
         finally:
-            resp.abort()
+            resp.close()
 
     async def _refuse_unrelated(self, request: Message) -> None:
         """A request on the GET stream belongs to no client request: only ping is answered."""
@@ -152,43 +183,55 @@ class HttpBackend:
     async def _end_session(self) -> None:
         """A legacy session the gateway no longer needs is ended with DELETE (2025-11-25
         transports, Session Management); a server that refuses (405) just lets it expire."""
-        legacy, pool = self._legacy, self._pool
-        if legacy is None or legacy.session_id is None or pool is None:
+        legacy, session = self._legacy, self._calls
+        if legacy is None or legacy.session_id is None or session is None:
             return
         try:
-            resp = await pool.request(legacy.stream_headers, b"", method="DELETE")
-            resp.abort()
-        except http1.HttpClientError:
+            resp = await web.send(session, "DELETE", self._url, legacy.stream_headers)
+            resp.close()
+        except (aiohttp.ClientError, TimeoutError):
             pass
 
-    def _check_session(self, resp: http1.Response, legacy: _LegacyHeaders) -> None:
+    def _check_session(self, resp: aiohttp.ClientResponse, legacy: _LegacyHeaders) -> None:
         if resp.status == 404 and legacy.session_id is not None:
             raise SessionExpired(self.name, "the server no longer knows the session")
-        session_id = resp.headers.get("mcp-session-id")
+        session_id = resp.headers.get(SESSION_HEADER)
         if session_id is not None and session_id != legacy.session_id:
+            if _SESSION_ID.fullmatch(session_id) is None:
+                raise BackendProtocolError(self.name, "the session id is not visible ASCII")
             legacy.session_id = session_id
             legacy.encode()
 
-    def _headers(self, msg: Message, param_headers: tuple[ParamHeader, ...]) -> str:
-        if self._legacy is not None:
-            return self._legacy.headers + _trace_headers(msg)
-        try:
-            out = self._mirrored(headers.mirrored_fields(msg))
-            if param_headers:
-                out += http1.encode_headers(headers.derive_params(msg, param_headers).items())
-        except ValueError as exc:
-            raise BackendProtocolError(self.name, f"cannot mirror the request: {exc}") from None
-        # Trace context travels in headers too, for HTTP-aware tracing.
-        return out + _trace_headers(msg)
+    # --- requests ----------------------------------------------------------------------------
 
-    def _mirror(self, fields: tuple[str, str | None, str | None]) -> str:
-        return self._fixed + http1.encode_headers(headers.derive_base(*fields).items())
+    def _headers(self, msg: Message) -> CIMultiDict[str]:
+        legacy = self._legacy
+        if legacy is not None:
+            base = legacy.headers
+            extra = hop.trace_headers(msg)
+        else:
+            fields = headers.mirrored_fields(msg)
+            try:
+                base = self._mirrored(fields)
+            except ValueError as exc:
+                raise Refused(codes.INVALID_REQUEST, f"cannot be sent over HTTP: {exc}") from None
+            # Trace context travels in headers too, for HTTP-aware tracing.
+            extra = hop.trace_headers(msg)
+            if fields[0] == "tools/call" and self._tools:
+                extra += self._tools.params(msg, fields[2])
+        if not extra:
+            return base  # shared: aiohttp copies what it is given
+        out = base.copy()
+        out.extend(extra)
+        return out
+
+    def _mirror(self, fields: tuple[str, str | None, str | None]) -> CIMultiDict[str]:
+        return CIMultiDict([*self._fixed, *hop.mirrored(*fields).items()])
 
     def request(
         self,
         msg: Message,
         sink: NotificationSink,
-        param_headers: tuple[ParamHeader, ...] = (),
         *,
         long_lived: bool = False,
         wants_logs: bool | None = None,  # (each reply stream carries its own request's logs)
@@ -196,113 +239,140 @@ class HttpBackend:
         # A plain function that hands back _post's coroutine: one coroutine frame less on every
         # request. A listen stream has no deadline.
         if long_lived:
-            return self._post(self._streams, msg, sink, param_headers)
-        return self._post(self._pool, msg, sink, param_headers, self._request_timeout)
+            return self._post(self._streams, msg, sink, None)
+        return self._post(self._calls, msg, sink, self._request_timeout)
 
     async def notify(self, msg: Message) -> None:
-        pool = self._pool
-        if pool is None:
+        session = self._calls
+        if session is None:
             raise BackendUnavailable(self.name, "not started")
         try:
-            resp = await pool.request(
-                self._headers(msg, ()), jsonrpc.encode(msg), within=self._request_timeout
-            )
-            try:
-                if self._legacy is not None:
-                    self._check_session(resp, self._legacy)
-                await resp.read(MAX_REPLY_BYTES)
-            finally:
-                resp.release()
-        except TimeoutError:
-            raise BackendTimeout(self.name, "notification not accepted in time") from None
-        except http1.HttpClientError as exc:
-            raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
+            sent = self._headers(msg)
+        except Refused as exc:
+            log.warning("backend %s: notification not sent: %s", self.name, exc)
+            return
+        body = jsonrpc.encode(msg)
+        self._stats.bytes["backend", "out"] += len(body)
+        resp = await self._open(session, "POST", sent, body, self._request_timeout)
+        try:
+            if self._legacy is not None:
+                self._check_session(resp, self._legacy)
+            await self._read_body(resp)
+        except BaseException as exc:
+            resp.close()
+            if isinstance(exc, aiohttp.ClientError | TimeoutError):
+                raise web.failure(self.name, exc, self._request_timeout) from None
+            raise
+        resp.release()
+
+    async def _open(
+        self,
+        session: aiohttp.ClientSession,
+        method: str,
+        sent: CIMultiDict[str],
+        body: bytes | None,
+        within: float | None,
+        deadline: aiohttp.ClientTimeout | None = None,
+    ) -> aiohttp.ClientResponse:
+        """Send one request; its response once the head has arrived."""
+        try:
+            resp = await web.send(session, method, self._url, sent, body, deadline)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            error = web.failure(self.name, exc, within)
+            if isinstance(error, BackendUnavailable):
+                self._up = False
+            raise error from None
+        self._up = True
+        return resp
 
     async def _post(
         self,
-        pool: http1.Pool | None,
+        session: aiohttp.ClientSession | None,
         msg: Message,
         sink: NotificationSink,
-        param_headers: tuple[ParamHeader, ...],
-        within: float | None = None,
+        within: float | None,
+        deadline: aiohttp.ClientTimeout | None = None,
     ) -> Message:
-        if pool is None:
+        if session is None:
             raise BackendUnavailable(self.name, "not started")
+        sent = self._headers(msg)
         body = jsonrpc.encode(msg)
         self._stats.bytes["backend", "out"] += len(body)
+        resp = await self._open(session, "POST", sent, body, within, deadline)
         try:
-            resp = await pool.request(self._headers(msg, param_headers), body, within=within)
-        except (http1.ConnectFailed, http1.Disconnected) as exc:
-            self._up = False
-            raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
-        except (http1.HttpProtocolError, TimeoutError) as exc:
-            raise self._failure(exc, within) from None
-        self._up = True
-        if self._legacy is not None:
-            try:
+            if self._legacy is not None:
                 self._check_session(resp, self._legacy)
-            except SessionExpired:
-                resp.release()
-                raise
-        try:
-            if resp.complete and resp.content_type != SSE:
-                reply = self._json_reply(resp, resp.body(MAX_REPLY_BYTES), msg)  # the common case
+            if resp.content_type == SSE:
+                reply = await self._read_stream(resp, msg, sink, within is not None)
             else:
-                reply = await self._read_reply(resp, msg, sink)
+                reply = self._json_reply(resp.status, await self._read_body(resp), msg)
         except BaseException as exc:
             # Closing (not releasing) the connection is what tells the backend that this
             # request is cancelled (streamable-http, Cancellation).
-            resp.abort()
-            if isinstance(exc, (http1.HttpProtocolError, TimeoutError)):
-                raise self._failure(exc, within) from None
+            resp.close()
+            if isinstance(exc, aiohttp.ClientError | TimeoutError):
+                raise web.failure(self.name, exc, within) from None
             raise
         resp.release()
+        if msg.get("method") == "tools/list":
+            self._tools.learn(reply)
         return reply
 
-    def _failure(self, exc: Exception, within: float | None) -> Exception:
-        if isinstance(exc, TimeoutError):
-            return BackendTimeout(self.name, f"no reply within {within or 0:g}s")
-        return BackendProtocolError(self.name, str(exc))
-
-    @property
-    def up(self) -> bool:
-        return self._up
-
-    async def _read_reply(
-        self, resp: http1.Response, msg: Message, sink: NotificationSink
-    ) -> Message:
-        try:
-            if resp.content_type == SSE:
-                return await self._read_stream(resp, msg, sink)
-            body = await resp.read(MAX_REPLY_BYTES)
-        except http1.Disconnected as exc:
-            raise BackendUnavailable(self.name, f"connection failed: {exc}") from None
-        return self._json_reply(resp, body, msg)
-
-    def _json_reply(self, resp: http1.Response, body: bytes, msg: Message) -> Message:
+    async def _read_body(self, resp: aiohttp.ClientResponse) -> bytes:
+        """The whole body, refused past `limits.max_reply_bytes`: with one await when its
+        length is known (aiohttp's parser then reads no more than it)."""
+        limit = self._limits.max_reply_bytes
+        length = resp.content_length
+        if length is not None and length <= limit:
+            body = await resp.read()
+        elif length is not None:
+            raise BackendProtocolError(self.name, f"a reply over {limit} bytes")
+        else:
+            parts: list[bytes] = []
+            size = 0
+            async for chunk in resp.content.iter_any():
+                size += len(chunk)
+                if size > limit:
+                    raise BackendProtocolError(self.name, f"a reply over {limit} bytes")
+                parts.append(chunk)
+            body = b"".join(parts)
         self._stats.bytes["backend", "in"] += len(body)
+        return body
+
+    def _json_reply(self, status: int, body: bytes, msg: Message) -> Message:
         reply = jsonrpc.decode(body, keep=True) if body else None
         if isinstance(reply, dict) and "method" not in reply:  # (decoded: a response)
             return self._own(reply, msg)
-        detail = f"HTTP {resp.status}"
-        if resp.status >= 500 or resp.status in (401, 403, 404, 405):
+        detail = f"HTTP {status}"
+        if status >= 500 or status in (401, 403, 404, 405):
             raise BackendUnavailable(self.name, f"{detail} without a JSON-RPC reply")
         raise BackendProtocolError(self.name, f"{detail}: the reply is not a JSON-RPC response")
 
     async def _read_stream(
-        self, resp: http1.Response, msg: Message, sink: NotificationSink
+        self, resp: aiohttp.ClientResponse, msg: Message, sink: NotificationSink, bounded: bool
     ) -> Message:
-        decoder = sse.Decoder()
-        async for chunk in resp.chunks():
-            self._stats.bytes["backend", "in"] += len(chunk)
-            for data in decoder.feed(chunk):
+        """The events of a streamed reply until the response; each event is bounded by
+        `limits.max_event_bytes`, and (but for a listen stream, which has no end) all of them
+        together by `limits.max_reply_bytes`."""
+        decoder = sse.Decoder(self._limits.max_event_bytes)
+        limit = self._limits.max_reply_bytes if bounded else None
+        received = 0
+        try:
+            async for chunk in resp.content.iter_any():
+                received += len(chunk)
+                self._stats.bytes["backend", "in"] += len(chunk)
+                if limit is not None and received > limit:
+                    raise BackendProtocolError(self.name, f"a streamed reply over {limit} bytes")
+                for data in decoder.feed(chunk):
+                    reply = await self._on_event(data, msg, sink)
+                    if reply is not None:
+                        return reply
+            for data in decoder.close():
                 reply = await self._on_event(data, msg, sink)
                 if reply is not None:
                     return reply
-        for data in decoder.close():
-            reply = await self._on_event(data, msg, sink)
-            if reply is not None:
-                return reply
+        except sse.EventTooLarge as exc:
+            raise BackendProtocolError(self.name, str(exc)) from None
         raise BackendUnavailable(self.name, "the stream ended before the reply")
 
     async def _on_event(self, data: bytes, msg: Message, sink: NotificationSink) -> Message | None:
@@ -327,34 +397,22 @@ class HttpBackend:
 
 
 class _LegacyHeaders:
-    """The headers of a legacy session, encoded once per change."""
+    """The headers of a legacy session, built once per change."""
 
-    def __init__(self, fixed: str, custom: str) -> None:
+    def __init__(self, fixed: list[tuple[str, str]], custom: list[tuple[str, str]]) -> None:
         self._fixed = fixed
         self._custom = custom
         self.version: str | None = None
         self.session_id: str | None = None
-        self.headers = fixed
-        self.stream_headers = ""
+        self.headers: CIMultiDict[str] = CIMultiDict(fixed)
+        self.stream_headers: CIMultiDict[str] = CIMultiDict(custom)
         self.encode()
 
     def encode(self) -> None:
         fields: list[tuple[str, str]] = []
-        if self.version is not None:
+        if self.version is not None and hop.plain(self.version):
             fields.append((headers.PROTOCOL_VERSION, self.version))
         if self.session_id is not None:
             fields.append((SESSION_HEADER, self.session_id))
-        self.headers = self._fixed + http1.encode_headers(fields)
-        accept = ("Accept", "text/event-stream")
-        self.stream_headers = self._custom + http1.encode_headers([accept, *fields])
-
-
-def _trace_headers(msg: Message) -> str:
-    fields = jsonrpc.meta(msg)
-    if "traceparent" not in fields and "tracestate" not in fields:
-        return ""
-    found = [(k, fields[k]) for k in TRACE_HEADERS if isinstance(fields.get(k), str)]
-    try:
-        return http1.encode_headers(found)
-    except ValueError:
-        return ""  # not a header value: the context still travels in `_meta`
+        self.headers = CIMultiDict([*self._fixed, *fields])
+        self.stream_headers = CIMultiDict([*self._custom, ("Accept", SSE), *fields])

@@ -12,9 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from urllib.parse import urljoin, urlsplit
 
-from gateway.backends import http1
+import aiohttp
+import anyio
+from multidict import CIMultiDict
+from yarl import URL
+
+from gateway.backends import web
 from gateway.backends.channel import Channel
 from gateway.config import BackendConfig, SseTarget
 from gateway.errors import BackendError, BackendUnavailable
@@ -24,6 +28,7 @@ from gateway.telemetry.api import Stats
 
 log = logging.getLogger("gateway.backend")
 
+SSE = "text/event-stream"
 # Reconnecting: quick first, doubling to a ceiling, reset once a stream has lasted a while.
 FIRST_BACKOFF = 0.1
 MAX_BACKOFF = 10.0
@@ -38,16 +43,21 @@ class SseBackend(Channel):
     def __init__(self, config: BackendConfig, stats: Stats | None = None) -> None:
         assert isinstance(config.target, SseTarget)
         super().__init__(config.name, config.request_timeout)
+        self._config = config
         self._stats = stats or Stats()
-        self._url = config.target.url
-        http1.Target(self._url)  # a malformed URL fails here, at start-up
-        custom = tuple(config.target.headers.items())
-        self._stream_headers = http1.encode_headers((*custom, ("Accept", "text/event-stream")))
-        self._post_headers = http1.encode_headers(
-            (*custom, ("Content-Type", "application/json"), ("Accept", "application/json"))
+        self._url = web.target_url(config)  # a malformed URL fails here, at start-up
+        self._tls = web.ssl_context(config)
+        self._proxy = web.env_proxy(config, self._url)
+        self._limits = config.target.limits
+        custom = web.fixed_headers(config)
+        self._stream_headers = CIMultiDict([*custom, ("Accept", SSE)])
+        self._post_headers = CIMultiDict(
+            [*custom, ("Content-Type", "application/json"), ("Accept", "application/json")]
         )
         self._connect_timeout = config.connect_timeout
-        self._posts: http1.Pool | None = None
+        self._streams: aiohttp.ClientSession | None = None
+        self._posts: aiohttp.ClientSession | None = None
+        self._endpoint: URL | None = None  # where messages go, once the stream has named it
         self._ready: asyncio.Event | None = None
         self._opener: asyncio.Task[None] | None = None
         self._sending: set[asyncio.Task[None]] = set()  # held so they are not collected
@@ -59,16 +69,44 @@ class SseBackend(Channel):
 
     async def run(self) -> None:
         self._ready = asyncio.Event()
+        config, tls, proxy = self._config, self._tls, self._proxy
+        # The stream stays open indefinitely: a session of its own, without a deadline.
+        self._streams = web.session(
+            config,
+            limit=None,
+            default_timeout=web.timeout(None, self._connect_timeout),
+            tls=tls,
+            proxy=proxy,
+        )
+        self._posts = web.session(
+            config,
+            limit=self._limits.max_connections,
+            default_timeout=web.timeout(self._request_timeout, self._connect_timeout),
+            tls=tls,
+            proxy=proxy,
+        )
+        try:
+            await self._keep_connected()
+        finally:
+            with anyio.CancelScope(shield=True):
+                sessions = (self._streams, self._posts)
+                self._streams = self._posts = None
+                for session in sessions:
+                    await session.close()
+
+    async def _keep_connected(self) -> None:
         backoff = FIRST_BACKOFF
         while True:
             started = asyncio.get_running_loop().time()
             try:
                 await self._connect_once()
                 self._last_problem = "the server ended the stream"
-            except (BackendError, http1.HttpClientError, TimeoutError) as exc:
+            except (BackendError, aiohttp.ClientError, TimeoutError) as exc:
+                if isinstance(exc, aiohttp.ClientError):
+                    exc = web.failure(self.name, exc, None)
                 self._last_problem = str(exc) or type(exc).__name__
             finally:
-                await self._disconnected()
+                self._disconnected()
             if asyncio.get_running_loop().time() - started > STABLE_AFTER:
                 backoff = FIRST_BACKOFF
             log.warning(
@@ -78,36 +116,33 @@ class SseBackend(Channel):
             backoff = min(backoff * 2, MAX_BACKOFF)
             self.restarts += 1
 
-    async def _disconnected(self) -> None:
+    def _disconnected(self) -> None:
         assert self._ready is not None
         self._ready.clear()
         if self._opener is not None:
             self._opener.cancel()
             self._opener = None
         self._fail_all(f"backend {self.name!r} stream lost: {self._last_problem}")
-        posts, self._posts = self._posts, None
-        if posts is not None:
-            await posts.close()
+        self._endpoint = None
 
     async def _connect_once(self) -> None:
-        stream_pool = http1.Pool(self._url, limit=None, connect_timeout=self._connect_timeout)
+        assert self._streams is not None
+        async with asyncio.timeout(self._connect_timeout):
+            resp = await web.send(self._streams, "GET", self._url, self._stream_headers)
         try:
-            async with asyncio.timeout(self._connect_timeout):
-                resp = await stream_pool.request(self._stream_headers, b"", method="GET")
-            try:
-                if resp.status != 200 or resp.content_type != "text/event-stream":
-                    raise BackendUnavailable(self.name, f"SSE stream answered HTTP {resp.status}")
-                await self._read(resp)
-            finally:
-                resp.abort()
+            if resp.status != 200 or resp.content_type != SSE:
+                raise BackendUnavailable(self.name, f"SSE stream answered HTTP {resp.status}")
+            await self._read(resp)
+        except sse.EventTooLarge as exc:
+            raise BackendUnavailable(self.name, f"stream dropped: {exc}") from None
         finally:
-            await stream_pool.close()
+            resp.close()
 
-    async def _read(self, resp: http1.Response) -> None:
-        decoder = sse.Decoder()
-        async for chunk in resp.chunks():
+    async def _read(self, resp: aiohttp.ClientResponse) -> None:
+        decoder = sse.Decoder(self._limits.max_event_bytes)
+        async for chunk in resp.content.iter_any():
             self._stats.bytes["backend", "in"] += len(chunk)
-            for name, data in decoder.feed_named(chunk):
+            for name, data in decoder.feed_named(chunk):  # (EventTooLarge: the stream ends)
                 if name == "endpoint":
                     self._on_endpoint(data.decode("utf-8", "replace").strip())
                 elif name == "message":
@@ -118,13 +153,16 @@ class SseBackend(Channel):
                         self.on_message(msg)
 
     def _on_endpoint(self, where: str) -> None:
-        url = urljoin(self._url, where)
-        if urlsplit(url)[:2] != urlsplit(self._url)[:2]:
+        try:
+            url = self._url.join(URL(where))
+        except ValueError:
+            raise BackendUnavailable(self.name, f"endpoint {where!r} is not a URL") from None
+        if url.origin() != self._url.origin():
             # (2024-11-05: the endpoint is on the server's own origin)
             raise BackendUnavailable(self.name, f"endpoint {where!r} is on another origin")
-        if self._posts is not None:
+        if self._endpoint is not None:
             return  # only the first one counts
-        self._posts = http1.Pool(url, limit=None, connect_timeout=self._connect_timeout)
+        self._endpoint = url
         self._opener = asyncio.get_running_loop().create_task(self._open())
 
     async def _open(self) -> None:
@@ -140,21 +178,19 @@ class SseBackend(Channel):
     # --- outbound ----------------------------------------------------------------------------
 
     async def _write(self, msg: Message) -> None:
-        posts = self._posts
-        if posts is None:
+        posts, endpoint = self._posts, self._endpoint
+        if posts is None or endpoint is None:
             raise BackendUnavailable(self.name, f"not connected ({self._last_problem})")
         body = jsonrpc.encode(msg)
         self._stats.bytes["backend", "out"] += len(body)
         try:
-            resp = await posts.request(self._post_headers, body, within=self._request_timeout)
+            resp = await web.send(posts, "POST", endpoint, self._post_headers, body)
             try:
-                await resp.read(MAX_ACK_BYTES)
+                await _drain(resp)
             finally:
-                resp.release()
-        except TimeoutError:
-            raise BackendUnavailable(self.name, "a message was not accepted in time") from None
-        except http1.HttpClientError as exc:
-            raise BackendUnavailable(self.name, f"cannot post a message: {exc}") from None
+                resp.close()  # (an acknowledgement left unread must not reach the next POST)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise web.failure(self.name, exc, self._request_timeout) from None
         if resp.status >= 300:
             raise BackendUnavailable(self.name, f"a message was refused: HTTP {resp.status}")
 
@@ -178,3 +214,14 @@ class SseBackend(Channel):
                 await ready.wait()
         except TimeoutError:
             raise BackendUnavailable(self.name, f"not connected ({self._last_problem})") from None
+
+
+async def _drain(resp: aiohttp.ClientResponse) -> None:
+    """Read an acknowledgement's body to its end, so its connection can be reused; one that
+    grows past MAX_ACK_BYTES is cut off with its connection."""
+    read = 0
+    async for chunk in resp.content.iter_any():
+        read += len(chunk)
+        if read > MAX_ACK_BYTES:
+            return
+    resp.release()

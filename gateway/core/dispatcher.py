@@ -143,7 +143,7 @@ class Dispatcher:
             # A known tool is found without a coroutine; only a miss may refresh catalogs.
             found = self.catalogs.table.tool(name) if isinstance(name, str) else None
             route = found or await self._route_name(RouteTable.tool, "tool", name)
-            return await self._forward(msg, params, sink, route, "name", route.param_headers)
+            return await self._forward(msg, params, sink, route, "name")
         if method == "server/discover":
             return await self._discover(msg)
         if method in merge.LIST_KEYS:
@@ -207,7 +207,6 @@ class Dispatcher:
         sink: NotificationSink,
         route: Route,
         field: str,
-        param_headers: tuple[ParamHeader, ...] = (),
     ) -> Message:
         """Send a request to its backend under the backend's own name, and show the reply's
         URIs as clients know them."""
@@ -216,7 +215,7 @@ class Dispatcher:
         target = visible if field == "name" and route.listed else None
         SERVING.get()[0].annotate(target=target, backend=route.backend)
         out = msg if visible == route.name else {**msg, "params": {**params, field: route.name}}
-        reply = await self.backends[route.backend].request(out, sink, param_headers)
+        reply = await self.backends[route.backend].request(out, sink)
         if self._naming.prefixed:
             self._expose_reply_uris(msg["method"], route.backend, reply)
         return reply

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from gateway.backends.base import Backend, NotificationSink
 from gateway.protocol import jsonrpc
-from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Telemetry, tapped
 
@@ -32,7 +31,6 @@ class InstrumentedBackend:
         self,
         msg: Message,
         sink: NotificationSink,
-        param_headers: tuple[ParamHeader, ...] = (),
         *,
         long_lived: bool = False,
     ) -> Message:
@@ -48,7 +46,7 @@ class InstrumentedBackend:
                 msg = {**msg, "params": {**params, "_meta": {**jsonrpc.meta(msg), **carrier}}}
             if telemetry.tapping:
                 telemetry.record("backend", "out", msg, backend=name)
-            reply = await self.inner.request(msg, sink, param_headers, long_lived=long_lived)
+            reply = await self.inner.request(msg, sink, long_lived=long_lived)
             if telemetry.tapping:
                 telemetry.record("backend", "in", reply, backend=name)
         except BaseException:

@@ -16,3 +16,5 @@ BACKEND_UNAVAILABLE = -31001
 BACKEND_TIMEOUT = -31002
 BACKEND_PROTOCOL_ERROR = -31003
 GATEWAY_OVERLOADED = -31004
+# The connection to a backend broke after the request may have reached it: not sent again.
+BACKEND_CONNECTION_LOST = -31005

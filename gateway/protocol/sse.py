@@ -1,8 +1,15 @@
-"""Server-Sent Events framing, both ways (the subset MCP uses: data lines, comments)."""
+"""Server-Sent Events framing, both ways (the subset MCP uses: data lines, event types,
+comments), per the HTML Living Standard's event stream format."""
 
 from __future__ import annotations
 
+import re
+
 KEEPALIVE = b":\r\n\r\n"
+# A line ends with CRLF, LF or CR; CRLF first, so that it counts as one line end.
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+_BOM = b"\xef\xbb\xbf"
+_CR, _SPACE = 13, 32
 
 
 def event(data: bytes) -> bytes:
@@ -10,55 +17,113 @@ def event(data: bytes) -> bytes:
     return b"event: message\r\ndata: " + data + b"\r\n\r\n"
 
 
-class Decoder:
-    """Feeds on chunks of a response body and yields the data of each complete event."""
+class EventTooLarge(ValueError):
+    """One event (its data, or a line still without an end) grew past the decoder's limit."""
 
-    def __init__(self) -> None:
-        self._buffer = b""
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"an SSE event over {limit} bytes")
+        self.limit = limit
+
+
+class Decoder:
+    """Feeds on chunks of a response body and yields the data of each complete event.
+
+    Linear in the bytes fed: the buffer is scanned once (a partial line is not scanned again
+    when more of it arrives) and the consumed prefix is dropped once per feed, so one huge event
+    costs what reading it costs. `max_event_bytes` bounds the data of one event plus any
+    unfinished line, which is what the decoder holds; past it `feed` raises EventTooLarge
+    (after giving the events that were complete before it, if any).
+    """
+
+    def __init__(self, max_event_bytes: int | None = None) -> None:
+        self._buffer = bytearray()
+        self._scan = 0  # where to look for the next line end; before it, no line ends
         self._data: list[bytes] = []
+        self._size = 0  # bytes of data held for the current event
         self._name = b""
+        self._limit = max_event_bytes
+        self._started = False
+        self._failed: EventTooLarge | None = None
 
     def feed(self, chunk: bytes) -> list[bytes]:
         return [data for _, data in self.feed_named(chunk)]
 
     def feed_named(self, chunk: bytes) -> list[tuple[str, bytes]]:
         """Each complete event as (event type, data); the type is "message" unless named."""
-        self._buffer += chunk
-        events: list[tuple[str, bytes]] = []
-        while True:
-            cut = _line_end(self._buffer)
-            if cut is None:
-                return events
-            end, after = cut
-            line, self._buffer = self._buffer[:end], self._buffer[after:]
-            if not line:
-                if self._data:
-                    name = self._name.decode("utf-8", "replace") or "message"
-                    events.append((name, b"\n".join(self._data)))
-                    self._data = []
-                self._name = b""
-            elif line.startswith(b"data:"):
-                self._data.append(_value(line[5:]))
-            elif line.startswith(b"event:"):
-                self._name = _value(line[6:])
-            # comments (":"), "id:" and "retry:" carry nothing the gateway needs
+        return self._feed(chunk, final=False)
 
     def close(self) -> list[bytes]:
         """Events left when the body ends without a final blank line."""
-        leftover = self.feed(b"\n\n") if self._buffer or self._data else []
-        return leftover
+        if not self._buffer and not self._data:
+            return []
+        return [data for _, data in self._feed(b"\n\n", final=True)]
 
+    def _feed(self, chunk: bytes, *, final: bool) -> list[tuple[str, bytes]]:
+        if self._failed is not None:
+            raise self._failed
+        events: list[tuple[str, bytes]] = []
+        try:
+            self._scan_lines(chunk, final, events)
+        except EventTooLarge as exc:
+            # Nothing more is read from this stream: what was held is dropped, and the events
+            # completed before the one too large are still given (the next call raises).
+            self._failed = exc
+            self._buffer, self._data = bytearray(), []
+            if not events:
+                raise
+        return events
 
-def _value(field: bytes) -> bytes:
-    return field[1:] if field.startswith(b" ") else field
+    def _scan_lines(self, chunk: bytes, final: bool, events: list[tuple[str, bytes]]) -> None:
+        buffer = self._buffer
+        buffer += chunk
+        if not self._started:
+            if not final and len(buffer) < len(_BOM) and _BOM.startswith(buffer):
+                return  # perhaps the first bytes of a byte order mark
+            self._started = True
+            if buffer.startswith(_BOM):
+                del buffer[: len(_BOM)]
+        start = 0  # the first byte of the line being looked at
+        for found in _LINE_END.finditer(buffer, self._scan):
+            if found.end() == len(buffer) and buffer[-1] == _CR and not final:
+                # A CR as the last byte may be the first half of a CRLF: decide next time.
+                self._scan = found.start()
+                break
+            self._line(start, found.start(), events)
+            start = found.end()
+        else:
+            self._scan = len(buffer)
+        if start:
+            del buffer[:start]  # once per feed (bytearray drops a prefix without copying it)
+            self._scan -= start
+        if self._limit is not None and self._size + len(buffer) > self._limit:
+            raise EventTooLarge(self._limit)
 
-
-def _line_end(buffer: bytes) -> tuple[int, int] | None:
-    cr, lf = buffer.find(b"\r"), buffer.find(b"\n")
-    if cr == -1 and lf == -1:
-        return None
-    if cr != -1 and (lf == -1 or cr < lf):
-        if cr + 1 == len(buffer):
-            return None  # a lone CR at the end may be the first half of CRLF
-        return (cr, cr + 2) if buffer[cr + 1 : cr + 2] == b"\n" else (cr, cr + 1)
-    return lf, lf + 1
+    def _line(self, start: int, end: int, events: list[tuple[str, bytes]]) -> None:
+        buffer = self._buffer
+        if start == end:
+            if self._data:
+                data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
+                name = self._name.decode("utf-8", "replace") or "message"
+                self._data = []
+                self._size = 0
+                events.append((name, data))
+            self._name = b""
+            return
+        colon = buffer.find(b":", start, end)
+        if colon == start:
+            return  # a comment
+        if colon < 0:
+            field, value_at = bytes(buffer[start:end]), end
+        else:
+            field, value_at = bytes(buffer[start:colon]), colon + 1
+            if value_at < end and buffer[value_at] == _SPACE:
+                value_at += 1
+        if field == b"data":
+            self._size += end - value_at + 1
+            if self._limit is not None and self._size > self._limit:
+                raise EventTooLarge(self._limit)
+            with memoryview(buffer) as view:
+                self._data.append(bytes(view[value_at:end]))  # the one copy of the data
+        elif field == b"event":
+            self._name = bytes(buffer[value_at:end])
+        # "id" and "retry" carry nothing the gateway needs; other fields are ignored

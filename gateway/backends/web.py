@@ -1,0 +1,232 @@
+"""The aiohttp client sessions of HTTP and HTTP+SSE backends, built from a backend's config,
+and the one place where aiohttp's client errors become the gateway's backend errors.
+
+Tuned only through aiohttp's public API: connector limits and keep-alive expiry, ClientTimeouts
+built once, DummyCookieJar, no decompression, the response parser's limits (max_line_size,
+max_field_size, max_headers), a session-wide proxy, and the documented `request_class` hook.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import ssl
+import urllib.request
+
+import aiohttp
+from aiohttp import client_exceptions as failures
+from multidict import CIMultiDict
+from yarl import URL
+
+from gateway import __version__
+from gateway.config import BackendConfig, ConfigInvalid, HttpTarget, SseTarget
+from gateway.errors import (
+    BackendConnectionLost,
+    BackendError,
+    BackendProtocolError,
+    BackendTimeout,
+    BackendUnavailable,
+)
+
+log = logging.getLogger("gateway.backend")
+
+# Sent with every request. Identity only: replies are forwarded as the bytes that came, and no
+# decompression means no decompression bomb (a coded reply fails as not JSON-RPC).
+BASE_HEADERS = (("User-Agent", f"mcp-gateway/{__version__}"), ("Accept-Encoding", "identity"))
+# A pooled connection found holding bytes nobody asked for is replaced by another; at most this
+# many times per request (each such connection is closed, so the pool is soon rid of them).
+STALE_RETRIES = 8
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# A header value we may send as it is: visible ASCII, inner spaces and tabs.
+_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?)?")
+
+
+class StaleConnection(failures.ClientConnectionError):
+    """A pooled connection the backend wrote to while it was idle; nothing was sent on it."""
+
+
+class _FreshRequest(aiohttp.ClientRequest):
+    """Refuses a pooled connection that holds bytes the backend sent while it sat idle.
+
+    aiohttp 3.14's pool checks only that an idle connection is open and young enough: a whole
+    response written to it unasked is read as the reply to the next request sent on it. This
+    runs before anything is written, so the request can safely go out on another connection."""
+
+    async def send(self, conn: aiohttp.connector.Connection) -> aiohttp.ClientResponse:
+        protocol = conn.protocol
+        if protocol is not None and protocol.should_close:
+            raise StaleConnection("the backend wrote to an idle connection")
+        return await super().send(conn)
+
+
+def target(config: BackendConfig) -> HttpTarget | SseTarget:
+    assert isinstance(config.target, HttpTarget | SseTarget)
+    return config.target
+
+
+def where(config: BackendConfig) -> str:
+    kind = "sse" if isinstance(config.target, SseTarget) else "http"
+    return f"backends.{config.name}.{kind}"
+
+
+def target_url(config: BackendConfig) -> URL:
+    """The backend's URL, parsed once (aiohttp takes a URL object as it is, per request)."""
+    url = URL(target(config).url)
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ConfigInvalid([f"{where(config)}.url: not an http(s) URL with a host"])
+    return url
+
+
+def fixed_headers(config: BackendConfig) -> list[tuple[str, str]]:
+    """Our own headers, then the configured `headers` (checked here: aiohttp would refuse a
+    control character only at the first request)."""
+    custom = list(target(config).headers.items())
+    for name, value in custom:
+        if _TOKEN.fullmatch(name) is None or _VALUE.fullmatch(value) is None:
+            raise ConfigInvalid([f"{where(config)}.headers.{name}: not a valid header"])
+    return [*BASE_HEADERS, *custom]
+
+
+def ssl_context(config: BackendConfig) -> ssl.SSLContext | bool:
+    """TLS for an https backend: the system's trust store, or only `tls.ca_file`; a client
+    certificate from `tls.cert_file`/`tls.key_file`; no verification with `verify: false`."""
+    tls = target(config).tls
+    if not target(config).url.startswith("https:"):
+        return True  # aiohttp's default; never used for http://
+    try:
+        context = ssl.create_default_context(cafile=tls.ca_file)
+        if not tls.verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if tls.cert_file is not None:
+            context.load_cert_chain(tls.cert_file, tls.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigInvalid([f"{where(config)}.tls: cannot be loaded: {exc}"]) from None
+    return context
+
+
+def env_proxy(config: BackendConfig, url: URL) -> str | None:
+    """The proxy HTTP_PROXY/HTTPS_PROXY names for `url`, unless NO_PROXY exempts its host.
+
+    These are the rules of aiohttp's `trust_env`, from the same standard-library calls, applied
+    once per backend: `trust_env` looks the proxy up per request in a worker thread and reads
+    ~/.netrc each time, which cost 4.7x the client's CPU per request in our measurement. Proxy
+    credentials go in the proxy URL; ~/.netrc is never read, so no credential the config does
+    not name reaches a backend or a proxy."""
+    if url.host is None or urllib.request.proxy_bypass(url.host):
+        return None
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if not proxy:
+        return None
+    parsed = URL(proxy)
+    shown = parsed.with_user(None)  # credentials are never logged
+    if parsed.scheme != "http":
+        # As trust_env: http:// proxies only (TLS to the proxy would be TLS in TLS).
+        log.warning("backend %s: ignoring proxy %s (only http:// proxies)", config.name, shown)
+        return None
+    log.info("backend %s: through proxy %s", config.name, shown)
+    return proxy
+
+
+def timeout(total: float | None, connect: float) -> aiohttp.ClientTimeout:
+    """`total` bounds the whole exchange, waiting for a pooled connection and reading the body
+    included; `connect` only the TCP and TLS connect, so a wait for a free connection is never
+    taken for a backend that cannot be reached."""
+    return aiohttp.ClientTimeout(total=total, sock_connect=connect)
+
+
+def session(
+    config: BackendConfig,
+    *,
+    limit: int | None,
+    default_timeout: aiohttp.ClientTimeout,
+    tls: ssl.SSLContext | bool,
+    proxy: str | None,
+) -> aiohttp.ClientSession:
+    """One pooled session to a backend: at most `limit` connections (None: no limit), each
+    closed after `limits.idle_timeout` idle, so that the gateway closes an idle connection
+    before the backend's keep-alive would, and a reused one is never one being closed."""
+    limits = target(config).limits
+    connector = aiohttp.TCPConnector(
+        limit=limit or 0, keepalive_timeout=limits.idle_timeout, ssl=tls
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=default_timeout,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
+        proxy=proxy,
+        request_class=_FreshRequest,
+        max_line_size=limits.max_header_bytes,
+        max_field_size=limits.max_header_bytes,
+        max_headers=limits.max_headers,
+    )
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: URL,
+    headers: CIMultiDict[str],
+    data: bytes | None = None,
+    deadline: aiohttp.ClientTimeout | None = None,
+) -> aiohttp.ClientResponse:
+    """One request; its response once the head has arrived. Redirects are not followed, and
+    nothing is ever sent twice: aiohttp retries only idempotent methods on a reused connection
+    that closed (RFC 9112, Retrying Requests), and a stale connection is left before sending."""
+    for _ in range(STALE_RETRIES):
+        try:
+            if deadline is None:
+                return await session.request(
+                    method, url, data=data, headers=headers, allow_redirects=False
+                )
+            return await session.request(
+                method, url, data=data, headers=headers, allow_redirects=False, timeout=deadline
+            )
+        except StaleConnection:
+            continue
+    raise StaleConnection("every pooled connection held bytes nobody asked for")
+
+
+def failure(name: str, exc: BaseException, within: float | None) -> BackendError:
+    """The backend error for what aiohttp raised. Only a failure to connect, where nothing was
+    sent, is "unavailable"; a connection that broke later is "lost" (the request may have run)."""
+    if isinstance(exc, failures.ClientConnectorCertificateError):
+        return BackendUnavailable(name, f"TLS: certificate not trusted: {exc.certificate_error}")
+    if isinstance(exc, failures.ConnectionTimeoutError):
+        return BackendUnavailable(name, "connect timed out")
+    if isinstance(exc, failures.ClientConnectorError | failures.ClientHttpProxyError):
+        return BackendUnavailable(name, f"cannot connect: {_reason(exc)}")
+    if isinstance(exc, StaleConnection):
+        return BackendUnavailable(name, str(exc))
+    if isinstance(exc, TimeoutError):
+        return BackendTimeout(name, f"no reply within {within or 0:g}s")
+    if isinstance(exc, failures.ClientResponseError):
+        return BackendProtocolError(name, f"malformed HTTP reply: {exc.message}")
+    if _tls_alert(exc):
+        # A TLS 1.3 server refuses a client certificate after the handshake, before it reads
+        # any request: a refusal at the TLS layer, not a lost request.
+        return BackendUnavailable(name, f"TLS refused: {_reason(exc)}")
+    if isinstance(exc, failures.ClientPayloadError):
+        return BackendConnectionLost(name, "the connection closed in the middle of the reply")
+    if isinstance(exc, failures.ClientConnectionError | OSError):
+        return BackendConnectionLost(name, "the connection was lost after the request went out")
+    return BackendProtocolError(name, f"HTTP failure: {_reason(exc)}")
+
+
+def _tls_alert(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(4):  # the SSLError is at most a few causes down
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLError) and "ALERT" in str(seen.reason or ""):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, failures.ClientConnectorError):
+        os_error = exc.os_error
+        return str(os_error.strerror or os_error) or type(os_error).__name__
+    return str(exc) or type(exc).__name__
