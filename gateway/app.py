@@ -8,6 +8,7 @@ import gc
 import logging
 import os
 import signal
+import ssl
 import sys
 from types import TracebackType
 from urllib.parse import urlsplit
@@ -28,12 +29,13 @@ from gateway.backends.era import EraBackend
 from gateway.backends.http import HttpBackend
 from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
-from gateway.config import BackendConfig, Config, SseTarget, StdioTarget, TapConfig
+from gateway.config import BackendConfig, Config, ListenerLimits, SseTarget, StdioTarget, TapConfig
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.instrument import InstrumentedBackend
+from gateway.frontends import guard
 from gateway.frontends import http as http_frontend
-from gateway.frontends.ops import Operations, operation_routes
-from gateway.frontends.server import Server
+from gateway.frontends.listener import Listener
+from gateway.frontends.ops import Operations, admin_handler
 from gateway.frontends.stdio import StdioFrontend, open_process_stdio
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
@@ -47,6 +49,8 @@ log = logging.getLogger("gateway")
 INFO = GatewayInfo(name="mcp-gateway", version=__version__)
 # Time given to open HTTP responses to finish when the gateway stops.
 HTTP_SHUTDOWN_GRACE = 5.0
+# The admin listener serves a scraper or two: the listener defaults bound it (no config keys).
+ADMIN_LIMITS = ListenerLimits()
 
 
 class StartupError(Exception):
@@ -174,9 +178,10 @@ class Gateway:
             backends=self._backends_up,
             serving=lambda: self._serving,
         )
-        self._admin: Server | None = None
+        self._admin: Listener | None = None
         self.admin_url: str | None = None
-        self._http: Server | None = None
+        self._http: Listener | None = None
+        self._endpoint: http_frontend.Endpoint | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self.http_url: str | None = None
 
@@ -227,7 +232,8 @@ class Gateway:
         admin = self.config.listen.admin
         if admin is None:
             return
-        self._admin = Server(operation_routes(self.operations))
+        handler = admin_handler(self.operations, loopback=guard.is_loopback(admin.host))
+        self._admin = Listener(handler, ADMIN_LIMITS, stats=self.telemetry.stats)
         port = await self._admin.start(admin.host, admin.port)
         self.admin_url = f"http://{admin.host}:{port}"
         log.info("admin listener (metrics, health) on %s", self.admin_url)
@@ -243,12 +249,17 @@ class Gateway:
     async def _start_http(self) -> None:
         listen = self.config.listen.http
         assert listen is not None
-        routes = http_frontend.routes(self.dispatcher, listen, self.operations)
-        # A client that drops its connection cancels its request (server.py).
-        self._http = Server(routes, max_body=listen.max_body_bytes)
-        port = await self._http.start(listen.host, listen.port)
+        self._endpoint = http_frontend.Endpoint(self.dispatcher, listen, self.operations)
+        # A client that drops its connection cancels its request (listener.py).
+        self._http = Listener(
+            self._endpoint.handle, listen.limits, tls=listen.tls, stats=self.telemetry.stats
+        )
+        try:
+            port = await self._http.start(listen.host, listen.port)
+        except ssl.SSLError as exc:  # a key that does not match its certificate, say
+            raise StartupError(f"listen.http.tls: cannot use the certificate: {exc}") from None
         host = f"[{listen.host}]" if ":" in listen.host else listen.host
-        self.http_url = f"http://{host}:{port}{listen.path}"
+        self.http_url = f"{listen.scheme}://{host}:{port}{listen.path}"
         log.info("listening on %s", self.http_url)
 
     async def __aexit__(
@@ -258,10 +269,14 @@ class Gateway:
         tb: TracebackType | None,
     ) -> None:
         self.dispatcher.close_streams()
+        if self._endpoint is not None:
+            self._endpoint.closing()
         with anyio.CancelScope(shield=True):
-            for server in (self._http, self._admin):
-                if server is not None:
-                    await server.close(HTTP_SHUTDOWN_GRACE)
+            for listener in (self._http, self._admin):
+                if listener is not None:
+                    await listener.close(HTTP_SHUTDOWN_GRACE)
+        if self._endpoint is not None:
+            self._endpoint.close()
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
         try:

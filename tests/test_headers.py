@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from multidict import CIMultiDict
 
 from gateway.protocol import headers
 from gateway.protocol.headers import ParamHeader
@@ -96,9 +97,9 @@ def test_derive_mirrors_method_name_and_params() -> None:
     }
 
 
-def getter(sent: dict[str, list[str]]) -> headers.HeaderGetter:
-    lowered = {k.lower(): v for k, v in sent.items()}
-    return lambda name: lowered.get(name.lower(), [])
+def getter(sent: dict[str, list[str]]) -> CIMultiDict[str]:
+    """The fields as a request carries them: names without case, repeats kept."""
+    return CIMultiDict((name, value) for name, values in sent.items() for value in values)
 
 
 BASE = {"MCP-Protocol-Version": ["2026-07-28"], "Mcp-Method": ["tools/call"]}
@@ -152,3 +153,61 @@ def test_only_integer_params_compare_by_value() -> None:
         )
         is not None
     )
+
+
+@pytest.mark.parametrize("padding", [" ", "  ", "\t", " \t"])
+def test_values_are_compared_without_surrounding_whitespace(padding: str) -> None:
+    """RFC 9110 5.5: OWS around a field value is not part of it (Server Validation compares the
+    value): `Mcp-Name: tool  ` matches "tool", an encoded name too; whitespace inside stays."""
+    sent = {
+        "MCP-Protocol-Version": [f"2026-07-28{padding}"],
+        "Mcp-Method": [f"{padding}tools/call{padding}"],
+        "Mcp-Name": [f"tool{padding}"],
+    }
+    assert headers.check(getter(sent), call("tool")) is None
+    encoded = {**sent, "Mcp-Name": [f"{padding}=?base64?Y2Fmw6k=?={padding}"]}
+    assert headers.check(getter(encoded), call("café")) is None
+    spec = (ParamHeader("Region", ("region",)),)
+    params = {**sent, "Mcp-Param-Region": [f"eu{padding}"]}
+    assert headers.check(getter(params), call("tool", {"region": "eu"}), spec) is None
+    inside = {**sent, "Mcp-Name": ["to ol"]}
+    assert headers.check(getter(inside), call("tool")) is not None
+
+
+def notification(meta: bool = True) -> dict[str, Any]:
+    params: dict[str, Any] = {"requestId": 1}
+    if meta:
+        params["_meta"] = META
+    return {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+
+
+@pytest.mark.parametrize(
+    ("sent", "mismatch"),
+    [
+        (
+            {"MCP-Protocol-Version": ["2026-07-28"], "Mcp-Method": ["notifications/cancelled"]},
+            False,
+        ),
+        ({"MCP-Protocol-Version": ["2026-07-28"]}, False),
+        ({"MCP-Protocol-Version": ["2026-07-28"], "Mcp-Method": ["tools/call"]}, True),
+        ({"MCP-Protocol-Version": ["2025-11-25"]}, True),
+        ({"Mcp-Method": ["notifications/cancelled"]}, True),
+        ({"MCP-Protocol-Version": ["2026-07-28", "2026-07-28"]}, True),
+    ],
+    ids=["both", "version-only", "other-method", "other-version", "no-version", "repeated"],
+)
+def test_a_notification_is_checked_as_a_request_is(
+    sent: dict[str, list[str]], mismatch: bool
+) -> None:
+    """Protocol Version Header (every POST carries it) and Server Validation: a notification's
+    headers must match its body where they mirror something; Mcp-Method is required only of
+    requests."""
+    assert (headers.check(getter(sent), notification()) is not None) is mismatch
+
+
+def test_a_response_has_no_method_to_mirror() -> None:
+    response = {"jsonrpc": "2.0", "id": 1, "result": {}}
+    assert headers.check(getter({"MCP-Protocol-Version": ["2026-07-28"]}), response) is None
+    assert headers.check(getter({}), response) is not None
+    with_method = {"MCP-Protocol-Version": ["2026-07-28"], "Mcp-Method": ["tools/call"]}
+    assert headers.check(getter(with_method), response) is not None

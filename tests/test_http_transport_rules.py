@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import logging
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.app import Gateway
 from gateway.config import parse
+from tests.listener_support import Serving, chunk, echo_call, mcp_request, port_of
 from tests.support import BOUND, START_BOUND, sdk_stdio_command
 
 pytestmark = pytest.mark.anyio
@@ -258,10 +260,11 @@ def text_of(result: Mapping[str, Any]) -> str:
 @pytest.mark.parametrize("method", ["GET", "DELETE"])
 async def test_get_and_delete_are_method_not_allowed(url: str, method: str) -> None:
     """streamable-http, Backward Compatibility / Earlier Streamable HTTP Revisions: GET or
-    DELETE to the MCP endpoint gets 405 (the endpoint supports POST only)."""
+    DELETE to the MCP endpoint without a legacy session gets 405 (the endpoint supports POST
+    only), with a JSON-RPC error saying why (the old server sent an empty body)."""
     reply = await send(method, url, None, [("Accept", ACCEPT)])
-    assert reply.status == 405
     assert [m.strip() for m in reply.headers.get("Allow", "").split(",")] == ["POST"]
+    assert_error(reply, 405, INVALID_REQUEST, id_=None)
 
 
 async def test_content_type_other_than_json_is_unsupported_media_type(url: str) -> None:
@@ -771,3 +774,300 @@ async def test_client_credentials_are_never_forwarded_to_the_backend(
     for request_seen in seen:
         for name in CREDENTIAL_HEADERS:
             assert name not in request_seen.headers
+
+
+# --- notifications and responses carry the mirrored headers too ----------------------------------
+
+
+def notification(method: str = "notifications/cancelled") -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "method": method, "params": {"requestId": 1, "_meta": client_meta()}}
+
+
+@pytest.mark.parametrize(
+    ("replace", "omit"),
+    [({"Mcp-Method": "tools/call"}, ()), ({"MCP-Protocol-Version": "2025-11-25"}, ())]
+    + [({}, ("MCP-Protocol-Version",))],
+    ids=["other-method", "other-version", "no-version"],
+)
+async def test_a_notification_with_mismatched_headers_is_header_mismatch(
+    url: str, replace: dict[str, str], omit: tuple[str, ...]
+) -> None:
+    """streamable-http, Server Validation and Protocol Version Header: a notification POST is
+    checked as a request is: MCP-Protocol-Version is required on every POST, and a mirrored
+    header it carries must match its body (the old server accepted these with 202)."""
+    reply = await post(url, notification(), replace=replace, omit=omit)
+    assert_error(reply, 400, HEADER_MISMATCH, id_=None)
+
+
+async def test_a_notification_without_mcp_method_is_accepted(url: str) -> None:
+    """streamable-http, Standard Request Headers: Mcp-Method is required of requests; this
+    revision defines no header requirements of notifications beyond the version."""
+    reply = await post(url, notification(), omit=["Mcp-Method"])
+    assert (reply.status, reply.body) == (202, b"")
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [[("Mcp-Method", "tools/call"), ("MCP-Protocol-Version", VERSION)], []],
+    ids=["with-method", "no-version"],
+)
+async def test_a_posted_response_with_mismatched_headers_is_header_mismatch(
+    url: str, headers: Headers
+) -> None:
+    """A response has no method to mirror, and MCP-Protocol-Version is required on every POST:
+    a response failing either check is a header mismatch before it is refused as a response."""
+    response = {"jsonrpc": "2.0", "id": 7, "result": {}}
+    reply = await post(url, response, extra=headers)
+    assert_error(reply, 400, HEADER_MISMATCH, id_=7)
+
+
+# --- Origin and Host, parsed, on every path -------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/healthz", "/readyz", "/nowhere"])
+@pytest.mark.parametrize(
+    "header", [("Host", "evil.example"), ("Origin", "http://evil.example")], ids=["host", "origin"]
+)
+async def test_the_guard_covers_every_path_of_the_listener(
+    url: str, path: str, header: tuple[str, str]
+) -> None:
+    """streamable-http, Security & Endpoint (DNS rebinding): a page on a rebound name could read
+    /metrics and /healthz of a loopback listener as well as call /mcp, so the Origin and Host
+    checks apply to every path (the old server answered the operator paths for any Host)."""
+    other = url.rsplit("/", 1)[0] + path
+    assert_refused(await send("GET", other, None, [header]), 403)
+    if path != "/nowhere":
+        assert (await send("GET", other, None, [])).status in (200, 503)
+
+
+def raw(url: str) -> Serving:
+    return Serving(port_of(url))
+
+
+@pytest.mark.parametrize(
+    ("host", "status"),
+    [
+        ("evil.example@127.0.0.1", 403),
+        ("127.0.0.1@evil.example", 403),
+        ("127.0.0.1:8080", 200),
+        ("[::1]:8080", 200),
+        ("[::1]", 200),
+        ("localhost", 200),
+        ("LOCALHOST:1", 200),
+        ("::1", 403),
+        ("127.0.0.1:80:80", 403),
+        ("127.0.0.1:http", 403),
+        ("gw.example", 200),
+        ("evil.example", 403),
+    ],
+)
+async def test_the_host_field_is_parsed_as_an_authority(url: str, host: str, status: int) -> None:
+    """RFC 9110 7.2 (Host = uri-host [":" port]): userinfo is no part of a Host, so
+    `evil.example@127.0.0.1` does not name 127.0.0.1 (the old server let it through); ports
+    and bracketed IPv6 literals are understood; a malformed value is refused."""
+    srv = raw(url)
+    try:
+        resp = await srv.exchange(mcp_request(echo_call("host"), host=host))
+    finally:
+        srv.abort_all()
+    assert resp.status == status, resp.body
+
+
+@pytest.mark.parametrize(
+    ("authority", "status"),
+    [("evil.example", 403), ("evil.example:80", 403), ("user@127.0.0.1", 403), ("{local}", 200)],
+)
+async def test_an_absolute_form_target_is_checked_against_the_allowed_hosts(
+    url: str, authority: str, status: int
+) -> None:
+    """RFC 9112 3.2.2: with an absolute-form target the server ignores Host and takes the
+    target's authority, so that is what is checked (the old server only routed by its path)."""
+    srv = raw(url)
+    authority = authority.replace("{local}", f"127.0.0.1:{srv.port}")
+    try:
+        data = mcp_request(echo_call("absolute"), target=f"http://{authority}/mcp")
+        resp = await srv.exchange(data)
+    finally:
+        srv.abort_all()
+    assert resp.status == status, resp.body
+    if status == 200:
+        assert resp.json()["result"]["content"][0]["text"] == "absolute"
+
+
+# --- header values: OWS --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("padding", ["  ", "\t", " \t "])
+async def test_mirrored_header_values_are_compared_without_surrounding_whitespace(
+    url: str, padding: str
+) -> None:
+    """RFC 9110 5.5: whitespace around a field value is not part of it, so `Mcp-Name: echo  `
+    matches the body's "echo" (the old server took the spaces as part of the name: 400)."""
+    srv = raw(url)
+    msg = echo_call("padded")
+    try:
+        data = mcp_request(msg, f"Mcp-Method:{padding}tools/call{padding}", mirror=False)
+        data = data.replace(b"\r\n\r\n", f"\r\nMcp-Name: echo{padding}\r\n\r\n".encode(), 1)
+        resp = await srv.exchange(data)
+    finally:
+        srv.abort_all()
+    assert resp.json()["result"]["content"][0]["text"] == "padded"
+
+
+# --- error bodies, codings, framing ---------------------------------------------------------------
+
+
+async def test_a_client_chosen_coding_cannot_inject_json_members(url: str) -> None:
+    """Error bodies are encoded as JSON, never assembled as text: a Content-Encoding value full
+    of quotes is quoted in the message, and the reply has the members of an error, no more."""
+    evil = 'x", "injected": true, "error": {"code": 1}, "y": "'
+    reply = await post(url, echo(), extra=[("Content-Encoding", evil)])
+    msg = assert_error(reply, 415, INVALID_REQUEST, id_=None)
+    assert set(msg) == {"jsonrpc", "error"}
+    assert set(msg["error"]) == {"code", "message"}
+    assert evil in msg["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"not gzip at all", gzip.compress(b'{"jsonrpc":"2.0"}')[:-8]],
+    ids=["garbage", "no-trailer"],
+)
+async def test_a_corrupt_gzip_body_is_400(url: str, data: bytes) -> None:
+    """A body that is not the gzip it says it is gets 400 with a JSON-RPC error (the old server
+    handed the handler an empty body, answered 200)."""
+    reply = await post(url, data, extra=[*mirrored(echo()), ("Content-Encoding", "gzip")])
+    assert_error(reply, 400, INVALID_REQUEST, id_=None)
+
+
+async def test_a_gzip_body_is_served(url: str) -> None:
+    body = gzip.compress(orjson.dumps(echo("packed")))
+    reply = await post(url, body, extra=[*mirrored(echo()), ("Content-Encoding", "gzip")])
+    assert text_of(result_of(reply)) == "packed"
+
+
+def chunked(
+    msg: dict[str, Any], *extra: str, coding: str = "chunked", version: str = "1.1"
+) -> bytes:
+    """`msg` POSTed with a chunked body (its head says Transfer-Encoding: `coding`)."""
+    head = mcp_request(msg, *extra, f"Transfer-Encoding: {coding}", version=version, body=None)
+    return head + chunk(orjson.dumps(msg)) + b"0\r\n\r\n"
+
+
+async def test_http_1_0_with_transfer_encoding_is_never_kept_alive(url: str) -> None:
+    """RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing: the server
+    answers it, then closes the connection, whatever keep-alive it asked for (aiohttp would keep
+    it; the old server did)."""
+    srv = raw(url)
+    data = chunked(echo("old"), "Connection: keep-alive", version="1.0")
+    try:
+        client = await srv.connect()
+        await client.send(data)
+        resp = await client.response()
+        assert resp.json()["result"]["content"][0]["text"] == "old"
+        assert resp.closes
+        assert await client.closed_by_server()
+    finally:
+        srv.abort_all()
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [["gzip, chunked"], ["gzip", "chunked"], ["chunked", "gzip"], ["chunked, chunked"]],
+    ids=["gzip-chunked", "two-lines", "chunked-not-last", "chunked-twice"],
+)
+async def test_a_transfer_coding_other_than_chunked_is_not_processed(
+    url: str, lines: list[str]
+) -> None:
+    """RFC 9112 6.1: a transfer coding the server does not understand gets 501 (or 400 where
+    aiohttp's parser already finds the framing broken); `gzip, chunked` is not read as a request
+    (aiohttp's parser frames it as chunked and would hand the gzip bytes on)."""
+    srv = raw(url)
+    first, *more = lines
+    data = chunked(echo("coded"), *(f"Transfer-Encoding: {v}" for v in more), coding=first)
+    try:
+        client = await srv.connect()
+        await client.send(data)
+        resp = await client.response()
+        assert resp.status in (400, 501)
+        if resp.status == 501:
+            assert resp.json()["error"]["code"] == INVALID_REQUEST
+        assert await client.closed_by_server()
+    finally:
+        srv.abort_all()
+
+
+async def test_ten_thousand_header_lines_in_one_read_are_refused(url: str) -> None:
+    """The issue: 10,000 header lines (118 KB) arriving in one read were answered 200 by the old
+    server; with the default max_headers they are refused, and the gateway goes on."""
+    srv = raw(url)
+    lines = [f"X-Filler-{i}: {i}" for i in range(10_000)]
+    try:
+        resp = await srv.exchange(mcp_request(echo(), *lines))
+        assert resp.status in (400, 431)
+    finally:
+        srv.abort_all()
+    assert text_of(result_of(await post(url, echo("after")))) == "after"
+
+
+async def test_an_unknown_path_is_404_with_a_json_body(url: str) -> None:
+    other = url.rsplit("/", 1)[0] + "/other"
+    reply = await post(other, echo())
+    assert_error(reply, 404, INVALID_REQUEST, id_=None)
+
+
+async def test_bad_input_costs_no_traceback_in_any_log(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bad input is at most one log line, never a traceback, aiohttp's loggers included: a
+    garbage request, a head too large, a corrupt body, a body cut off by a disconnect."""
+    caplog.set_level(logging.DEBUG)
+    srv = raw(url)
+    try:
+        assert (await srv.exchange(b"\x16\x03\x01 not http\r\n\r\n")).status == 400
+        assert (await srv.exchange(mcp_request(echo(), "X-Big: " + "a" * 9000))).status == 400
+        corrupt = await srv.exchange(
+            mcp_request(echo(), "Content-Encoding: deflate")[:-5] + b"zzzzz"
+        )
+        assert corrupt.status == 400
+        cut = await srv.connect()
+        await cut.send(mcp_request(echo())[:-10])
+        await cut.close()
+    finally:
+        srv.abort_all()
+    assert text_of(result_of(await post(url, echo("after")))) == "after"
+    assert not [r for r in caplog.records if r.exc_info or r.exc_text], [
+        (r.name, r.getMessage()) for r in caplog.records if r.exc_info
+    ]
+    assert not [r for r in caplog.records if r.name.startswith("aiohttp")]
+
+
+async def test_a_client_closing_its_stream_cancels_the_request(url: str) -> None:
+    """streamable-http, Cancellation: closing the response stream cancels the request, down to
+    the backend (the SDK server's `hold` notes its cancellation; `was_cancelled` reports it)."""
+    body = call("hold", {"key": "modern-gone"}, id_=31, progressToken="p")
+    headers = [("Content-Type", "application/json"), ("Accept", ACCEPT), *mirrored(body)]
+    with anyio.fail_after(BOUND):
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url, data=orjson.dumps(body), headers=headers) as resp,
+        ):
+            assert resp.content_type == "text/event-stream"
+            async for line in resp.content:
+                if line.startswith(b"data:"):
+                    break
+    reply = await post(url, call("was_cancelled", {"key": "modern-gone"}, id_=32))
+    assert text_of(result_of(reply, 32)) == "cancelled"
+
+
+@pytest.mark.parametrize("target", ["/m%63p", "/mcp?session=1", "/mcp?next=%2Fother"])
+async def test_the_endpoint_is_found_by_its_decoded_path_without_the_query(
+    url: str, target: str
+) -> None:
+    """RFC 9112 3.2.1 / RFC 3986 3.3-3.4: the route is the path before "?", percent-decoded."""
+    srv = raw(url)
+    try:
+        resp = await srv.exchange(mcp_request(echo_call("routed"), target=target))
+    finally:
+        srv.abort_all()
+    assert resp.json()["result"]["content"][0]["text"] == "routed"

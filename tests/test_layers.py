@@ -117,4 +117,6 @@ def test_only_the_http_modules_use_aiohttp(name: str) -> None:
 @pytest.mark.parametrize("name", list(MODULES))
 def test_nothing_frames_http_by_hand(name: str) -> None:
     """No HTTP parser or framing of our own: no httptools, no hand-built status lines."""
-    assert not any(i.startswith(("httptools", "h11", "http.client")) for i in imports(MODULES[name]))
+    assert not any(
+        i.startswith(("httptools", "h11", "http.client")) for i in imports(MODULES[name])
+    )

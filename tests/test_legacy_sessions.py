@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import anyio
+import anyio.abc
 import orjson
 import pytest
 import yaml
@@ -368,3 +369,67 @@ async def test_changes_reach_the_session_stream(url: str) -> None:
             assert event["method"] == "notifications/tools/list_changed"
             assert "_meta" not in event.get("params", {})
             tg.cancel_scope.cancel()
+
+
+async def test_a_disconnect_does_not_cancel_a_legacy_request(url: str) -> None:
+    """2025-11-25 transports, Sending Messages to the Server: disconnection SHOULD NOT be taken
+    for the client cancelling its request. The listener cancels a modern request whose client
+    leaves; a legacy one runs on in its session: the backend's `hold` is still not cancelled
+    when `was_cancelled` has waited its 5 s for it."""
+    session_id = await open_session(url)
+    hold = legacy(
+        "tools/call",
+        {"name": "hold", "arguments": {"key": "legacy-gone"}, "_meta": {"progressToken": 1}},
+        8,
+    )
+    headers = {"Content-Type": "application/json", "Accept": ACCEPT, SESSION: session_id}
+    with anyio.fail_after(BOUND):
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(url, data=orjson.dumps(hold), headers=headers) as resp,
+        ):
+            assert resp.content_type == "text/event-stream"
+            async for line in resp.content:
+                if line.startswith(b"data:"):
+                    assert orjson.loads(line[5:])["method"] == "notifications/progress"
+                    break
+    # The connection is gone (the session closed it with the response unread).
+    probe = legacy("tools/call", {"name": "was_cancelled", "arguments": {"key": "legacy-gone"}}, 9)
+    extra = [(SESSION, session_id)]
+    reply = await post(url, probe, mirror=False, extra=extra, bound=BOUND + 2)
+    assert result_of(reply, 9)["content"][0]["text"] == "not cancelled"
+    cancel = {
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": 8, "reason": "done"},
+    }
+    assert (await in_session(url, session_id, cancel)).status == 202
+
+
+async def test_shutdown_ends_a_session_stream_gracefully() -> None:
+    """A stopping gateway ends a session's GET stream as a response ends (its last chunk, not a
+    cut connection), before it ends the sessions."""
+    stop = anyio.Event()
+    stopped = anyio.Event()
+
+    async def serve(*, task_status: anyio.abc.TaskStatus[str]) -> None:
+        try:
+            async with Gateway(parse(config())) as gw:
+                assert gw.http_url is not None
+                task_status.started(gw.http_url)
+                await stop.wait()
+        finally:
+            stopped.set()
+
+    async with anyio.create_task_group() as tg, aiohttp.ClientSession() as http:
+        with anyio.fail_after(START_BOUND):
+            gateway_url: str = await tg.start(serve)
+        session_id = await open_session(gateway_url)
+        headers = [(SESSION, session_id), ("Accept", "text/event-stream")]
+        with anyio.fail_after(BOUND):
+            async with http.get(gateway_url, headers=headers) as stream:
+                assert (await stream.content.readline()).startswith(b":")
+                stop.set()
+                rest = await stream.read()  # raises if the body is cut short
+            await stopped.wait()
+    assert b"data:" not in rest

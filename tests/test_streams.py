@@ -236,6 +236,8 @@ async def test_fifty_clients_with_listens_and_long_calls_stay_apart() -> None:
 async def test_quiet_listen_stream_gets_keepalive_comments(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Keep-alives begin once the JSON window closes, then come every interval.
+    monkeypatch.setattr(http_frontend, "JSON_WINDOW", 0.05)
     monkeypatch.setattr(http_frontend, "KEEPALIVE_INTERVAL", 0.05)
     with anyio.fail_after(START_BOUND):
         async with (

@@ -1,8 +1,11 @@
-"""The Streamable HTTP front end (basic/transports/streamable-http), served by `server.py`.
+"""The Streamable HTTP front end (basic/transports/streamable-http), on aiohttp's request and
+response objects, served by `listener.py`.
 
-Checks run cheapest first: origin and host, method, media types, size, JSON, mirrored headers;
-only then does the dispatcher see the message. A reply goes out as one JSON body unless the
-backend streams request-scoped notifications first, in which case it becomes an SSE stream.
+Checks run cheapest first: origin and host (on every path of the listener: DNS rebinding could
+read /metrics too), method, media types, framing, the body (size, coding, arrival), JSON,
+mirrored headers; only then does the dispatcher see the message. A reply goes out as one JSON
+body unless the backend streams request-scoped notifications first, in which case it becomes an
+SSE stream.
 """
 
 from __future__ import annotations
@@ -10,25 +13,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import ipaddress
-import logging
-from urllib.parse import urlsplit
+
+from aiohttp import HttpVersion11, hdrs, web
 
 from gateway import errors, timers
 from gateway.config import HttpListen
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.legacy import LEGACY_VERSIONS, LegacyFront, is_legacy_opening, is_modern
+from gateway.frontends import guard
+from gateway.frontends.bodies import BodyError
+from gateway.frontends.listener import CLOSE, Handler, read_body, start_stream
 from gateway.frontends.ops import Operations, operation_routes
-from gateway.frontends.server import Handler, Reply, Request, Stream
 from gateway.frontends.sessions import HttpSession, SessionStore, owner_of
 from gateway.protocol import codes, headers, jsonrpc, sse
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Origin, Stats
 
-log = logging.getLogger("gateway.http")
-
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 SSE_HEADERS = (
     ("Content-Type", "text/event-stream"),
     ("Cache-Control", "no-cache"),
@@ -43,30 +44,13 @@ JSON_WINDOW = 10.0
 KEEPALIVE_INTERVAL = 15.0
 
 
-def routes(
-    dispatcher: Dispatcher, listen: HttpListen, ops: Operations | None = None
-) -> dict[str, Handler]:
-    """The listener's routes: the MCP endpoint, and the operator endpoints when given."""
-    endpoint = Endpoint(dispatcher, listen)
-    out: dict[str, Handler] = dict(operation_routes(ops)) if ops is not None else {}
-    out[listen.path] = endpoint.handle
-    return out
+def json_response(status: int, msg: Message, **extra: str) -> web.Response:
+    return web.Response(status=status, body=jsonrpc.encode(msg), content_type=JSON, headers=extra)
 
 
-def _reply(status: int, msg: Message | None = None, **extra: str) -> Reply:
-    if msg is None:
-        return Reply(status, headers=extra.items())
-    return Reply(status, jsonrpc.encode(msg), JSON, extra.items())
-
-
-@functools.lru_cache(maxsize=256)
-def _is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+def refused(status: int, message: str, **extra: str) -> web.Response:
+    """A refusal before any message was read: a JSON-RPC error without an id."""
+    return json_response(status, jsonrpc.error(None, codes.INVALID_REQUEST, message), **extra)
 
 
 # What a request's screening found: (metric reason, HTTP status, message); None when it passed.
@@ -77,35 +61,37 @@ _ACCEPT_REFUSED: Verdict = (
     406,
     "Accept must list application/json and text/event-stream",
 )
-
-
-def _guard(origin: str | None, host_header: str, listen: HttpListen) -> Verdict:
-    """DNS-rebinding protection (streamable-http, Security & Endpoint)."""
-    if (
-        origin is not None
-        and origin not in listen.allowed_origins
-        and not _is_loopback(urlsplit(origin).hostname or "")
-    ):
-        return "origin", 403, f"Origin {origin!r} is not allowed"
-    if _is_loopback(listen.host):
-        host = urlsplit("//" + host_header).hostname or ""
-        if not _is_loopback(host) and host not in listen.allowed_hosts:
-            return "host", 403, f"Host {host_header!r} is not allowed"
-    return None
+_GUARD_REFUSED: dict[str, Verdict] = {
+    "origin": ("origin", 403, "The request's Origin is not allowed"),
+    "host": ("host", 403, "The request's Host is not allowed"),
+}
 
 
 def _screen(
-    listen: HttpListen, origin: str | None, host: str, content_type: str, accept: str
+    listen: HttpListen,
+    origin: str | None,
+    host: str,
+    target_host: str | None,
+    content_type: str,
+    accept: str,
 ) -> tuple[Verdict, Verdict]:
     """The checks on a request's header fields, cheapest first: (the origin and host guard,
     the media types of a POST). Pure, so the endpoint caches it: the fields repeat from request
     to request."""
+    why = guard.refusal(
+        origin,
+        host,
+        target_host,
+        allowed_origins=listen.allowed_origins,
+        allowed_hosts=listen.allowed_hosts,
+        check_host=guard.is_loopback(listen.host),
+    )
     media = None
     if content_type.split(";")[0].strip().lower() != JSON:
         media = _TYPE_REFUSED
     elif not _accepts_value(accept):
         media = _ACCEPT_REFUSED
-    return _guard(origin, host, listen), media
+    return (None if why is None else _GUARD_REFUSED[why]), media
 
 
 def _accepts_value(accept: str) -> bool:
@@ -117,16 +103,32 @@ def _accepts_value(accept: str) -> bool:
 
 
 class Endpoint:
-    """The MCP endpoint of one HTTP listener."""
+    """The MCP endpoint of one HTTP listener, and the listener's other routes (the operator
+    endpoints, when given): `handle` is the listener's one handler."""
 
-    def __init__(self, dispatcher: Dispatcher, listen: HttpListen) -> None:
+    def __init__(
+        self, dispatcher: Dispatcher, listen: HttpListen, ops: Operations | None = None
+    ) -> None:
         self.dispatcher = dispatcher
         self.listen = listen
+        self._path = listen.path
+        self._max_body = listen.max_body_bytes
+        self._body_timeout = listen.limits.body_timeout
+        self._routes: dict[str, Handler] = operation_routes(ops) if ops is not None else {}
         self._stats = dispatcher.telemetry.stats
         self._legacy = LegacyFront(dispatcher)
         self.sessions = SessionStore(listen.session_idle_timeout)
         self._timers = timers.wheel()  # (made within the running loop, by the app)
         self._screen = functools.lru_cache(maxsize=512)(functools.partial(_screen, listen))
+
+    def closing(self) -> None:
+        """The listener is about to close: end the legacy sessions' GET streams, so that they
+        finish like any response (a session's requests in flight get the listener's grace)."""
+        self.sessions.end_streams()
+
+    def close(self) -> None:
+        """End every legacy session (what still runs in one is cancelled)."""
+        self.sessions.close_all()
 
     def _reject(
         self,
@@ -135,33 +137,79 @@ class Endpoint:
         code: int,
         message: str,
         id_: jsonrpc.RequestId | None = None,
-    ) -> Reply:
+    ) -> web.Response:
         self._stats.rejections[reason] += 1
-        return _reply(status, jsonrpc.error(id_, code, message))
+        return json_response(status, jsonrpc.error(id_, code, message))
 
-    async def handle(self, request: Request) -> Reply | None:
-        listen = self.listen
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         fields = request.headers
-        guard, media = self._screen(
-            fields.get("origin"),
-            fields.get("host") or "",
-            fields.get("content-type") or "",
-            ",".join(fields.getall("accept")),
+        target = request.raw_path
+        guarded, media = self._screen(
+            fields.get(hdrs.ORIGIN),
+            fields.get(hdrs.HOST, ""),
+            None if target.startswith("/") else guard.target_authority(target),
+            fields.get(hdrs.CONTENT_TYPE, ""),
+            ",".join(fields.getall(hdrs.ACCEPT, headers.NO_VALUES)),
         )
-        if guard is not None:
-            return self._reject(guard[0], guard[1], codes.INVALID_REQUEST, guard[2])
+        if guarded is not None:
+            return self._reject(guarded[0], guarded[1], codes.INVALID_REQUEST, guarded[2])
+        if target != self._path and request.path != self._path:  # (decoded: `/m%63p?x=1`)
+            return await self._other(request)
         session_id = fields.get(SESSION_HEADER)
         if request.method != "POST":
             if session_id is not None and request.method in ("GET", "DELETE"):
                 return await self._session_method(request, session_id)
             self._stats.rejections["method_not_allowed"] += 1
-            return _reply(405, Allow="POST")
+            why = "The MCP endpoint takes POST; GET and DELETE only in a legacy session"
+            return refused(405, why, Allow="POST")
         if media is not None:
             return self._reject(media[0], media[1], codes.INVALID_REQUEST, media[2])
-        if request.too_big:
-            too_big = f"Body over {listen.max_body_bytes} bytes"
-            return self._reject("size", 413, codes.INVALID_REQUEST, too_big)
-        body = request.body
+        if hdrs.TRANSFER_ENCODING in fields:
+            return await self._transfer_coded(request, session_id)
+        try:
+            body = await read_body(request, self._max_body, self._body_timeout)
+        except BodyError as exc:
+            response = self._reject(exc.reason, exc.status, codes.INVALID_REQUEST, exc.message)
+            response.force_close()  # what is left of the body is not read: the framing is lost
+            return response
+        return await self._message(request, body, session_id)
+
+    async def _other(self, request: web.BaseRequest) -> web.StreamResponse:
+        route = self._routes.get(request.path)
+        if route is None:
+            return refused(404, "Not Found")
+        return await route(request)
+
+    async def _transfer_coded(
+        self, request: web.BaseRequest, session_id: str | None
+    ) -> web.StreamResponse:
+        """A body in a transfer coding: chunked alone is understood (RFC 9112 6.1: 501
+        otherwise, over all the field's lines), and an HTTP/1.0 message with one has faulty
+        framing: it is answered, then the connection closes."""
+        codings = ",".join(request.headers.getall(hdrs.TRANSFER_ENCODING)).split(",")
+        if [coding.strip(" \t").lower() for coding in codings] != ["chunked"]:
+            response = self._reject(
+                "framing", 501, codes.INVALID_REQUEST, "Only the chunked transfer coding is served"
+            )
+            response.force_close()
+            return response
+        close = request.version < HttpVersion11
+        if close:
+            request[CLOSE] = True
+        try:
+            body = await read_body(request, self._max_body, self._body_timeout)
+        except BodyError as exc:
+            response = self._reject(exc.reason, exc.status, codes.INVALID_REQUEST, exc.message)
+            response.force_close()
+            return response
+        answer = await self._message(request, body, session_id)
+        if close:
+            answer.force_close()
+        return answer
+
+    async def _message(
+        self, request: web.BaseRequest, body: bytes, session_id: str | None
+    ) -> web.StreamResponse:
         self._stats.bytes["frontend", "in"] += len(body)
         msg = jsonrpc.decode(body)
         if isinstance(msg, jsonrpc.Invalid):
@@ -170,24 +218,16 @@ class Endpoint:
         if session_id is not None and not is_modern(msg):
             # (a request with modern `_meta` is served statelessly, whatever it sends along)
             return await self._in_session(request, session_id, msg, kind)
-        if kind is jsonrpc.Kind.RESPONSE:
-            return self._reject(
-                "invalid_request",
-                400,
-                codes.INVALID_REQUEST,
-                "Clients must not send responses",
-                msg["id"],
-            )
+        fields = request.headers
         dispatcher = self.dispatcher
-        if kind is jsonrpc.Kind.NOTIFICATION:
-            await dispatcher.notify(msg)
-            return _reply(202)
+        if kind is not jsonrpc.Kind.REQUEST:
+            return await self._not_a_request(msg, kind, fields)
         if is_legacy_opening(msg):
             return await self._open_session(request, msg)
         specs = _param_specs(msg, dispatcher)
         if isinstance(specs, str):  # a tool the table does not know (yet)
             specs = await dispatcher.param_headers(specs)
-        mismatch = headers.check(fields.getall, msg, specs)
+        mismatch = headers.check(fields, msg, specs)
         if mismatch is not None:
             return self._reject(
                 "header_mismatch",
@@ -198,14 +238,30 @@ class Endpoint:
             )
         return await self._answer(request, msg)
 
+    async def _not_a_request(
+        self, msg: Message, kind: jsonrpc.Kind, fields: headers.HeaderFields
+    ) -> web.StreamResponse:
+        """A notification, or a response (which clients must not send): both are checked
+        against their mirrored headers as a request is."""
+        id_ = msg.get("id") if kind is jsonrpc.Kind.RESPONSE else None
+        mismatch = headers.check(fields, msg)
+        if mismatch is not None:
+            message = f"Header mismatch: {mismatch}"
+            return self._reject("header_mismatch", 400, codes.HEADER_MISMATCH, message, id_)
+        if kind is jsonrpc.Kind.RESPONSE:
+            why = "Clients must not send responses"
+            return self._reject("invalid_request", 400, codes.INVALID_REQUEST, why, id_)
+        await self.dispatcher.notify(msg)
+        return web.Response(status=202)
+
     # --- legacy sessions (2025-11-25 transports, Session Management) -------------------------
 
-    def _no_session(self) -> Reply:
+    def _no_session(self) -> web.Response:
         self._stats.rejections["unknown_session"] += 1
-        return _reply(404, jsonrpc.error(None, codes.INVALID_REQUEST, "Unknown or ended session"))
+        return refused(404, "Unknown or ended session")
 
-    async def _open_session(self, request: Request, msg: Message) -> Reply | None:
-        session = self.sessions.open(owner_of(request.headers.get("Authorization")))
+    async def _open_session(self, request: web.BaseRequest, msg: Message) -> web.StreamResponse:
+        session = self.sessions.open(owner_of(request.headers.get(hdrs.AUTHORIZATION)))
         if session is None:
             return self._reject(
                 "sessions_full",
@@ -217,13 +273,13 @@ class Endpoint:
         reply = await self._legacy.handle(session, msg, _drop, _origin(request))
         if not session.initialized:
             self.sessions.end(session)  # the handshake failed: no session to speak of
-            return Reply(errors.http_status(reply), jsonrpc.encode(reply), JSON)
-        return Reply(200, jsonrpc.encode(reply), JSON, ((SESSION_HEADER, session.id),))
+            return json_response(errors.http_status(reply), reply)
+        return json_response(200, reply, **{SESSION_HEADER: session.id})
 
     async def _in_session(
-        self, request: Request, session_id: str, msg: Message, kind: jsonrpc.Kind
-    ) -> Reply | None:
-        session = self.sessions.get(session_id, owner_of(request.headers.get("Authorization")))
+        self, request: web.BaseRequest, session_id: str, msg: Message, kind: jsonrpc.Kind
+    ) -> web.StreamResponse:
+        session = self.sessions.get(session_id, owner_of(request.headers.get(hdrs.AUTHORIZATION)))
         if session is None:
             return self._no_session()
         version = request.headers.get(VERSION_HEADER)
@@ -236,10 +292,10 @@ class Endpoint:
             )
         if kind is jsonrpc.Kind.RESPONSE:
             session.answer(msg)  # an answer to a question we asked; anything else is dropped
-            return _reply(202)
+            return web.Response(status=202)
         if kind is jsonrpc.Kind.NOTIFICATION:
             await self._legacy.notify(session, msg)
-            return _reply(202)
+            return web.Response(status=202)
         if msg["method"] == "initialize":
             return self._reject(
                 "invalid_request", 400, codes.INVALID_REQUEST, "The session is already open"
@@ -247,8 +303,8 @@ class Endpoint:
         return await self._answer_in_session(request, session, msg)
 
     async def _answer_in_session(
-        self, request: Request, session: HttpSession, msg: Message
-    ) -> Reply | None:
+        self, request: web.BaseRequest, session: HttpSession, msg: Message
+    ) -> web.StreamResponse:
         """Like `_answer`, except that the request runs in a task of the session: a legacy
         client's disconnect does not cancel its request (only `notifications/cancelled` or the
         end of the session does), so the work is not tied to this connection."""
@@ -272,14 +328,16 @@ class Endpoint:
                 await relay.stop_keepalive()
         return await self._finish(relay, reply)
 
-    async def _session_method(self, request: Request, session_id: str) -> Reply | None:
-        session = self.sessions.get(session_id, owner_of(request.headers.get("Authorization")))
+    async def _session_method(
+        self, request: web.BaseRequest, session_id: str
+    ) -> web.StreamResponse:
+        session = self.sessions.get(session_id, owner_of(request.headers.get(hdrs.AUTHORIZATION)))
         if session is None:
             return self._no_session()
         if request.method == "DELETE":
             self.sessions.end(session)
-            return _reply(204)
-        if "text/event-stream" not in (request.headers.get("Accept") or ""):
+            return web.Response(status=204)
+        if "text/event-stream" not in (request.headers.get(hdrs.ACCEPT) or ""):
             return self._reject(
                 "not_acceptable", 406, codes.INVALID_REQUEST, "Accept must list text/event-stream"
             )
@@ -287,15 +345,17 @@ class Endpoint:
             return self._reject(
                 "conflict", 409, codes.INVALID_REQUEST, "The session's stream is already open"
             )
-        await self._stream_session(request, session)
-        return None
+        return await self._stream_session(request, session)
 
-    async def _stream_session(self, request: Request, session: HttpSession) -> None:
+    async def _stream_session(
+        self, request: web.BaseRequest, session: HttpSession
+    ) -> web.StreamResponse:
         """The session's GET stream: the messages the gateway starts for it (list changes,
         resource updates), with keep-alives between; it ends when the session does."""
         session.streaming = True
+        stream = web.StreamResponse(headers=SSE_HEADERS)
         try:
-            stream = request.stream(200, SSE_HEADERS)
+            stream = await start_stream(request, SSE_HEADERS)
             await stream.write(sse.KEEPALIVE)
             while True:
                 try:
@@ -306,20 +366,20 @@ class Endpoint:
                 if msg is None:
                     break
                 await stream.write(_count_out(self._stats, sse.event(jsonrpc.encode(msg))))
-            await stream.end()
+            await stream.write_eof()
         except ConnectionResetError:
-            pass
+            pass  # the client has gone; the session stays for its next GET
         finally:
             session.streaming = False
+        return stream
 
-    async def _finish(self, relay: _Relay, reply: Message) -> Reply | None:
+    async def _finish(self, relay: _Relay, reply: Message) -> web.StreamResponse:
         body = relay.count_out(jsonrpc.encode(reply))
         if relay.stream is None:
-            return Reply(errors.http_status(reply), body, JSON)
-        await relay.finish_stream(body)
-        return None
+            return web.Response(status=errors.http_status(reply), body=body, content_type=JSON)
+        return await relay.finish_stream(body)
 
-    async def _answer(self, request: Request, msg: Message) -> Reply | None:
+    async def _answer(self, request: web.BaseRequest, msg: Message) -> web.StreamResponse:
         """Answer with JSON if the reply comes quickly and alone, else as an SSE stream.
 
         The request is handled in this task: no extra task, queue or cancel scope per request
@@ -334,7 +394,8 @@ class Endpoint:
             if relay.keepalive is not None:
                 await relay.stop_keepalive()
         if relay.stream is None:  # the common case, without a coroutine
-            return Reply(errors.http_status(reply), relay.count_out(jsonrpc.encode(reply)), JSON)
+            body = relay.count_out(jsonrpc.encode(reply))
+            return web.Response(status=errors.http_status(reply), body=body, content_type=JSON)
         return await self._finish(relay, reply)
 
 
@@ -347,8 +408,8 @@ def _count_out(stats: Stats, data: bytes) -> bytes:
     return data
 
 
-def _origin(request: Request) -> Origin:
-    return Origin("http", request.remote, request.headers.raw)
+def _origin(request: web.BaseRequest) -> Origin:
+    return Origin("http", request.remote, request.headers)
 
 
 def _param_specs(msg: Message, dispatcher: Dispatcher) -> tuple[ParamHeader, ...] | str | None:
@@ -368,11 +429,13 @@ class _Relay:
     """The reply of one request: a JSON body, or an SSE stream once there is something to send
     before the reply (a notification, or a keep-alive after the JSON window)."""
 
-    def __init__(self, request: Request, stats: Stats, *, cancel_when_gone: bool = True) -> None:
+    def __init__(
+        self, request: web.BaseRequest, stats: Stats, *, cancel_when_gone: bool = True
+    ) -> None:
         self._request = request
         self._stats = stats
         self._cancel_when_gone = cancel_when_gone
-        self.stream: Stream | None = None
+        self.stream: web.StreamResponse | None = None
         self._lock: asyncio.Lock | None = None  # made on first use: most replies never stream
         self.keepalive: asyncio.Task[None] | None = None
 
@@ -385,7 +448,7 @@ class _Relay:
             self._lock = asyncio.Lock()
         async with self._lock:
             if self.stream is None:
-                self.stream = self._request.stream(200, SSE_HEADERS)
+                self.stream = await start_stream(self._request, SSE_HEADERS)
             await self.stream.write(data)
 
     async def note(self, note: Message) -> None:
@@ -418,8 +481,11 @@ class _Relay:
             with contextlib.suppress(asyncio.CancelledError, ConnectionResetError):
                 await task
 
-    async def finish_stream(self, body: bytes) -> None:
-        """The reply as the stream's last event."""
-        assert self.stream is not None
-        await self._write(sse.event(body))
-        await self.stream.end()
+    async def finish_stream(self, body: bytes) -> web.StreamResponse:
+        """The reply as the stream's last event (lost if the client has gone meanwhile)."""
+        stream = self.stream
+        assert stream is not None
+        with contextlib.suppress(ConnectionResetError):
+            await self._write(sse.event(body))
+            await stream.write_eof()
+        return stream

@@ -7,12 +7,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import orjson
+from aiohttp import hdrs, web
 
-from gateway.frontends.server import Handler, Reply, Request
+from gateway.frontends import guard
+from gateway.frontends.listener import Handler
+from gateway.protocol import codes, jsonrpc
 
 JSON = "application/json"
 READ_METHODS = frozenset({"GET", "HEAD"})
-NOT_ALLOWED = Reply(405, headers=(("Allow", "GET, HEAD"),))
 
 
 @dataclass(frozen=True)
@@ -25,27 +27,65 @@ class Operations:
     serving: Callable[[], bool]
 
 
+def _error(status: int, message: str, **extra: str) -> web.Response:
+    body = jsonrpc.encode(jsonrpc.error(None, codes.INVALID_REQUEST, message))
+    return web.Response(status=status, body=body, content_type=JSON, headers=extra)
+
+
+def _not_allowed() -> web.Response:
+    return _error(405, "Operator endpoints take GET or HEAD", Allow="GET, HEAD")
+
+
 def operation_routes(ops: Operations) -> dict[str, Handler]:
-    async def metrics(request: Request) -> Reply:
+    async def metrics(request: web.BaseRequest) -> web.StreamResponse:
         if request.method not in READ_METHODS:
-            return NOT_ALLOWED
-        body, content_type = ops.metrics(request.headers.get("Accept") or "")
-        return Reply(200, body, content_type)
+            return _not_allowed()
+        body, content_type = ops.metrics(request.headers.get(hdrs.ACCEPT) or "")
+        return web.Response(body=body, headers={hdrs.CONTENT_TYPE: content_type})
 
-    async def healthz(request: Request) -> Reply:
+    async def healthz(request: web.BaseRequest) -> web.StreamResponse:
         if request.method not in READ_METHODS:
-            return NOT_ALLOWED
-        return Reply(200, b'{"status":"ok"}', JSON)
+            return _not_allowed()
+        return web.Response(body=b'{"status":"ok"}', content_type=JSON)
 
-    async def readyz(request: Request) -> Reply:
+    async def readyz(request: web.BaseRequest) -> web.StreamResponse:
         """Ready when the front ends listen and every backend is reachable; the body says which."""
         if request.method not in READ_METHODS:
-            return NOT_ALLOWED
+            return _not_allowed()
         backends = dict(ops.backends())
         serving = ops.serving()
         ready = serving and all(backends.values())
         status = "ready" if ready else "not ready"
         body = {"status": status, "serving": serving, "backends": backends}
-        return Reply(200 if ready else 503, orjson.dumps(body), JSON)
+        return web.Response(
+            status=200 if ready else 503, body=orjson.dumps(body), content_type=JSON
+        )
 
     return {"/metrics": metrics, "/healthz": healthz, "/readyz": readyz}
+
+
+def admin_handler(ops: Operations, *, loopback: bool) -> Handler:
+    """The admin listener's one handler: the operator routes, behind the same DNS-rebinding
+    guard as the MCP listener (on loopback, a rebound name could read the metrics too). It has
+    no allowed lists of its own: only loopback origins, and on loopback only loopback hosts."""
+    routes = operation_routes(ops)
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        fields = request.headers
+        target = request.raw_path
+        why = guard.refusal(
+            fields.get(hdrs.ORIGIN),
+            fields.get(hdrs.HOST, ""),
+            None if target.startswith("/") else guard.target_authority(target),
+            allowed_origins=(),
+            allowed_hosts=(),
+            check_host=loopback,
+        )
+        if why is not None:
+            return _error(403, f"The request's {why.capitalize()} is not allowed")
+        route = routes.get(request.path)
+        if route is None:
+            return _error(404, "Not Found")
+        return await route(request)
+
+    return handle

@@ -39,11 +39,15 @@ class HttpSession(Session):
         except asyncio.QueueFull:
             log.debug("session %s: its GET stream is not taking messages; one dropped", self.id)
 
-    def close(self) -> None:
-        super().close()
+    def end_stream(self) -> None:
+        """End the GET stream (now if open, else the next one); the session stays."""
         if self.outbox.full():
             self.outbox.get_nowait()
         self.outbox.put_nowait(None)
+
+    def close(self) -> None:
+        super().close()
+        self.end_stream()
 
 
 def owner_of(authorization: str | None) -> str:
@@ -84,6 +88,11 @@ class SessionStore:
     def end(self, session: HttpSession) -> None:
         if self._sessions.pop(session.id, None) is not None:
             session.close()
+
+    def end_streams(self) -> None:
+        """End every session's GET stream (the listener is closing: no new one can start)."""
+        for session in self._sessions.values():
+            session.end_stream()
 
     def close_all(self) -> None:
         for session in list(self._sessions.values()):

@@ -10,8 +10,9 @@ import base64
 import binascii
 import functools
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
@@ -32,6 +33,8 @@ _SENTINEL_PREFIX = "=?base64?"
 _SENTINEL_SUFFIX = "?="
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _SAFE_VALUE = re.compile(r"^[\x20-\x7e\t]*$")
+# Optional whitespace around a field value, which is not part of it (RFC 9110 5.5).
+_OWS = " \t"
 _NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?$")
 # JavaScript's safe integer range bounds integer parameters mirrored into headers.
 _MAX_SAFE_INT = 2**53 - 1
@@ -189,41 +192,59 @@ def derive_params(msg: Message, params_spec: Iterable[ParamHeader]) -> dict[str,
     return out
 
 
-HeaderGetter = Callable[[str], list[str]]
+class HeaderFields(Protocol):
+    """A request's header fields: `getall(name, default)` gives every value of a field
+    (names compared without case), so duplicates show; a multidict is one."""
+
+    def getall(self, key: str, default: list[str], /) -> list[str]: ...
+
+
+NO_VALUES: list[str] = []  # what an absent field has (shared: never changed)
 
 
 def check(
-    get_all: HeaderGetter, msg: Message, params_spec: Iterable[ParamHeader] | None = None
+    fields: HeaderFields, msg: Message, params_spec: Iterable[ParamHeader] | None = None
 ) -> str | None:
     """Compare a client's mirrored headers with its body; the mismatch described, or None.
 
-    `get_all(name)` returns every value of a header (case-insensitive), so duplicates show.
     `params_spec` is None when the tool's schema is unknown: Mcp-Param-* are then not checked.
+    Values are compared with their surrounding whitespace (RFC 9110 5.5 OWS) removed.
+
+    Requests need MCP-Protocol-Version, Mcp-Method and (for named methods) Mcp-Name. Every POST
+    carries MCP-Protocol-Version (streamable-http, Protocol Version Header), notifications and
+    responses too; their other mirrored headers are optional, but must match when sent: a
+    notification's Mcp-Method its method, while a response has no method to mirror.
     """
     method, version, name = mirrored_fields(msg)
     named = method in NAME_SOURCE
-    versions, methods = get_all(PROTOCOL_VERSION), get_all(METHOD)
+    get_all = fields.getall
+    versions, methods = get_all(PROTOCOL_VERSION, NO_VALUES), get_all(METHOD, NO_VALUES)
     if (
         # The common case, decided with a few comparisons: each header once, equal to its
         # field, which needs no encoding (the equalities rule out absent fields).
         versions == [version]
         and methods == [method]
-        and (not named or get_all(NAME) == [name])
+        and (not named or get_all(NAME, NO_VALUES) == [name])
         and _plain((version, method, name))
     ):
         problem = None
     else:
         problem = _compare(versions, PROTOCOL_VERSION, version, raw=True)
-        problem = problem or _compare(methods, METHOD, method, raw=True)
+        if "id" in msg and "method" in msg:  # a request
+            problem = problem or _compare(methods, METHOD, method, raw=True)
+        elif methods:
+            body_method = method if "method" in msg else None
+            problem = problem or _compare(methods, METHOD, body_method, raw=True)
         if named:
-            problem = problem or _compare(get_all(NAME), NAME, name, required=True)
+            problem = problem or _compare(get_all(NAME, NO_VALUES), NAME, name, required=True)
     if problem or params_spec is None:
         return problem
     arguments = jsonrpc.params(msg).get("arguments")
     for spec in params_spec:
         header = PARAM_PREFIX + spec.name
         body = param_text(_at_path(arguments, spec.path))
-        problem = _compare(get_all(header), header, body, required=False, integer=spec.integer)
+        values = get_all(header, NO_VALUES)
+        problem = _compare(values, header, body, required=False, integer=spec.integer)
         if problem:
             return problem
     return None
@@ -248,7 +269,8 @@ def _compare(
         return f"{name} header appears more than once"
     if not values:
         return f"{name} header is missing" if required or body is not None else None
-    header = values[0] if raw and _SAFE_VALUE.match(values[0]) else decode_value(values[0])
+    value = values[0].strip(_OWS)
+    header = value if raw and _SAFE_VALUE.match(value) else decode_value(value)
     if header is None:
         return f"{name} header value is not a valid header value"
     if body is None:
