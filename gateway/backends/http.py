@@ -378,6 +378,8 @@ class HttpBackend:
     async def _on_event(self, data: bytes, msg: Message, sink: NotificationSink) -> Message | None:
         event = jsonrpc.decode(data, keep=True)
         if isinstance(event, jsonrpc.Invalid):
+            if event.response:  # the reply is there but cannot be used
+                raise BackendProtocolError(self.name, event.message)
             log.warning("backend %s: dropped an SSE event that is not JSON-RPC", self.name)
             return None
         kind = jsonrpc.kind(event)

@@ -22,7 +22,7 @@ from gateway.backends import web
 from gateway.backends.channel import Channel
 from gateway.config import BackendConfig, SseTarget
 from gateway.errors import BackendError, BackendUnavailable
-from gateway.protocol import jsonrpc, sse
+from gateway.protocol import codes, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Stats
 
@@ -149,6 +149,9 @@ class SseBackend(Channel):
                     msg = jsonrpc.decode(data, keep=True)
                     if isinstance(msg, jsonrpc.Invalid):
                         log.warning("backend %s: dropped an event that is not JSON-RPC", self.name)
+                        if msg.response:  # its request fails now instead of timing out
+                            error = jsonrpc.error(msg.id, codes.BACKEND_PROTOCOL_ERROR, msg.message)
+                            self.on_message(error)
                     else:
                         self.on_message(msg)
 

@@ -18,15 +18,16 @@ import anyio
 from gateway.backends.channel import Channel
 from gateway.config import BackendConfig, StdioTarget
 from gateway.errors import BackendError, BackendTimeout, BackendUnavailable
-from gateway.protocol import jsonrpc
+from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message
 from gateway.protocol.lines import LineSplitter
 from gateway.telemetry.api import Stats
 
 log = logging.getLogger("gateway.backend")
 
-# Variables a child inherits from the gateway; everything else (secrets included) stays out
-# unless the config names it under `env`.
+# Variables a child inherits from the gateway unless its target has `inherit_env`; everything
+# else (secrets included) stays out unless the config names it under `env`. The list is the
+# official SDKs' stdio-client default plus the locale and TMPDIR.
 INHERITED_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LC_ALL", "TMPDIR")
 # A single line larger than this is a broken or hostile child, not a message worth buffering.
 MAX_LINE_BYTES = 64 * 1024 * 1024

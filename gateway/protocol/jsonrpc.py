@@ -7,16 +7,24 @@ as the very bytes that came in, never re-encoded.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from gateway.protocol import codes
+from gateway.protocol import codes, numbers
 
 Message = dict[str, Any]
 RequestId = str | int
+
+# orjson writes at most 254 nested levels (it reads 1024): a message nested deeper could be
+# received but never sent on. The gateway puts a message it received up to a few levels deeper
+# (a backend's question inside an `input_required` result), so the bound leaves room for that.
+MAX_DEPTH = 240
+_ENCODER_DEPTH = 254  # orjson.dumps: "Recursion limit reached" past this (orjson 3.x)
+_DECODER_DEPTH = 1024  # orjson.loads: "depth limit exceeded" past this
 
 
 class Received(dict[str, Any]):
@@ -76,32 +84,89 @@ class Invalid:
     code: int
     message: str
     id: RequestId | None = None
+    # A response whose id was readable: whoever waits on that id gets an error instead.
+    response: bool = False
 
 
 def decode(raw: bytes | str, *, keep: bool = False) -> Message | Invalid:
     """Parse one JSON-RPC message; never raises. With `keep`, the message remembers `raw`.
 
-    Client messages are not kept: what a backend receives is then exactly what the gateway
-    checked and routed, even if the client's bytes could parse differently elsewhere (a
-    duplicated member, say)."""
+    Numbers orjson would change (see `numbers`) come back as Fragments of their own text, so
+    they are written back as they came. Client messages are not kept: what a backend receives
+    is then exactly what the gateway checked and routed, even if the client's bytes could parse
+    differently elsewhere (a duplicated member, say)."""
+    data = raw.encode() if isinstance(raw, str) else raw
     try:
-        value = orjson.loads(raw)
+        value = numbers.loads(data) if numbers.suspect(data) else orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        return Invalid(codes.PARSE_ERROR, f"Parse error: {exc}")
+        try:  # (a number past a double's range, which only the exact path carries)
+            value = numbers.loads(data)
+        except (orjson.JSONDecodeError, numbers.NotJson):
+            return _unparsed(data, exc)
+    except numbers.NotJson as exc:
+        return _unparsed(data, exc)
     # (orjson gives exact types: `type(...) is` checks suffice, and a bool is not an int)
     if type(value) is not dict:
         if type(value) is list:
             return Invalid(codes.INVALID_REQUEST, "Batch requests are not supported")
         return Invalid(codes.INVALID_REQUEST, "A JSON-RPC message must be an object")
     problem = _shape_problem(value)
+    # Depth: a message shorter than two brackets a level, or with fewer brackets than the bound,
+    # cannot pass it (cheap checks first).
+    if (
+        problem is None
+        and len(data) > 2 * MAX_DEPTH
+        and data.count(b"{") + data.count(b"[") > MAX_DEPTH
+        and _too_deep(value)
+    ):
+        problem = f"The message is nested deeper than {MAX_DEPTH} levels"
     if problem is not None:
         raw_id = value.get("id")
-        return Invalid(codes.INVALID_REQUEST, problem, raw_id if _is_id(raw_id) else None)
+        readable = _is_id(raw_id)
+        return Invalid(
+            codes.INVALID_REQUEST,
+            problem,
+            raw_id if readable else None,
+            response=readable and "method" not in value,
+        )
     if keep:
         received = Received(value)
-        received.raw = raw.encode() if isinstance(raw, str) else raw
+        received.raw = data
         return received
     return value
+
+
+def _unparsed(data: bytes, exc: Exception) -> Invalid:
+    """The error for bytes orjson refused: past its depth limit, said so with the message's id
+    when readable (a backend's reply then fails its caller at once)."""
+    if data.count(b"{") + data.count(b"[") > _DECODER_DEPTH:
+        outline, deepest = numbers.outline(data)
+        if deepest > _DECODER_DEPTH:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                top = orjson.loads(outline)
+                if type(top) is dict:
+                    raw_id = top.get("id")
+                    readable = _is_id(raw_id)
+                    return Invalid(
+                        codes.INVALID_REQUEST,
+                        f"The message is nested deeper than {MAX_DEPTH} levels",
+                        raw_id if readable else None,
+                        response=readable and "method" not in top,
+                    )
+    return Invalid(codes.PARSE_ERROR, f"Parse error: {exc}")
+
+
+def _too_deep(value: Message) -> bool:
+    """Whether `value` is nested deeper than MAX_DEPTH: orjson's own encoder measures it, with
+    the value put as deep as the spare levels (no recursion of ours)."""
+    wrapped: Any = value
+    for _ in range(_ENCODER_DEPTH - MAX_DEPTH):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)
+    except orjson.JSONEncodeError:
+        return True
+    return False
 
 
 def _is_id(value: object) -> bool:
