@@ -159,11 +159,34 @@ def connect(url: str, headers: dict[str, str], request_timeout: float, log_level
     _run(Config(listen=Listen(stdio=True), backends=(backend,), source="connect"))
 
 
+def _parse_env(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for value in values:
+        name, sep, rest = value.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{value!r} is not 'NAME=value'")
+        out[name] = rest
+    return out
+
+
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, help="Port to listen on (0: any free).")
 @click.option("--path", default="/mcp", show_default=True, help="Path of the MCP endpoint.")
 @click.option("--request-timeout", type=float, default=300.0, show_default=True, help="Seconds.")
+@click.option(
+    "--env",
+    "env",
+    multiple=True,
+    callback=_parse_env,
+    help="Set a variable in the server's environment, as NAME=value (repeatable); the server "
+    "also gets this command's whole environment.",
+)
+@click.option(
+    "--cwd",
+    type=click.Path(exists=True, file_okay=False),
+    help="Directory to start the server in (default: the current one).",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @log_level
 def expose(
@@ -171,16 +194,22 @@ def expose(
     port: int,
     path: str,
     request_timeout: float,
+    env: dict[str, str],
+    cwd: str | None,
     command: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Serve one stdio server over Streamable HTTP.
 
     Put the server's command after `--`, e.g.
-    mcp-gateway expose --port 8080 -- python -m my_server --flag
+    mcp-gateway expose --port 8080 --env API_KEY=... -- python -m my_server --flag
+
+    The server inherits this command's environment, as it would when run from the same shell.
     """
     _setup_logging(log_level)
-    target = StdioTarget(command=command[0], args=tuple(command[1:]), env={})
+    target = StdioTarget(
+        command=command[0], args=tuple(command[1:]), env=env, cwd=cwd, inherit_env=True
+    )
     name = Path(command[0]).name or "server"
     backend = BackendConfig(name=name, target=target, request_timeout=request_timeout)
     listen = Listen(http=HttpListen(host=host, port=port, path=path))

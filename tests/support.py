@@ -44,8 +44,15 @@ class Proc:
     """A child process whose stdout/stderr lines are collected by threads, so pipes never fill."""
 
     def __init__(
-        self, args: Sequence[str], *, stdin: bool = False, env: dict[str, str] | None = None
+        self,
+        args: Sequence[str],
+        *,
+        stdin: bool = False,
+        env: dict[str, str] | None = None,
+        own_group: bool = False,
     ):
+        """`own_group`: the process leads a process group of its own, which a test can signal
+        as a terminal signals its foreground group (os.killpg) without reaching pytest."""
         self.args = list(args)
         self.popen = subprocess.Popen(
             self.args,
@@ -54,6 +61,7 @@ class Proc:
             stderr=subprocess.PIPE,
             cwd=ROOT,
             env={**os.environ, **(env or {})},
+            process_group=0 if own_group else None,
         )
         self.lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self._changed = threading.Condition()

@@ -20,6 +20,7 @@ from gateway.config import (
     TapConfig,
     TelemetryConfig,
     load,
+    load_mcp_json,
     parse,
 )
 from tests.support import PYTHON, ROOT, START_BOUND
@@ -438,3 +439,33 @@ def test_tls_files_resolve_beside_the_config_and_must_exist(tmp_path: Path) -> N
     assert "listen.http.tls.cert_file" in problems and "missing.pem" in problems
     assert "listen.http.tls.key_file" in problems  # required with cert_file
     assert "backends.a.http.tls.key_file" in problems  # a key without a certificate
+
+
+def test_stdio_inherit_env_is_off_unless_set() -> None:
+    """A config backend's child gets the safe variable list unless `inherit_env: true`."""
+    text = (
+        "listen: {stdio: true}\n"
+        "backends:\n"
+        "  quiet: {stdio: {command: srv}}\n"
+        "  open: {stdio: {command: srv, inherit_env: true}}\n"
+    )
+    quiet, open_ = (b.target for b in parse(text, env={}).backends)
+    assert isinstance(quiet, StdioTarget) and quiet.inherit_env is False
+    assert isinstance(open_, StdioTarget) and open_.inherit_env is True
+
+
+def test_stdio_inherit_env_must_be_a_boolean() -> None:
+    found = problems(
+        "listen: {stdio: true}\nbackends:\n  a: {stdio: {command: srv, inherit_env: 'yes'}}\n"
+    )
+    assert found == ["c.yaml:3: backends.a.stdio.inherit_env: must be true or false"]
+
+
+def test_mcp_json_servers_do_not_inherit_the_whole_environment(tmp_path: Path) -> None:
+    """An mcp.json server gets what a host's SDK stdio client gives it: the safe list and its
+    `env`, not the gateway's whole environment."""
+    path = tmp_path / "mcp.json"
+    path.write_text('{"mcpServers": {"files": {"command": "fs-server", "env": {"A": "1"}}}}')
+    (files,) = load_mcp_json(path)
+    assert isinstance(files.target, StdioTarget)
+    assert files.target.inherit_env is False and files.target.env == {"A": "1"}

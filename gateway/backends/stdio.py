@@ -45,8 +45,13 @@ EXIT_GRACE = 2.0
 TERM_GRACE = 2.0
 
 
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+def child_env(extra: dict[str, str] | None = None, inherit: bool = False) -> dict[str, str]:
+    """A child's environment: the gateway's (all of it with `inherit`, else INHERITED_ENV),
+    then `extra` over it."""
+    if inherit:
+        env = dict(os.environ)
+    else:
+        env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
     env.update(extra or {})
     return env
 
@@ -90,9 +95,13 @@ class StdioBackend(Channel):
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=child_env(dict(self._target.env)),
+                env=child_env(dict(self._target.env), self._target.inherit_env),
                 cwd=self._target.cwd,
                 limit=READ_CHUNK,
+                # Its own session and process group: Ctrl-C in the gateway's terminal (SIGINT to
+                # the foreground group) must reach the gateway alone, which drains its requests
+                # before it stops the child.
+                start_new_session=True,
             )
         except OSError as exc:
             self._last_problem = f"cannot start {command[0]!r}: {exc.strerror or exc}"
@@ -173,6 +182,8 @@ class StdioBackend(Channel):
             log.warning(
                 "backend %s: dropped a line that is not JSON-RPC: %s", self.name, msg.message
             )
+            if msg.response:  # the request it answers fails now instead of timing out
+                self.on_message(jsonrpc.error(msg.id, codes.BACKEND_PROTOCOL_ERROR, msg.message))
             return
         self.on_message(msg)
 

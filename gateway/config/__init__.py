@@ -152,7 +152,7 @@ def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None
     target: Target
     if kinds[0] == "stdio":
         sp = path + ("stdio",)
-        s = c.mapping(body["stdio"], sp, {"command", "args", "env", "cwd"})
+        s = c.mapping(body["stdio"], sp, {"command", "args", "env", "cwd", "inherit_env"})
         command = c.string(s.get("command"), sp + ("command",))
         if not command:
             c.r.problem(sp + ("command",), "is required")
@@ -161,6 +161,7 @@ def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None
             args=c.strings(s.get("args"), sp + ("args",)),
             env=c.string_map(s.get("env"), sp + ("env",)),
             cwd=c.string(s.get("cwd"), sp + ("cwd",)),
+            inherit_env=c.boolean(s.get("inherit_env"), sp + ("inherit_env",)),
         )
     else:
         hp = path + (kinds[0],)

@@ -1,4 +1,11 @@
-"""Backends from the `mcpServers` JSON that desktop hosts and editors use."""
+"""Backends from the `mcpServers` JSON that desktop hosts and editors use.
+
+A server from such a file gets the environment a host's SDK stdio client gives it: a short
+safe list (PATH, HOME, ...) and the entry's `env`, not the gateway's whole environment
+(`inherit_env` stays off). The official SDKs' stdio clients, which most hosts use, pass
+exactly that, so a server configured for a host finds what it needs in `env`; and the file may
+be served by a shared gateway, whose own secrets must not reach every child.
+"""
 
 from __future__ import annotations
 

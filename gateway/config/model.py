@@ -160,6 +160,10 @@ class StdioTarget:
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    # The child gets the gateway's whole environment (then `env`) instead of a short safe list
+    # (PATH, HOME, ...) plus `env`. Off for config files: a team gateway's own secrets must not
+    # leak into every child; ad hoc commands (`expose`) turn it on, as a shell would.
+    inherit_env: bool = False
 
 
 @dataclass(frozen=True)

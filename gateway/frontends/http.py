@@ -22,7 +22,7 @@ from gateway.core.dispatcher import Dispatcher
 from gateway.core.legacy import LEGACY_VERSIONS, LegacyFront, is_legacy_opening, is_modern
 from gateway.frontends import guard
 from gateway.frontends.bodies import BodyError
-from gateway.frontends.listener import CLOSE, Handler, read_body, start_stream
+from gateway.frontends.listener import CLOSE, CUT, Handler, read_body, start_stream
 from gateway.frontends.ops import Operations, operation_routes
 from gateway.frontends.sessions import HttpSession, SessionStore, owner_of
 from gateway.protocol import codes, headers, jsonrpc, sse
@@ -319,9 +319,12 @@ class Endpoint:
             reply = await asyncio.shield(work)
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if task is not None and task.cancelling():
+            if CUT in request:
+                reply = _cut_off(id_)  # (the session's work ends with the session)
+            elif task is not None and task.cancelling():
                 raise  # this connection is going; the work goes on in the session
-            reply = jsonrpc.error(id_, codes.INTERNAL_ERROR, "Request cancelled")
+            else:
+                reply = jsonrpc.error(id_, codes.INTERNAL_ERROR, "Request cancelled")
         finally:
             timer.cancel()
             if relay.keepalive is not None:
@@ -389,6 +392,10 @@ class Endpoint:
         timer = self._timers.call_later(JSON_WINDOW, relay.window_closed)
         try:
             reply = await self.dispatcher.handle(msg, relay.note, _origin(request))
+        except asyncio.CancelledError:
+            if CUT not in request:
+                raise  # the client has gone
+            reply = _cut_off(msg["id"])
         finally:
             timer.cancel()
             if relay.keepalive is not None:
@@ -397,6 +404,16 @@ class Endpoint:
             body = relay.count_out(jsonrpc.encode(reply))
             return web.Response(status=errors.http_status(reply), body=body, content_type=JSON)
         return await self._finish(relay, reply)
+
+
+def _cut_off(id_: jsonrpc.RequestId) -> Message:
+    """The reply of a request the listener cut at the end of its grace (CUT). Its handler's
+    cancellation is handled here, so the reply can still be written."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+    why = "The gateway is shutting down; the request ran past the shutdown grace"
+    return jsonrpc.error(id_, codes.GATEWAY_SHUTTING_DOWN, why)
 
 
 async def _drop(_: Message) -> None:

@@ -37,6 +37,9 @@ Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 # Set on a request whose response ends its connection (the connection's last request, or one
 # being answered while the listener closes): its response says `Connection: close`.
 CLOSE = web.RequestKey("gateway.close", bool)
+# Set on a request still being answered when the listener's grace ends, just before its
+# handler is cancelled: the handler then answers with GATEWAY_SHUTTING_DOWN instead of nothing.
+CUT = web.RequestKey("gateway.cut", bool)
 
 # After answering a request whose body it did not read (413, 408, 415), aiohttp reads and drops
 # the rest of the body for this long before closing, so that the client, still sending, is not
@@ -341,7 +344,8 @@ class Listener:
     async def close(self, grace: float) -> None:
         """Stop listening and close idle connections; requests being answered get `grace`
         seconds to finish (their responses say `Connection: close`), then what still runs is
-        cancelled and every connection closed."""
+        cut (marked CUT and cancelled, so that its handler can still answer within LAST_WORDS)
+        and every connection closed."""
         self.closing = True
         if self._server is not None:
             self._server.close()
@@ -351,14 +355,24 @@ class Listener:
         self.web_server.pre_shutdown()
         # aiohttp's shutdown closes idle connections at once and waits for busy ones; it may
         # wait twice its timeout (and forever for 0), so it is bounded here.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(
-                self.web_server.shutdown(max(grace, MIN_GRACE)), grace + LAST_WORDS
-            )
+        shutdown = asyncio.ensure_future(self.web_server.shutdown(max(grace, MIN_GRACE)))
+        try:
+            await asyncio.wait_for(asyncio.shield(shutdown), grace)
+        except TimeoutError:
+            self._cut()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(shutdown, LAST_WORDS)
         for gate in list(self.gates.values()):
             gate.abort()  # its request, if any, is cancelled with the connection
         if self._server is not None:
             await self._server.wait_closed()
+
+    def _cut(self) -> None:
+        for gate in self.gates.values():
+            request = gate.current
+            if request is not None and not request.task.done():
+                request[CUT] = True
+                request.task.cancel()
 
     def forget(self, gate: _Gate) -> None:
         self.open -= 1

@@ -11,14 +11,18 @@ served statelessly either way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import stat
 import sys
 from collections.abc import AsyncIterator
+from typing import BinaryIO
 
 import anyio
 import anyio.abc
-from anyio.streams.file import FileReadStream, FileWriteStream
+import anyio.to_thread
+from anyio.streams.file import FileReadStream
 
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.legacy import LegacyFront, Session, is_legacy_opening, is_modern
@@ -32,8 +36,11 @@ log = logging.getLogger("gateway.stdio")
 MAX_LINE_BYTES = 64 * 1024 * 1024
 # Bytes queued for stdout beyond which a writer waits for the client to read.
 WRITE_HIGH_WATER = 256 * 1024
-# After stdin closes, in-flight requests get this long to finish before they are cancelled.
+# After stdin closes (or SIGINT/SIGTERM), in-flight requests get this long to finish before
+# they are cancelled, each answered with GATEWAY_SHUTTING_DOWN.
 DRAIN_TIMEOUT = 5.0
+# That last error reply gets this long to be written (the client may have stopped reading).
+CUT_REPLY_TIMEOUT = 1.0
 
 
 class StdioFrontend:
@@ -55,6 +62,7 @@ class StdioFrontend:
         self._notifying: set[asyncio.Task[None]] = set()
         self._idle = anyio.Event()
         self._reading = anyio.CancelScope()
+        self._cutting = False  # the drain is over: a request cancelled now is answered
 
     def stop(self) -> None:
         """Stop reading, as if stdin had ended; `serve` then drains and returns."""
@@ -75,6 +83,7 @@ class StdioFrontend:
                 with anyio.move_on_after(DRAIN_TIMEOUT):
                     await self._idle.wait()
         finally:
+            self._cutting = True
             tasks = [*self._in_flight.values(), *self._notifying]
             if self._session is not None:
                 self._session.close()
@@ -140,21 +149,35 @@ class StdioFrontend:
             self._in_flight[request_id].cancel()
 
     async def _run(self, msg: Message) -> None:
+        replied = False
         try:
             session = self._session
             if session is None or is_modern(msg):
                 reply = await self._dispatcher.handle(msg, self._write)
             else:
                 reply = await self._legacy.handle(session, msg, self._write)
+            replied = True
             await self._write(reply)
         except asyncio.CancelledError:
-            pass  # a cancelled request sends nothing more (basic/patterns/cancellation)
+            # A request the client cancelled gets nothing more (basic/patterns/cancellation);
+            # one cut by the end of the drain gets an error, so the client is not left waiting.
+            if self._cutting and not replied:
+                await self._cut(msg["id"])
         except Exception:
             log.exception("stdin: request %r failed", msg["id"])
         finally:
             del self._in_flight[msg["id"]]
             if not self._in_flight:
                 self._idle.set()
+
+    async def _cut(self, request_id: RequestId) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        task.uncancel()  # the cancellation is handled: this reply is what it comes to
+        why = f"The gateway is shutting down; the request ran past the {DRAIN_TIMEOUT:g} s drain"
+        with contextlib.suppress(TimeoutError, OSError):
+            async with asyncio.timeout(CUT_REPLY_TIMEOUT):
+                await self._write(jsonrpc.error(request_id, codes.GATEWAY_SHUTTING_DOWN, why))
 
     async def _write(self, msg: Message) -> None:
         data = jsonrpc.encode(msg) + b"\n"
@@ -204,27 +227,60 @@ class _PipeSend(anyio.abc.ByteSendStream):
         self._writer.close()
 
 
+def _pollable(fd: int) -> bool:
+    """Whether the event loop can watch `fd`: pipes, sockets and terminals. epoll refuses a
+    regular file or /dev/null (EPERM): asyncio's pipe transports refuse a regular file up front
+    but take /dev/null and never read it; uvloop hands either to libuv, which aborts the
+    process (SIGABRT) when epoll refuses it."""
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return True
+    return stat.S_ISCHR(mode) and os.isatty(fd)
+
+
+class _FileSend(anyio.abc.ByteSendStream):
+    """stdout as a regular file or /dev/null: each line written whole and flushed, in a worker
+    thread (a file on a slow disk must not stall the loop); `_write`'s lock keeps lines whole."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+
+    def _write_all(self, item: bytes) -> None:
+        self._file.write(item)  # a buffered writer loops over short writes itself
+        self._file.flush()
+
+    async def send(self, item: bytes) -> None:
+        await anyio.to_thread.run_sync(self._write_all, item)
+
+    async def aclose(self) -> None:
+        await anyio.to_thread.run_sync(self._file.close)
+
+
 async def open_process_stdio() -> tuple[anyio.abc.ByteReceiveStream, anyio.abc.ByteSendStream]:
     """This process's stdin and stdout as byte streams, stdout reserved for protocol messages.
 
     File descriptor 1 is duplicated for our use and then pointed at stderr, so a stray print
-    from any library lands in the log instead of corrupting the protocol stream.
+    from any library lands in the log instead of corrupting the protocol stream. Pipes,
+    sockets and terminals are read and written by the event loop; files and /dev/null (not
+    pollable) by worker threads.
     """
-    protocol_out = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
+    out_fd = os.dup(sys.stdout.fileno())
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     loop = asyncio.get_running_loop()
-    try:
+    inbound: anyio.abc.ByteReceiveStream
+    if _pollable(sys.stdin.fileno()):
         reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
-        inbound: anyio.abc.ByteReceiveStream = _PipeReceive(reader)
-    except ValueError:  # stdin is a regular file, not a pipe
+        inbound = _PipeReceive(reader)
+    else:
         inbound = FileReadStream(sys.stdin.buffer)
-    try:
+    outbound: anyio.abc.ByteSendStream
+    if _pollable(out_fd):
+        protocol_out = os.fdopen(out_fd, "wb", buffering=0)
         transport, proto = await loop.connect_write_pipe(
             asyncio.streams.FlowControlMixin, protocol_out
         )
-        writer = asyncio.StreamWriter(transport, proto, None, loop)
-        outbound: anyio.abc.ByteSendStream = _PipeSend(writer)
-    except ValueError:  # stdout is a regular file
-        outbound = FileWriteStream(protocol_out)
+        outbound = _PipeSend(asyncio.StreamWriter(transport, proto, None, loop))
+    else:
+        outbound = _FileSend(os.fdopen(out_fd, "wb"))
     return inbound, outbound

@@ -18,3 +18,6 @@ BACKEND_PROTOCOL_ERROR = -31003
 GATEWAY_OVERLOADED = -31004
 # The connection to a backend broke after the request may have reached it: not sent again.
 BACKEND_CONNECTION_LOST = -31005
+# The gateway stopped (SIGINT/SIGTERM, or the end of stdin) while the request still ran, after
+# the drain that lets requests finish: its backend call is cancelled.
+GATEWAY_SHUTTING_DOWN = -31006
