@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from multidict import CIMultiDict
 
-from gateway.protocol import headers
+from gateway.protocol import headers, jsonrpc
 from gateway.protocol.headers import ParamHeader
 
 META = {
@@ -211,3 +211,20 @@ def test_a_response_has_no_method_to_mirror() -> None:
     assert headers.check(getter({}), response) is not None
     with_method = {"MCP-Protocol-Version": ["2026-07-28"], "Mcp-Method": ["tools/call"]}
     assert headers.check(getter(with_method), response) is not None
+
+
+def test_an_integer_kept_exactly_is_mirrored_with_its_digits() -> None:
+    """A big integer decoded as its own text (numbers the gateway carries exactly) is still a
+    primitive integer argument: its header holds the digits, and the check accepts them."""
+    big = jsonrpc.decode(
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t",'
+        b'"arguments":{"n":123456789012345678901234567890,"z":-0,"f":1.00000000000000000001}}}'
+    )
+    assert isinstance(big, dict)
+    spec = (
+        ParamHeader("N", ("n",), integer=True),
+        ParamHeader("Z", ("z",), integer=True),
+        ParamHeader("F", ("f",)),
+    )
+    derived = headers.derive_params(big, spec)
+    assert derived == {"Mcp-Param-N": "123456789012345678901234567890", "Mcp-Param-Z": "0"}

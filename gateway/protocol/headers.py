@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+import orjson
+
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
 
@@ -91,7 +93,16 @@ def param_text(value: object) -> str | None:
         return str(int(value))
     if isinstance(value, str):
         return value
+    if type(value) is orjson.Fragment:
+        # A number kept as its own text (protocol/numbers.py): an integer is mirrored with its
+        # digits, as a client holding it exactly would write it; `-0` is the integer 0.
+        text = orjson.dumps(value).decode()
+        if _INTEGER.fullmatch(text):
+            return "0" if text == "-0" else text
     return None
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
 
 
 def param_headers(input_schema: object) -> tuple[ParamHeader, ...] | str:
