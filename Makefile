@@ -29,8 +29,8 @@ pytest: install
 test: lint typecheck pytest
 
 # System packages some tests use: Debian's `prometheus` (promtool, prometheus) for the Prometheus
-# config checks and the real-scrape test. Best effort: without apt (or root) it says so, and those
-# tests skip with the reason.
+# config checks and the real-scrape test. Without apt (or root) it says so; those tests then skip
+# with the reason outside CI and fail under CI=true.
 ci-deps:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  sudo=; [ "$$(id -u)" = 0 ] || sudo='sudo -n'; \

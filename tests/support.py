@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 import anyio
@@ -36,6 +36,18 @@ Message = dict[str, Any]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Every wait in the suite is bounded by this; nothing sleeps.
 BOUND = 5.0
+# CI sets CI=true: there a component the tests need must be present (.ci/run installs it).
+IN_CI = os.environ.get("CI") == "true"
+
+
+def missing(component: str, install: str) -> NoReturn:
+    """A component a test needs is not here: skip saying which (outside CI), fail in CI."""
+    reason = f"{component} is missing ({install})"
+    if IN_CI:
+        pytest.fail(reason + "; CI must have it", pytrace=False)
+    pytest.skip(reason)
+
+
 # Process start-up (interpreter + imports) is slower than a wait on an event; still bounded.
 START_BOUND = 20.0
 

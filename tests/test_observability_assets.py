@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from gateway.config import parse
-from tests.support import BOUND, META, START_BOUND, Proc, gateway_command
+from tests.support import BOUND, META, START_BOUND, Proc, gateway_command, missing
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "grafana" / "dashboards" / "mcp-gateway.json"
@@ -229,7 +229,7 @@ def test_dashboard_uses_the_provisioned_datasource() -> None:
 def _promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
-        pytest.skip("promtool not on PATH (Debian: apt-get install prometheus)")
+        missing("promtool", "Debian: apt-get install prometheus; .ci/run does")
     return path
 
 

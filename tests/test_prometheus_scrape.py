@@ -24,7 +24,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import BOUND, PYTHON, START_BOUND, Proc, call, gateway_command
+from tests.support import BOUND, PYTHON, START_BOUND, Proc, call, gateway_command, missing
 
 pytestmark = [pytest.mark.slow]
 
@@ -46,7 +46,7 @@ ECHO_COUNT = (
 def _prometheus() -> str:
     path = shutil.which("prometheus")
     if path is None:
-        pytest.skip("prometheus not on PATH (Debian: apt-get install prometheus; .ci/run does)")
+        missing("prometheus", "Debian: apt-get install prometheus; .ci/run does")
     return path
 
 
