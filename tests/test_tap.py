@@ -481,3 +481,83 @@ async def test_a_modern_clients_traffic_is_recorded_as_before(
     (sent,) = calls_of(new, "add")
     assert sent["dir"] == "out" and modern_keys(sent["msg"]) == modern_keys(incoming["msg"])
     assert answer_to(new, "in", sent["msg"]["id"])["msg"]["result"]["resultType"] == "complete"
+
+
+def legacy_line(rid: str, method: str, params: dict[str, Any]) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+
+
+@pytest.mark.slow
+def test_a_legacy_stdio_session_and_the_channels_own_ids_and_tokens(tmp_path: Path) -> None:
+    """transports/stdio both ways: the client's lines as it wrote them, and the child's as the
+    gateway wrote them, with the channel's own request id and progress token (basic/utilities/
+    progress), which the client never sees."""
+    path = tmp_path / "tap.jsonl"
+    backend = stdio_backend(sdk_stdio_command("--legacy-only"))
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"listen": {"stdio": True}, "backends": {"sdk": backend}, "tap": {"path": str(path)}}
+        )
+    )
+    proc = Proc([PYTHON, "-m", "gateway", "run", "--config", str(config)], stdin=True)
+    stdin = proc.popen.stdin
+    assert stdin is not None
+    try:
+        opening = {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"},
+        }
+        slow = {"name": "slow", "arguments": {"seconds": 0.2, "steps": 2}}
+        slow["_meta"] = {"progressToken": "tok"}
+        cancel = {"requestId": "nothing", "reason": "test"}
+        stdin.write(legacy_line("i", "initialize", opening) + b"\n")
+        stdin.flush()
+        proc.wait_for(r'"id":"i"', stream="stdout", timeout=START_BOUND)
+        for line in (
+            b'{"jsonrpc":"2.0","method":"notifications/initialized"}',
+            legacy_line("s", "tools/call", slow),
+            b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":'
+            + orjson.dumps(cancel)
+            + b"}",
+        ):
+            stdin.write(line + b"\n")
+        stdin.flush()
+        proc.wait_for(r'"id":"s"', stream="stdout", timeout=BOUND)
+        stdin.close()
+        assert proc.popen.wait(BOUND) == 0
+    finally:
+        proc.stop()
+    lines = records(path)
+    front = on_hop(lines, "frontend")
+    # (Each request is recorded when its task starts: after lines read in the same chunk.)
+    assert sorted(methods(front, "in")) == [
+        "initialize",
+        "notifications/cancelled",
+        "notifications/initialized",
+        "tools/call",
+    ]
+    assert "server/discover" not in methods(front, "out")
+    (sent_by_client,) = calls_of(front, "slow")
+    assert sent_by_client["msg"]["params"]["_meta"] == {"progressToken": "tok"}
+    shown = [
+        e["msg"]["params"] for e in front if e["msg"].get("method") == "notifications/progress"
+    ]
+    assert [p["progressToken"] for p in shown] == ["tok", "tok"]
+
+    child = on_hop(lines, "backend", "sdk")
+    assert methods(child, "out")[:3] == [
+        "server/discover",
+        "initialize",
+        "notifications/initialized",
+    ]
+    (written,) = calls_of(child, "slow")
+    channel_id = written["msg"]["id"]
+    assert isinstance(channel_id, int) and written["msg"]["params"]["_meta"] == {
+        "progressToken": channel_id
+    }
+    read = [e["msg"]["params"] for e in child if e["msg"].get("method") == "notifications/progress"]
+    assert [p["progressToken"] for p in read] == [channel_id, channel_id]
+    assert answer_to(child, "in", channel_id)["msg"]["result"]["content"][0]["text"] == "done"
+    assert answer_to(front, "out", "s")["msg"]["result"]["content"][0]["text"] == "done"
