@@ -29,7 +29,6 @@ from tests.support import (
     START_BOUND,
     Proc,
     call,
-    http_backend,
     sdk_stdio_command,
     stdio_backend,
 )
@@ -307,6 +306,7 @@ def test_tap_follow_prints_each_call_as_it_completes(tmp_path: Path) -> None:
 
 MODERN_KEY = "io.modelcontextprotocol/"
 SECRET = "tap-secret-text"
+CONFIGURED_SECRET = "tap-configured-key"
 
 
 def modern_keys(msg: Message) -> list[str]:
@@ -352,9 +352,10 @@ async def tapped_gateway(path: Path, legacy_http: str, sse: str) -> AsyncIterato
     }
     backends = {
         "old": stdio_backend(sdk_stdio_command("--legacy-only")),
-        "web": http_backend(legacy_http),
+        "web": {"http": {"url": legacy_http, "headers": {"X-Api-Key": CONFIGURED_SECRET}}},
         "sse": {"sse": {"url": sse}},
-        "new": stdio_backend(sdk_stdio_command()),
+        # (pinned: a child slow to start on a busy machine would miss the probe's window)
+        "new": stdio_backend(sdk_stdio_command(), era="modern"),
     }
     listen = {"http": {"host": "127.0.0.1", "port": 0}}
     text = yaml.safe_dump({"listen": listen, "backends": backends, "tap": tap})
@@ -436,6 +437,9 @@ async def test_a_legacy_clients_traffic_is_recorded_as_it_crossed_both_hops(
     ]
     (web_echo,) = calls_of(web_hop, "echo")
     assert modern_keys(web_echo["msg"]) == [] and "Mcp-Session-Id" in web_echo["headers"]
+    assert "mcp-protocol-version" in {name.lower() for name in web_echo["headers"]}
+    # The configured headers (credentials, often) are never recorded.
+    assert not any("X-Api-Key" in e.get("headers", {}) for e in web_hop)
 
     # The HTTP+SSE server: its handshake POSTed, its replies read from the stream.
     sse_hop = on_hop(lines, "backend", "sse")
@@ -454,6 +458,7 @@ async def test_a_legacy_clients_traffic_is_recorded_as_it_crossed_both_hops(
     echoes = [e for e in lines if e["msg"].get("params", {}).get("name", "").endswith("echo")]
     assert echoes and all(e["msg"]["params"]["arguments"]["text"] == REDACTED for e in echoes)
     assert SECRET.encode() not in path.read_bytes()
+    assert CONFIGURED_SECRET.encode() not in path.read_bytes()
 
 
 @pytest.mark.slow

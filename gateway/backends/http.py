@@ -82,6 +82,8 @@ class HttpBackend:
         # The traffic tap, when it is on (set by app.py): each message is recorded where it is
         # written or read, below the era layer's translation.
         self.tap: Telemetry | None = None
+        # Configured headers are credentials as often as not: the tap never sees them.
+        self._configured = frozenset(name.lower() for name in config.target.headers)
 
     def _deadline(self, within: float | None) -> aiohttp.ClientTimeout:
         """A ClientTimeout per distinct deadline, built once (there are a handful)."""
@@ -230,6 +232,10 @@ class HttpBackend:
         out.extend(extra)
         return out
 
+    def _shown(self, sent: CIMultiDict[str]) -> list[tuple[str, str]]:
+        """A POST's headers as the tap records them: without the configured ones."""
+        return [(k, v) for k, v in sent.items() if k.lower() not in self._configured]
+
     def _mirror(self, fields: tuple[str, str | None, str | None]) -> CIMultiDict[str]:
         return CIMultiDict([*self._fixed, *hop.mirrored(*fields).items()])
 
@@ -259,7 +265,7 @@ class HttpBackend:
         body = jsonrpc.encode(msg)
         self._stats.bytes["backend", "out"] += len(body)
         if self.tap is not None:
-            self.tap.record("backend", "out", msg, backend=self.name, headers=sent)
+            self.tap.record("backend", "out", msg, backend=self.name, headers=self._shown(sent))
         resp = await self._open(session, "POST", sent, body, self._request_timeout)
         try:
             if self._legacy is not None:
@@ -306,7 +312,7 @@ class HttpBackend:
         body = jsonrpc.encode(msg)
         self._stats.bytes["backend", "out"] += len(body)
         if self.tap is not None:
-            self.tap.record("backend", "out", msg, backend=self.name, headers=sent)
+            self.tap.record("backend", "out", msg, backend=self.name, headers=self._shown(sent))
         resp = await self._open(session, "POST", sent, body, within, deadline)
         try:
             if self._legacy is not None:

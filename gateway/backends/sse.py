@@ -189,7 +189,7 @@ class SseBackend(Channel):
         body = jsonrpc.encode(msg)
         self._stats.bytes["backend", "out"] += len(body)
         if self.tap is not None:
-            self.tap.record("backend", "out", msg, backend=self.name, headers=self._post_headers)
+            self.tap.record("backend", "out", msg, backend=self.name)  # (fixed headers only)
         try:
             resp = await web.send(posts, "POST", endpoint, self._post_headers, body)
             try:
