@@ -86,9 +86,9 @@ class Dispatcher:
         self, msg: Message, sink: NotificationSink, origin: Origin = STDIO_ORIGIN
     ) -> Coroutine[Any, Any, Message]:
         """The reply to one client request as it came in; never raises except for
-        cancellation. The traffic tap records both here (a legacy client's go through
-        `core/legacy.py`, which records them as they crossed and calls `serve`). A plain
-        function handing back a coroutine: no frame more per request while the tap is off."""
+        cancellation. The traffic tap records the request, its notifications and its reply
+        here (a legacy client's are recorded by `core/legacy.py`, which then calls `serve`).
+        A plain function handing back a coroutine: no frame more while the tap is off."""
         if not self.telemetry.tapping:
             return self.serve(msg, sink, origin)
         return self._tapped(msg, sink, origin)
