@@ -151,6 +151,8 @@ class Gateway:
             self.tap,
         )
         self.transports = [make_backend(b, self.telemetry.stats) for b in config.backends]
+        for transport in self.transports if self.telemetry.tapping else ():
+            transport.tap = self.telemetry  # (each records what it writes and reads)
         # Each transport behind its era layer: a legacy backend looks modern from here on.
         self.eras = [
             EraBackend(t, c) for t, c in zip(self.transports, config.backends, strict=True)

@@ -6,15 +6,32 @@ import copy
 import re
 import signal
 import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import orjson
 import pytest
+import yaml
+from mcp import Client
+from mcp.client.context import ClientRequestContext
+from mcp_types import ElicitRequestParams, ElicitResult
 
-from gateway.config import TapConfig
+from gateway.app import Gateway
+from gateway.config import TapConfig, parse
 from gateway.telemetry.tap import REDACTED, Tap, follow, format_summary, summarize
-from tests.support import BOUND, PYTHON, ROOT, START_BOUND, Proc, call
+from tests.support import (
+    BOUND,
+    PYTHON,
+    ROOT,
+    START_BOUND,
+    Proc,
+    call,
+    sdk_stdio_command,
+    stdio_backend,
+)
 
 Message = dict[str, Any]
 
@@ -283,3 +300,269 @@ def test_tap_follow_prints_each_call_as_it_completes(tmp_path: Path) -> None:
         proc.wait_for(r"^\s+tools/call demo_add\s+1$", "stdout", BOUND)
     finally:
         proc.stop()
+
+
+# --- end to end: what each hop carried, legacy clients and backends included ------------------
+
+MODERN_KEY = "io.modelcontextprotocol/"
+SECRET = "tap-secret-text"
+CONFIGURED_SECRET = "tap-configured-key"
+
+
+def modern_keys(msg: Message) -> list[str]:
+    params = msg.get("params")
+    fields = params.get("_meta") if isinstance(params, dict) else None
+    return [k for k in fields or {} if k.startswith(MODERN_KEY)]
+
+
+def on_hop(lines: list[Message], hop: str, backend: str | None = None) -> list[Message]:
+    return [e for e in lines if e["hop"] == hop and e.get("backend") == backend]
+
+
+def methods(entries: list[Message], direction: str) -> list[str]:
+    return [e["msg"]["method"] for e in entries if e["dir"] == direction and "method" in e["msg"]]
+
+
+def calls_of(entries: list[Message], tool: str) -> list[Message]:
+    return [
+        e
+        for e in entries
+        if e["msg"].get("method") == "tools/call" and e["msg"].get("params", {}).get("name") == tool
+    ]
+
+
+def answer_to(entries: list[Message], direction: str, rid: object) -> Message:
+    (found,) = [
+        e
+        for e in entries
+        if e["dir"] == direction and "method" not in e["msg"]
+        if e["msg"].get("id") == rid
+    ]
+    return found
+
+
+@asynccontextmanager
+async def tapped_gateway(path: Path, legacy_http: str, sse: str) -> AsyncIterator[str]:
+    """A gateway with the tap on in front of a legacy stdio child (`old`), a legacy HTTP server
+    (`web`), an HTTP+SSE server (`sse`) and a modern stdio child (`new`)."""
+    tap = {
+        "path": str(path),
+        "redact": ["params.arguments.text", "result.content", "result.structuredContent"],
+        "max_message_bytes": 8192,
+    }
+    backends = {
+        "old": stdio_backend(sdk_stdio_command("--legacy-only")),
+        "web": {"http": {"url": legacy_http, "headers": {"X-Api-Key": CONFIGURED_SECRET}}},
+        "sse": {"sse": {"url": sse}},
+        # (pinned: a child slow to start on a busy machine would miss the probe's window)
+        "new": stdio_backend(sdk_stdio_command(), era="modern"),
+    }
+    listen = {"http": {"host": "127.0.0.1", "port": 0}}
+    text = yaml.safe_dump({"listen": listen, "backends": backends, "tap": tap})
+    with anyio.fail_after(START_BOUND):
+        async with Gateway(parse(text)) as gw:
+            assert gw.http_url is not None
+            yield gw.http_url
+
+
+async def accept(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+    return ElicitResult(action="accept", content={"answer": "42"})
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_legacy_clients_traffic_is_recorded_as_it_crossed_both_hops(
+    tmp_path: Path, sdk_legacy_http: str, sdk_sse: str
+) -> None:
+    """basic/lifecycle (Initialization) on both hops as the peers saw it: the client's own
+    `initialize` (not the `server/discover` it is served by), a legacy backend's handshake, the
+    legacy requests without the modern `_meta`, server-to-client requests and their answers."""
+    path = tmp_path / "tap.jsonl"
+    async with tapped_gateway(path, sdk_legacy_http, sdk_sse) as url:
+        with anyio.fail_after(3 * BOUND):
+            async with Client(url, mode="legacy", elicitation_callback=accept) as client:
+                for tool in ("old_echo", "web_echo", "sse_echo", "new_echo"):
+                    await client.call_tool(tool, {"text": SECRET})
+                for tool in ("old_ask", "new_ask"):
+                    result = await client.call_tool(tool, {"question": "why?"})
+                    assert not result.is_error
+                await client.call_tool("old_getenv", {"name": "N" * 10000})
+    lines = records(path)
+
+    # The client hop: the legacy handshake, not what serves it.
+    front = on_hop(lines, "frontend")
+    assert methods(front, "in")[:2] == ["initialize", "notifications/initialized"]
+    assert "server/discover" not in methods(front, "in") + methods(front, "out")
+    opening = front[0]
+    assert opening["dir"] == "in" and opening["headers"]["Content-Type"] == "application/json"
+    init_result = answer_to(front, "out", opening["msg"]["id"])["msg"]["result"]
+    assert init_result["protocolVersion"] in ("2025-11-25", "2025-06-18")
+    assert "supportedVersions" not in init_result and "serverInfo" in init_result
+    client_calls = [e for e in front if e["msg"].get("method") == "tools/call"]
+    assert len(client_calls) == 7 and all(e["dir"] == "in" for e in client_calls)
+    assert all(modern_keys(e["msg"]) == [] for e in client_calls)
+    # The gateway's questions to the client (for both asks) and the client's answers.
+    questions = [e for e in front if e["msg"].get("method") == "elicitation/create"]
+    assert len(questions) == 2 and {e["dir"] for e in questions} == {"out"}
+    for question in questions:
+        assert str(question["msg"]["id"]).startswith("mcp-gateway-")
+        answered = answer_to(front, "in", question["msg"]["id"])
+        assert answered["msg"]["result"]["action"] == "accept"
+
+    # The legacy stdio child: probe, handshake, then requests in its own era and numbering.
+    old = on_hop(lines, "backend", "old")
+    sent = methods(old, "out")
+    assert sent[:3] == ["server/discover", "initialize", "notifications/initialized"]
+    handshake = next(e for e in old if e["msg"].get("method") == "initialize")
+    assert handshake["msg"]["params"]["clientInfo"]["name"] == "mcp-gateway"
+    assert "protocolVersion" in answer_to(old, "in", handshake["msg"]["id"])["msg"]["result"]
+    (echo,) = calls_of(old, "echo")
+    assert echo["dir"] == "out" and isinstance(echo["msg"]["id"], int)
+    assert modern_keys(echo["msg"]) == [] and "resultType" not in str(old)
+    assert answer_to(old, "in", echo["msg"]["id"])["msg"]["result"]["content"] == REDACTED
+    # The child's own question mid-call, and the gateway's answer with the child's id.
+    (asked,) = [e for e in old if e["msg"].get("method") == "elicitation/create"]
+    assert asked["dir"] == "in"
+    assert answer_to(old, "out", asked["msg"]["id"])["msg"]["result"]["action"] == "accept"
+    # Size limits hold on every hop: the oversized call is recorded as its size.
+    big = [e for e in old if e["msg"].get("truncated") and e["msg"].get("method") == "tools/call"]
+    assert len(big) == 1 and big[0]["dir"] == "out" and big[0]["msg"]["bytes"] > 8192
+
+    # The legacy HTTP server: its handshake, and the session riding on each later POST.
+    web_hop = on_hop(lines, "backend", "web")
+    assert methods(web_hop, "out")[:3] == [
+        "server/discover",
+        "initialize",
+        "notifications/initialized",
+    ]
+    (web_echo,) = calls_of(web_hop, "echo")
+    assert modern_keys(web_echo["msg"]) == [] and "Mcp-Session-Id" in web_echo["headers"]
+    assert "mcp-protocol-version" in {name.lower() for name in web_echo["headers"]}
+    # The configured headers (credentials, often) are never recorded.
+    assert not any("X-Api-Key" in e.get("headers", {}) for e in web_hop)
+
+    # The HTTP+SSE server: its handshake POSTed, its replies read from the stream.
+    sse_hop = on_hop(lines, "backend", "sse")
+    assert {"initialize", "notifications/initialized"} <= set(methods(sse_hop, "out"))
+    (sse_echo,) = calls_of(sse_hop, "echo")
+    assert modern_keys(sse_echo["msg"]) == [] and isinstance(sse_echo["msg"]["id"], int)
+    assert answer_to(sse_hop, "in", sse_echo["msg"]["id"])["msg"]["result"]["content"] == REDACTED
+
+    # The modern child gets modern requests, as the dispatcher sent them.
+    new = on_hop(lines, "backend", "new")
+    (new_echo,) = calls_of(new, "echo")
+    assert MODERN_KEY + "protocolVersion" in modern_keys(new_echo["msg"])
+    assert "initialize" not in methods(new, "out")
+
+    # Redaction applies on every hop, and nothing recorded the secret.
+    echoes = [e for e in lines if e["msg"].get("params", {}).get("name", "").endswith("echo")]
+    assert echoes and all(e["msg"]["params"]["arguments"]["text"] == REDACTED for e in echoes)
+    assert SECRET.encode() not in path.read_bytes()
+    assert CONFIGURED_SECRET.encode() not in path.read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_modern_clients_traffic_is_recorded_as_before(
+    tmp_path: Path, sdk_legacy_http: str, sdk_sse: str
+) -> None:
+    """A modern client's request and reply as they crossed; the modern child's request keeps
+    its modern `_meta` under the channel's own id, and its reply comes back to that id."""
+    path = tmp_path / "tap.jsonl"
+    async with tapped_gateway(path, sdk_legacy_http, sdk_sse) as url:
+        with anyio.fail_after(3 * BOUND):
+            async with Client(url) as client:
+                await client.call_tool("new_add", {"a": 1, "b": 2})
+    lines = records(path)
+    front = on_hop(lines, "frontend")
+    (incoming,) = calls_of(front, "new_add")
+    assert incoming["dir"] == "in" and MODERN_KEY + "protocolVersion" in modern_keys(
+        incoming["msg"]
+    )
+    assert "initialize" not in methods(front, "in")
+    reply_out = answer_to(front, "out", incoming["msg"]["id"])
+    assert reply_out["msg"]["result"]["resultType"] == "complete"
+    new = on_hop(lines, "backend", "new")
+    (sent,) = calls_of(new, "add")
+    assert sent["dir"] == "out" and modern_keys(sent["msg"]) == modern_keys(incoming["msg"])
+    assert answer_to(new, "in", sent["msg"]["id"])["msg"]["result"]["resultType"] == "complete"
+
+
+def legacy_line(rid: str, method: str, params: dict[str, Any]) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+
+
+@pytest.mark.slow
+def test_a_legacy_stdio_session_and_the_channels_own_ids_and_tokens(tmp_path: Path) -> None:
+    """transports/stdio both ways: the client's lines as it wrote them, and the child's as the
+    gateway wrote them, with the channel's own request id and progress token (basic/utilities/
+    progress), which the client never sees."""
+    path = tmp_path / "tap.jsonl"
+    backend = stdio_backend(sdk_stdio_command("--legacy-only"))
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"listen": {"stdio": True}, "backends": {"sdk": backend}, "tap": {"path": str(path)}}
+        )
+    )
+    proc = Proc([PYTHON, "-m", "gateway", "run", "--config", str(config)], stdin=True)
+    stdin = proc.popen.stdin
+    assert stdin is not None
+    try:
+        opening = {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"},
+        }
+        slow = {"name": "slow", "arguments": {"seconds": 0.2, "steps": 2}}
+        slow["_meta"] = {"progressToken": "tok"}
+        cancel = {"requestId": "nothing", "reason": "test"}
+        stdin.write(legacy_line("i", "initialize", opening) + b"\n")
+        stdin.flush()
+        proc.wait_for(r'"id":"i"', stream="stdout", timeout=START_BOUND)
+        for line in (
+            b'{"jsonrpc":"2.0","method":"notifications/initialized"}',
+            legacy_line("s", "tools/call", slow),
+            b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":'
+            + orjson.dumps(cancel)
+            + b"}",
+        ):
+            stdin.write(line + b"\n")
+        stdin.flush()
+        proc.wait_for(r'"id":"s"', stream="stdout", timeout=BOUND)
+        stdin.close()
+        assert proc.popen.wait(BOUND) == 0
+    finally:
+        proc.stop()
+    lines = records(path)
+    front = on_hop(lines, "frontend")
+    # (Each request is recorded when its task starts: after lines read in the same chunk.)
+    assert sorted(methods(front, "in")) == [
+        "initialize",
+        "notifications/cancelled",
+        "notifications/initialized",
+        "tools/call",
+    ]
+    assert "server/discover" not in methods(front, "out")
+    (sent_by_client,) = calls_of(front, "slow")
+    assert sent_by_client["msg"]["params"]["_meta"] == {"progressToken": "tok"}
+    shown = [
+        e["msg"]["params"] for e in front if e["msg"].get("method") == "notifications/progress"
+    ]
+    assert [p["progressToken"] for p in shown] == ["tok", "tok"]
+
+    child = on_hop(lines, "backend", "sdk")
+    assert methods(child, "out")[:3] == [
+        "server/discover",
+        "initialize",
+        "notifications/initialized",
+    ]
+    (written,) = calls_of(child, "slow")
+    channel_id = written["msg"]["id"]
+    assert isinstance(channel_id, int) and written["msg"]["params"]["_meta"] == {
+        "progressToken": channel_id
+    }
+    read = [e["msg"]["params"] for e in child if e["msg"].get("method") == "notifications/progress"]
+    assert [p["progressToken"] for p in read] == [channel_id, channel_id]
+    assert answer_to(child, "in", channel_id)["msg"]["result"]["content"][0]["text"] == "done"
+    assert answer_to(front, "out", "s")["msg"]["result"]["content"][0]["text"] == "done"

@@ -19,6 +19,7 @@ from gateway.backends.base import NotificationSink
 from gateway.errors import BackendTimeout, BackendUnavailable
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
+from gateway.telemetry.api import Telemetry
 
 log = logging.getLogger("gateway.backend")
 
@@ -119,6 +120,9 @@ class Channel:
         # Run on every new connection (child, stream) before it takes requests: the legacy
         # era's handshake. A BackendError from it drops the connection, to be made again.
         self.on_start: Callable[[], Awaitable[None]] | None = None
+        # The traffic tap, when it is on (set by app.py): the subclasses record each message
+        # where they write or read it, with this hop's ids, as the server sees it.
+        self.tap: Telemetry | None = None
 
     # --- what a transport provides -----------------------------------------------------------
 

@@ -29,7 +29,7 @@ from gateway.errors import (
 )
 from gateway.protocol import codes, headers, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import Stats
+from gateway.telemetry.api import Stats, Telemetry
 
 log = logging.getLogger("gateway.backend")
 
@@ -79,6 +79,11 @@ class HttpBackend:
         self._legacy: _LegacyHeaders | None = None
         self.takes_requests = False
         self.on_notification: Callable[[str, Message], None] | None = None
+        # The traffic tap, when it is on (set by app.py): each message is recorded where it is
+        # written or read, below the era layer's translation.
+        self.tap: Telemetry | None = None
+        # Configured headers are credentials as often as not: the tap never sees them.
+        self._configured = frozenset(name.lower() for name in config.target.headers)
 
     def _deadline(self, within: float | None) -> aiohttp.ClientTimeout:
         """A ClientTimeout per distinct deadline, built once (there are a handful)."""
@@ -160,6 +165,8 @@ class HttpBackend:
                     event = jsonrpc.decode(data, keep=True)
                     if isinstance(event, jsonrpc.Invalid):
                         continue
+                    if self.tap is not None:
+                        self.tap.record("backend", "in", event, backend=self.name)
                     if jsonrpc.kind(event) is jsonrpc.Kind.NOTIFICATION:
                         deliver(self.name, event)
                     elif jsonrpc.kind(event) is jsonrpc.Kind.REQUEST:
@@ -225,6 +232,10 @@ class HttpBackend:
         out.extend(extra)
         return out
 
+    def _shown(self, sent: CIMultiDict[str]) -> list[tuple[str, str]]:
+        """A POST's headers as the tap records them: without the configured ones."""
+        return [(k, v) for k, v in sent.items() if k.lower() not in self._configured]
+
     def _mirror(self, fields: tuple[str, str | None, str | None]) -> CIMultiDict[str]:
         return CIMultiDict([*self._fixed, *hop.mirrored(*fields).items()])
 
@@ -253,6 +264,8 @@ class HttpBackend:
             return
         body = jsonrpc.encode(msg)
         self._stats.bytes["backend", "out"] += len(body)
+        if self.tap is not None:
+            self.tap.record("backend", "out", msg, backend=self.name, headers=self._shown(sent))
         resp = await self._open(session, "POST", sent, body, self._request_timeout)
         try:
             if self._legacy is not None:
@@ -298,6 +311,8 @@ class HttpBackend:
         sent = self._headers(msg)
         body = jsonrpc.encode(msg)
         self._stats.bytes["backend", "out"] += len(body)
+        if self.tap is not None:
+            self.tap.record("backend", "out", msg, backend=self.name, headers=self._shown(sent))
         resp = await self._open(session, "POST", sent, body, within, deadline)
         try:
             if self._legacy is not None:
@@ -341,6 +356,8 @@ class HttpBackend:
 
     def _json_reply(self, status: int, body: bytes, msg: Message) -> Message:
         reply = jsonrpc.decode(body, keep=True) if body else None
+        if self.tap is not None and isinstance(reply, dict):
+            self.tap.record("backend", "in", reply, backend=self.name)
         if isinstance(reply, dict) and "method" not in reply:  # (decoded: a response)
             return self._own(reply, msg)
         detail = f"HTTP {status}"
@@ -382,6 +399,8 @@ class HttpBackend:
                 raise BackendProtocolError(self.name, event.message)
             log.warning("backend %s: dropped an SSE event that is not JSON-RPC", self.name)
             return None
+        if self.tap is not None:
+            self.tap.record("backend", "in", event, backend=self.name)
         kind = jsonrpc.kind(event)
         if kind is jsonrpc.Kind.RESPONSE:
             return self._own(event, msg)

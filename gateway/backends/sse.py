@@ -153,6 +153,8 @@ class SseBackend(Channel):
                             error = jsonrpc.error(msg.id, codes.BACKEND_PROTOCOL_ERROR, msg.message)
                             self.on_message(error)
                     else:
+                        if self.tap is not None:  # (before ids are restored)
+                            self.tap.record("backend", "in", msg, backend=self.name)
                         self.on_message(msg)
 
     def _on_endpoint(self, where: str) -> None:
@@ -186,6 +188,8 @@ class SseBackend(Channel):
             raise BackendUnavailable(self.name, f"not connected ({self._last_problem})")
         body = jsonrpc.encode(msg)
         self._stats.bytes["backend", "out"] += len(body)
+        if self.tap is not None:
+            self.tap.record("backend", "out", msg, backend=self.name)  # (fixed headers only)
         try:
             resp = await web.send(posts, "POST", endpoint, self._post_headers, body)
             try:

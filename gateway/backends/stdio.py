@@ -185,6 +185,8 @@ class StdioBackend(Channel):
             if msg.response:  # the request it answers fails now instead of timing out
                 self.on_message(jsonrpc.error(msg.id, codes.BACKEND_PROTOCOL_ERROR, msg.message))
             return
+        if self.tap is not None:
+            self.tap.record("backend", "in", msg, backend=self.name)  # (before ids are restored)
         self.on_message(msg)
 
     # --- outbound --------------------------------------------------------------------------
@@ -199,6 +201,8 @@ class StdioBackend(Channel):
             raise BackendUnavailable(self.name, self._last_problem)
         line = jsonrpc.encode(msg) + b"\n"
         self._stats.bytes["backend", "out"] += len(line)
+        if self.tap is not None:
+            self.tap.record("backend", "out", msg, backend=self.name)
         proc.stdin.write(line)
         return proc.stdin
 

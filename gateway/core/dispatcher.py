@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,14 +82,30 @@ class Dispatcher:
 
     # --- entry points ----------------------------------------------------------------------
 
-    async def handle(
+    def handle(
+        self, msg: Message, sink: NotificationSink, origin: Origin = STDIO_ORIGIN
+    ) -> Coroutine[Any, Any, Message]:
+        """The reply to one client request as it came in; never raises except for
+        cancellation. The traffic tap records the request, its notifications and its reply
+        here (a legacy client's are recorded by `core/legacy.py`, which then calls `serve`).
+        A plain function handing back a coroutine: no frame more while the tap is off."""
+        if not self.telemetry.tapping:
+            return self.serve(msg, sink, origin)
+        return self._tapped(msg, sink, origin)
+
+    async def _tapped(self, msg: Message, sink: NotificationSink, origin: Origin) -> Message:
+        telemetry = self.telemetry
+        telemetry.record("frontend", "in", msg, headers=origin.headers)
+        reply = await self.serve(msg, tapped(telemetry, sink, "frontend", "out", None), origin)
+        telemetry.record("frontend", "out", reply)
+        return reply
+
+    async def serve(
         self, msg: Message, sink: NotificationSink, origin: Origin = STDIO_ORIGIN
     ) -> Message:
-        """The reply to one client request; never raises except for cancellation."""
+        """`handle` without the traffic tap: for requests made in a client's name that are not
+        what crossed the client's hop."""
         telemetry = self.telemetry
-        if telemetry.tapping:
-            telemetry.record("frontend", "in", msg, headers=origin.headers)
-            sink = tapped(telemetry, sink, "frontend", "out", None)
         observed = telemetry.server(msg, origin)
         token = SERVING.set((observed, origin))
         reply: Message | None = None
@@ -107,12 +123,17 @@ class Dispatcher:
         finally:
             SERVING.reset(token)
             observed.end(reply)
-        if telemetry.tapping:
-            telemetry.record("frontend", "out", reply)
         return reply
 
     async def notify(self, msg: Message) -> None:
-        """Forward a client notification; failures are logged, never raised (nobody awaits it)."""
+        """Forward a client notification as it came in; failures are logged, never raised
+        (nobody awaits it)."""
+        if self.telemetry.tapping:
+            self.telemetry.record("frontend", "in", msg)
+        await self.pass_on(msg)
+
+    async def pass_on(self, msg: Message) -> None:
+        """`notify` without the traffic tap (a legacy client's, translated)."""
         only = self._only_backend()
         if msg["method"] in LOCAL_NOTIFICATIONS or only is None:
             return

@@ -1,13 +1,14 @@
 """A backend wrapped so that every request it carries is a CLIENT observation whose trace context
 travels with the request (`_meta` on every transport; the HTTP backend also mirrors it into
-headers)."""
+headers). The traffic tap is not here: below this the era layer translates for a legacy backend
+and the transport renumbers, so the transports record what they write and read."""
 
 from __future__ import annotations
 
 from gateway.backends.base import Backend, NotificationSink
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import Telemetry, tapped
+from gateway.telemetry.api import Telemetry
 
 
 class InstrumentedBackend:
@@ -34,21 +35,14 @@ class InstrumentedBackend:
         *,
         long_lived: bool = False,
     ) -> Message:
-        telemetry, name = self._telemetry, self.name
-        if telemetry.tapping:
-            sink = tapped(telemetry, sink, "backend", "in", name)
-        observed = telemetry.client(msg, name, self.transport, self._address)
+        observed = self._telemetry.client(msg, self.name, self.transport, self._address)
         reply: Message | None = None
         try:
             carrier = observed.carrier()
             if carrier:
                 params = jsonrpc.params(msg)
                 msg = {**msg, "params": {**params, "_meta": {**jsonrpc.meta(msg), **carrier}}}
-            if telemetry.tapping:
-                telemetry.record("backend", "out", msg, backend=name)
             reply = await self.inner.request(msg, sink, long_lived=long_lived)
-            if telemetry.tapping:
-                telemetry.record("backend", "in", reply, backend=name)
         except BaseException:
             observed.end(None)
             raise

@@ -7,6 +7,10 @@ merged, namespaced server as a modern one (basic/versioning, Backward Compatibil
 the legacy era has (`initialize`, `ping`, `logging/setLevel`) is answered here.
 
 Transports own the session's life: stdio has one per process, HTTP one per `Mcp-Session-Id`.
+
+The traffic tap records a session's messages here, as they crossed the client's hop (the
+`initialize`, requests without the `_meta` given them, the questions asked of the client and
+its answers); what is handed to the dispatcher in the client's name goes untapped (`serve`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from gateway.backends.base import NotificationSink
 from gateway.core.dispatcher import Dispatcher
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.jsonrpc import Message, RequestId
-from gateway.telemetry.api import STDIO_ORIGIN, Origin
+from gateway.telemetry.api import STDIO_ORIGIN, Origin, tapped
 
 log = logging.getLogger("gateway.legacy")
 
@@ -118,11 +122,30 @@ class LegacyFront:
 
     def __init__(self, dispatcher: Dispatcher) -> None:
         self._dispatcher = dispatcher
+        self._telemetry = dispatcher.telemetry
 
     async def handle(
         self, session: Session, msg: Message, sink: NotificationSink, origin: Origin = STDIO_ORIGIN
     ) -> Message:
         """The reply to one request of the session; never raises except for cancellation."""
+        telemetry = self._telemetry
+        if not telemetry.tapping:
+            return await self._handle(session, msg, sink, origin)
+        telemetry.record("frontend", "in", msg, headers=origin.headers)
+        sink = tapped(telemetry, sink, "frontend", "out", None)
+        reply = await self._handle(session, msg, sink, origin)
+        telemetry.record("frontend", "out", reply)
+        return reply
+
+    def answer(self, session: Session, response: Message) -> bool:
+        """A response from the client; True if it answered one of the session's questions."""
+        if self._telemetry.tapping:
+            self._telemetry.record("frontend", "in", response)
+        return session.answer(response)
+
+    async def _handle(
+        self, session: Session, msg: Message, sink: NotificationSink, origin: Origin
+    ) -> Message:
         session.last_used = time.monotonic()
         method = msg["method"]
         id_ = msg["id"]
@@ -184,12 +207,15 @@ class LegacyFront:
             params.pop("_meta", None)
             if fields:
                 params["_meta"] = fields
+            out: Message = {"jsonrpc": "2.0", "method": method, "params": params}
+            if self._telemetry.tapping:
+                self._telemetry.record("frontend", "out", out)
             try:
-                await deliver({"jsonrpc": "2.0", "method": method, "params": params})
+                await deliver(out)
             except (ConnectionError, OSError) as exc:
                 log.debug("legacy session: a change notification was not delivered: %s", exc)
 
-        reply = await self._dispatcher.handle(listen, relay, origin)
+        reply = await self._dispatcher.serve(listen, relay, origin)
         if "error" in reply:
             log.info("legacy session: change notifications unavailable: %s", reply["error"])
 
@@ -202,7 +228,7 @@ class LegacyFront:
         sees server-to-client requests and then its call complete, as in its own era."""
         modern = self.modern(session, msg)
         for _ in range(MAX_INPUT_ROUNDS):
-            reply = await self._dispatcher.handle(modern, sink, origin)
+            reply = await self._dispatcher.serve(modern, sink, origin)
             result = reply.get("result")
             if not (isinstance(result, dict) and result.get("resultType") == "input_required"):
                 return reply
@@ -257,6 +283,8 @@ class LegacyFront:
 
     async def notify(self, session: Session, msg: Message) -> None:
         """A notification of the session (`notifications/cancelled` is the transport's)."""
+        if self._telemetry.tapping:
+            self._telemetry.record("frontend", "in", msg)
         session.last_used = time.monotonic()
         method = msg["method"]
         if method == "notifications/initialized":
@@ -266,7 +294,7 @@ class LegacyFront:
             return
         if method == "notifications/roots/list_changed":
             return  # roots are not relayed to backends yet
-        await self._dispatcher.notify(self.modern(session, msg))
+        await self._dispatcher.pass_on(self.modern(session, msg))
 
     def modern(self, session: Session, msg: Message) -> Message:
         """The request as a modern client would send it: the session's fields in `_meta`."""
@@ -297,7 +325,7 @@ class LegacyFront:
             "method": "server/discover",
             "params": {"_meta": meta.gateway_meta(session.client_info)},
         }
-        found = await self._dispatcher.handle(discover, _drop, origin)
+        found = await self._dispatcher.serve(discover, _drop, origin)
         result = found.get("result")
         if not isinstance(result, dict):
             return found

@@ -291,7 +291,8 @@ class Endpoint:
                 f"{VERSION_HEADER} {version!r} is not a version of this session",
             )
         if kind is jsonrpc.Kind.RESPONSE:
-            session.answer(msg)  # an answer to a question we asked; anything else is dropped
+            # An answer to a question we asked; anything else is dropped.
+            self._legacy.answer(session, msg)
             return web.Response(status=202)
         if kind is jsonrpc.Kind.NOTIFICATION:
             await self._legacy.notify(session, msg)

@@ -129,6 +129,10 @@ class StdioFrontend:
             self._in_flight[msg["id"]] = asyncio.get_running_loop().create_task(self._run(msg))
         elif kind is jsonrpc.Kind.NOTIFICATION:
             if msg["method"] == "notifications/cancelled":
+                # Handled here: neither the dispatcher nor the session sees it to tap it.
+                telemetry = self._dispatcher.telemetry
+                if telemetry.tapping:
+                    telemetry.record("frontend", "in", msg)
                 self._cancel(jsonrpc.params(msg).get("requestId"))
             else:
                 session = self._session
@@ -141,7 +145,7 @@ class StdioFrontend:
                 task = asyncio.get_running_loop().create_task(notified)
                 self._notifying.add(task)
                 task.add_done_callback(self._notifying.discard)
-        elif self._session is None or not self._session.answer(msg):
+        elif self._session is None or not self._legacy.answer(self._session, msg):
             log.debug("stdin: ignored a response for id %r", msg["id"])
 
     def _cancel(self, request_id: object) -> None:
