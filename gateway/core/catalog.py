@@ -99,6 +99,8 @@ class Catalogs:
             with anyio.move_on_after(LOAD_TIMEOUT) as scope:
                 try:
                     await self._load(entry)
+                except errors.BackendDown as exc:
+                    log.debug("catalog of %s not loaded: %s", backend, exc)  # (logged as down)
                 except errors.BackendError as exc:
                     log.warning("catalog of %s not loaded: %s", backend, exc)
             if scope.cancelled_caught:

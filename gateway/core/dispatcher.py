@@ -286,7 +286,9 @@ class Dispatcher:
             if not open_policy:
                 raise _as_failure(backend, reply)
             failed.append(_as_failure(backend, reply))
-            log.warning("fan-out: backend %s skipped: %s", backend, _describe(reply))
+            # A backend known to be down was logged when it went down, not per request.
+            level = logging.DEBUG if isinstance(reply, errors.BackendDown) else logging.WARNING
+            log.log(level, "fan-out: backend %s skipped: %s", backend, _describe(reply))
         if failed and not out:
             raise failed[0]  # nothing answered: an empty result would hide the outage
         return out
