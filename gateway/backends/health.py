@@ -146,9 +146,10 @@ class Guarded:
         try:
             return await self.inner.request(msg, sink, long_lived=long_lived)
         except BackendUnavailable as exc:
-            if not self._supervised and not isinstance(exc, BackendDown) and not self.inner.up:
-                health.failed(_detail(exc))
-            raise
+            if self._supervised or isinstance(exc, BackendDown) or self.inner.up:
+                raise
+            health.failed(_detail(exc))
+            raise health.refusal() from None  # (logged just now: not again by the caller)
 
     async def notify(self, msg: Message) -> None:
         if self.health.down:
