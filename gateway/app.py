@@ -203,6 +203,7 @@ class Gateway:
     async def __aenter__(self) -> Gateway:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        self.dispatcher.catalogs.spawn = self._tg.start_soon
         for backend in self.backends:
             self._tg.start_soon(backend.run, name=f"backend {backend.name}")
         try:

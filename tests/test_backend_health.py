@@ -254,6 +254,29 @@ async def test_a_slow_stdio_starter_is_waited_for_and_taken_for_modern() -> None
         assert gw.transports[0].restarts == 0  # type: ignore[union-attr]
 
 
+async def test_slow_and_silent_backends_delay_neither_start_up_nor_the_others() -> None:
+    """A child still starting and an HTTP backend that never answers: the listener serves at
+    once, and a call to a ready backend's tool is answered without waiting for their catalogs."""
+    never = anyio.Event()
+
+    async def silent(request: web.Request) -> web.StreamResponse:
+        await never.wait()
+        raise AssertionError("unreachable")
+
+    async with serve_http(silent) as base:
+        backends = {
+            "demo": stdio_backend(DEMO),
+            "slow": stdio_backend(starting("serve", "--delay", "4"), connect_timeout=10),
+            "silent": {"http": {"url": f"{base}/mcp"}, "connect_timeout": 10},
+        }
+        started = anyio.current_time()
+        async with gateway(backends) as (gw, url):
+            assert anyio.current_time() - started < 1.0
+            with anyio.fail_after(START_BOUND):
+                assert text_of(await post(url, call(1, "demo_echo", text="now"))) == "now"
+            assert not gw.catalogs_loaded.is_set()  # the other two are still being waited for
+
+
 async def test_a_slow_modern_starter_past_connect_timeout_is_modern_after_initialize(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

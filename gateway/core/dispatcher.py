@@ -118,6 +118,8 @@ class Dispatcher:
             return
         try:
             await only.notify(msg)
+        except errors.BackendDown as exc:
+            log.debug("notification %s not delivered: %s", msg["method"], exc)  # (logged once)
         except errors.BackendError as exc:
             log.warning("notification %s not delivered: %s", msg["method"], exc)
 
@@ -170,7 +172,7 @@ class Dispatcher:
         """Look a name up; on a miss, refresh stale catalogs and look in the new table."""
         route = find(self.catalogs.table, key)
         if route is None:
-            await self.catalogs.refresh_stale()
+            await self.catalogs.refresh_stale(lambda table: find(table, key) is not None)
             route = find(self.catalogs.table, key)
         return route
 
