@@ -10,6 +10,7 @@ import os
 import signal
 import ssl
 import sys
+from collections.abc import Callable
 from types import TracebackType
 from urllib.parse import urlsplit
 
@@ -26,6 +27,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from gateway import __version__
 from gateway.backends.base import Backend
 from gateway.backends.era import EraBackend
+from gateway.backends.health import Guarded, Health
 from gateway.backends.http import HttpBackend
 from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
@@ -157,9 +159,18 @@ class Gateway:
         self.eras = [
             EraBackend(t, c) for t, c in zip(self.transports, config.backends, strict=True)
         ]
+        # Each behind its health: one that cannot be reached fails at once and is retried in
+        # the background (a stdio child by its own supervisor, which reports to the same one).
+        self.health = [
+            t.health if isinstance(t, StdioBackend) else Health(t.name) for t in self.transports
+        ]
+        self.guarded = [
+            Guarded(e, h, supervised=isinstance(t, StdioBackend))
+            for e, h, t in zip(self.eras, self.health, self.transports, strict=True)
+        ]
         self.backends: list[Backend] = [
-            InstrumentedBackend(e, self.telemetry, _address(c))
-            for e, c in zip(self.eras, config.backends, strict=True)
+            InstrumentedBackend(g, self.telemetry, _address(c))
+            for g, c in zip(self.guarded, config.backends, strict=True)
         ]
         self.dispatcher = Dispatcher(
             self.backends,
@@ -171,6 +182,10 @@ class Gateway:
         )
         for era in self.eras:
             era.on_notification = self.dispatcher.backend_notification
+        for health in self.health:
+            health.on_change = self._on_health(health.name)
+        # Set once every backend's catalog has been asked for (loaded, or failed) at start-up.
+        self.catalogs_loaded = anyio.Event()
         self.registry.register(
             GatewayCollector(self.telemetry.stats, self._backend_states, self._listens)
         )
@@ -190,11 +205,19 @@ class Gateway:
     async def __aenter__(self) -> Gateway:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        self.dispatcher.catalogs.spawn = self._tg.start_soon
         for backend in self.backends:
             self._tg.start_soon(backend.run, name=f"backend {backend.name}")
         try:
             await self._start_admin()
-            await self._load_catalogs()
+            if self.config.namespacing.prefix == "never":
+                # Unprefixed names collide only once both lists are known: a collision must
+                # stop the start before anyone is served under it, so this mode waits.
+                await self._load_catalogs()
+            else:
+                # Clients are served while slow backends start: a list waits for a starting
+                # backend (or skips one that is down), a call to a ready one goes through.
+                self._tg.start_soon(self._load_catalogs, name="catalogs")
             if self.config.listen.http is not None:
                 await self._start_http()
             self._serving = True
@@ -208,20 +231,29 @@ class Gateway:
         return [
             BackendState(
                 name=t.name,
-                up=t.up,
+                up=g.up,
                 restarts=t.restarts if isinstance(t, StdioBackend | SseBackend) else 0,
                 catalog_refreshes=catalogs.refreshes.get(t.name, 0),
                 fanout_failures=self.dispatcher.fan_out_failures.get(t.name, 0),
                 era=e.era or "unknown",
             )
-            for t, e in zip(self.transports, self.eras, strict=True)
+            for t, e, g in zip(self.transports, self.eras, self.guarded, strict=True)
         ]
+
+    def _on_health(self, name: str) -> Callable[[bool], None]:
+        def changed(up: bool) -> None:
+            # Back up: its catalog is loaded again now, not at the next lookup that misses.
+            if up and self._tg is not None:
+                self.dispatcher.catalogs.invalidate(name)
+                self._tg.start_soon(self.dispatcher.catalogs.refresh, name)
+
+        return changed
 
     def _listens(self) -> int:
         return self.dispatcher.subscriptions.active
 
     def _backends_up(self) -> dict[str, bool]:
-        return {t.name: t.up for t in self.transports}
+        return {g.name: g.up for g in self.guarded}
 
     def _render_metrics(self, accept: str) -> tuple[bytes, str]:
         # OpenMetrics carries exemplars (trace ids); the classic text format does not.
@@ -244,6 +276,7 @@ class Gateway:
         """Learn every backend's catalog before serving, so the first requests route and a
         collision under prefix mode `never` stops the start with both backends named."""
         await self.dispatcher.catalogs.load_all()
+        self.catalogs_loaded.set()
         collisions = self.dispatcher.catalogs.table.collisions
         if collisions and self.config.namespacing.prefix == "never":
             raise StartupError("; ".join(collisions))

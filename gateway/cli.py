@@ -22,6 +22,7 @@ from gateway.config import (
     HttpTarget,
     Listen,
     StdioTarget,
+    default_connect_timeout,
     describe,
     load,
     load_mcp_json,
@@ -211,7 +212,12 @@ def expose(
         command=command[0], args=tuple(command[1:]), env=env, cwd=cwd, inherit_env=True
     )
     name = Path(command[0]).name or "server"
-    backend = BackendConfig(name=name, target=target, request_timeout=request_timeout)
+    backend = BackendConfig(
+        name=name,
+        target=target,
+        request_timeout=request_timeout,
+        connect_timeout=default_connect_timeout(target),
+    )
     listen = Listen(http=HttpListen(host=host, port=port, path=path))
     _run(Config(listen=listen, backends=(backend,), source="expose"))
 

@@ -4,6 +4,7 @@
     ├── Refused                  answered by the gateway itself (unknown name, bad cursor, ...)
     └── BackendError             a backend could not answer a request
         ├── BackendUnavailable   not running, crashed mid-call, connection refused
+        │   └── BackendDown      known to be unreachable: failed at once, retried in the background
         ├── BackendConnectionLost  an HTTP connection broke after the request went out
         ├── BackendTimeout       no answer within the configured time
         └── BackendProtocolError answered with something that is not MCP
@@ -48,6 +49,12 @@ class BackendError(GatewayError):
 
 class BackendUnavailable(BackendError):
     code = codes.BACKEND_UNAVAILABLE
+
+
+class BackendDown(BackendUnavailable):
+    """The backend could not be reached on its last attempt (command not found, connection
+    refused, the child exited before it served) and is being retried in the background:
+    requests fail at once instead of waiting, and its outage was logged once, not per request."""
 
 
 class SessionExpired(BackendUnavailable):

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import anyio
 import pytest
 
 from gateway.app import Gateway
 from tests.listener_support import Serving, gateway, port_of, request
+from tests.support import START_BOUND
 
 pytestmark = pytest.mark.anyio
 
@@ -23,6 +25,8 @@ async def admin() -> AsyncIterator[Serving]:
     running: Gateway
     async with gateway(admin={"host": "127.0.0.1", "port": 0}) as running:
         assert running.admin_url is not None
+        with anyio.fail_after(START_BOUND):
+            await running.catalogs_loaded.wait()  # ready: /readyz answers 200 from here on
         serving = Serving(port_of(running.admin_url))
         yield serving
         serving.abort_all()

@@ -126,25 +126,19 @@ async def test_a_modern_backend_is_probed_and_left_modern() -> None:
         assert gw.eras[0].era == "modern" and gw.eras[0].session is None
 
 
-async def test_a_backend_that_never_answers_the_probe_is_taken_for_legacy(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """transports/stdio, Backward Compatibility: no answer within a reasonable timeout means
-    legacy."""
-    monkeypatch.setattr(era, "PROBE_TIMEOUT", 0.5)
+async def test_a_backend_that_never_answers_the_probe_is_taken_for_legacy() -> None:
+    """transports/stdio, Backward Compatibility: no answer within a reasonable timeout (the
+    backend's connect_timeout) means legacy."""
     command = sdk_stdio_command("--legacy-only", "--silent-discover")
-    async with gateway(stdio_backend(command)) as (gw, url):
+    async with gateway(stdio_backend(command, connect_timeout=0.5)) as (gw, url):
         with anyio.fail_after(START_BOUND):
             assert text_of(await post(url, call(1, "echo", text="late"))) == "late"
         assert gw.eras[0].era == "legacy"
 
 
-async def test_an_http_backend_that_never_answers_the_probe_is_taken_for_legacy(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_an_http_backend_that_never_answers_the_probe_is_taken_for_legacy() -> None:
     """transports/streamable-http, Backward Compatibility: the same over HTTP. The probe's POST
     runs out of time (a BackendTimeout, as on stdio), and the backend is initialised."""
-    monkeypatch.setattr(era, "PROBE_TIMEOUT", 0.5)
     never = anyio.Event()
 
     async def handler(request: web.Request) -> web.StreamResponse:
@@ -159,7 +153,7 @@ async def test_an_http_backend_that_never_answers_the_probe_is_taken_for_legacy(
 
     async with (
         serve_http(handler) as base,
-        gateway({"http": {"url": f"{base}/mcp"}}) as (gw, url),
+        gateway({"http": {"url": f"{base}/mcp"}, "connect_timeout": 0.5}) as (gw, url),
     ):
         with anyio.fail_after(BOUND):
             assert text_of(await post(url, call(1, "t"))) == "legacy"
@@ -203,6 +197,8 @@ async def test_an_http_backend_that_failed_is_probed_again() -> None:
             assert down["error"]["code"] == codes.BACKEND_UNAVAILABLE
             proc, _ = start_sdk_http("--legacy-only", "--port", port)
             with anyio.fail_after(START_BOUND):
+                # Down until the background retry finds it again (health.py).
+                await gw.health[0].wait(down=False)
                 assert text_of(await post(url, call(3, "echo", text="three"))) == "three"
             assert gw.eras[0].era == "legacy"
     finally:
@@ -284,7 +280,7 @@ async def test_a_legacy_http_session_rides_on_every_request_and_ends_with_delete
 
     async with (
         serve_http(handler) as base,
-        gateway({"http": {"url": f"{base}/mcp"}}) as (gw, url),
+        gateway({"http": {"url": f"{base}/mcp"}, "connect_timeout": 0.5}) as (gw, url),
     ):
         with anyio.fail_after(BOUND):
             assert text_of(await post(url, call(1, "t"))) == "session s1"

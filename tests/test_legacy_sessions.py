@@ -185,6 +185,9 @@ async def test_an_idle_session_expires() -> None:
     `session_idle_timeout` is ended, and its id gets 404."""
     async with Gateway(parse(config(idle=IDLE))) as gw:
         assert gw.http_url is not None
+        with anyio.fail_after(START_BOUND):
+            # Ready first: a session opened while the backend starts could idle out meanwhile.
+            await gw.catalogs_loaded.wait()
         session_id = await open_session(gw.http_url)
         assert result_of(await in_session(gw.http_url, session_id, echo("alive")))
         # The thing under test is a timeout: wait it out (no request meanwhile, which would

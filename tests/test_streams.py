@@ -245,6 +245,8 @@ async def test_quiet_listen_stream_gets_keepalive_comments(
             aiohttp.ClientSession() as session,
         ):
             assert gw.http_url is not None
+            # Ready first: while the backend starts, keep-alives would precede the ack.
+            await gw.catalogs_loaded.wait()
             async with post(session, gw.http_url, listen("quiet")) as resp:
                 assert resp.status == 200
                 assert resp.content_type == "text/event-stream"

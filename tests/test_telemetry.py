@@ -78,6 +78,7 @@ async def running(
     with anyio.fail_after(START_BOUND):
         async with Gateway(parse(text), tracing=provider) as gw, aiohttp.ClientSession() as s:
             assert gw.http_url is not None
+            await gw.catalogs_loaded.wait()  # (the listener serves before they are loaded)
             yield gw, s, gw.http_url
 
 

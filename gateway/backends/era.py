@@ -1,8 +1,12 @@
 """A backend of either protocol era, shown to the engine as a modern one (basic/versioning,
 Backward Compatibility with Initialization-Based Versions).
 
-The era is probed once (`server/discover`; anything but a recognised modern answer means
-legacy) unless the config pins it, and remembered until the backend fails to open under it.
+The era is probed once (`server/discover`, waiting up to `connect_timeout` for the answer;
+anything but a recognised modern answer means legacy) unless the config pins it, and remembered
+until the backend fails to open under it. A modern error to the `initialize` that follows
+(e.g. -32020 for the missing MCP-Protocol-Version header) still proves a modern server: it is
+served modern, with a discovery result made from its answers if it has no `server/discover`
+of its own (discovery.py).
 A legacy backend gets an `initialize` handshake (after every child restart; again when an HTTP
 backend has forgotten the session) and each request is translated on the way:
 
@@ -22,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import copy
+import functools
 import hashlib
 import hmac
 import itertools
@@ -35,6 +41,7 @@ from typing import Any, Protocol
 import orjson
 
 from gateway import __version__
+from gateway.backends import discovery
 from gateway.backends.base import NotificationSink
 from gateway.backends.channel import Channel, Wakeup
 from gateway.config import BackendConfig
@@ -52,9 +59,6 @@ from gateway.telemetry.api import SERVING
 
 log = logging.getLogger("gateway.backend")
 
-# A legacy server may stay silent on a method it does not know; past this the probe gives up
-# and the backend is taken for legacy (transports/stdio, Backward Compatibility).
-PROBE_TIMEOUT = 3.0
 # How long a call held for client input waits for the client's retry.
 HOLD_TTL = 120.0
 GATEWAY_INFO = {"name": "mcp-gateway", "version": __version__}
@@ -162,15 +166,8 @@ def _b64(data: bytes) -> str:
 
 
 def is_modern_answer(reply: Message) -> bool:
-    """A DiscoverResult, or a modern error naming the versions it supports."""
-    result = reply.get("result")
-    if isinstance(result, dict):
-        return isinstance(result.get("supportedVersions"), list)
-    error = reply.get("error")
-    if not isinstance(error, dict) or error.get("code") != codes.UNSUPPORTED_PROTOCOL_VERSION:
-        return False
-    data = error.get("data")
-    return isinstance(data, dict) and isinstance(data.get("supported"), list)
+    """A DiscoverResult, or an error only a modern server sends."""
+    return discovery.is_discover_result(reply) or discovery.is_modern_error(reply)
 
 
 def to_legacy(msg: Message) -> Message:
@@ -287,6 +284,14 @@ class EraBackend:
         # stdio and HTTP+SSE open once per connection (on_start); HTTP on first use.
         self._channel = isinstance(inner, Channel)
         self._open_timeout = config.connect_timeout + config.request_timeout
+        # A legacy server may stay silent on a method it does not know (transports/stdio,
+        # Backward Compatibility); a slow starter is silent too until it has started. The
+        # probe waits as long as the backend is given to start.
+        self._probe_timeout = config.connect_timeout
+        # Modern without a `server/discover` of its own: the versions its error named (or
+        # None), and the discovery result made for it once.
+        self._no_discover: list[str] | None = None
+        self._made_discover: dict[str, Any] | None = None
         self.session: LegacySession | None = None
         self._opening: asyncio.Lock | None = None
         self._level: str | None = None
@@ -352,8 +357,8 @@ class EraBackend:
             return
         if self.era is None:
             self.era = await self._probe()
-            log.info("backend %s: speaks the %s era", self.name, self.era)
             if self.era == "modern":
+                log.info("backend %s: speaks the modern era", self.name)
                 return
         try:
             await self._handshake()
@@ -369,7 +374,8 @@ class EraBackend:
         async with self._opening:
             if self.era is None:
                 self.era = await self._probe()
-                log.info("backend %s: speaks the %s era", self.name, self.era)
+                if self.era == "modern":
+                    log.info("backend %s: speaks the modern era", self.name)
             if self.era == "legacy" and self.session is None:
                 try:
                     await self._handshake()
@@ -379,6 +385,7 @@ class EraBackend:
                     raise
 
     async def _probe(self) -> str:
+        self._no_discover = self._made_discover = None
         msg: Message = {
             "jsonrpc": "2.0",
             "id": "gateway-probe",
@@ -386,14 +393,35 @@ class EraBackend:
             "params": {"_meta": meta.gateway_meta(GATEWAY_INFO)},
         }
         try:
-            reply = await self.inner.exchange(msg, _ignore, PROBE_TIMEOUT)
+            reply = await self.inner.exchange(msg, _ignore, self._probe_timeout)
         except (BackendTimeout, BackendProtocolError):
             return "legacy"
         except BackendUnavailable:
             if self._channel or not self.inner.up:
                 raise  # not reached at all: nothing learnt
             return "legacy"  # an HTTP refusal without a modern error
-        return "modern" if is_modern_answer(reply) else "legacy"
+        if discovery.is_modern_error(reply):
+            self._no_discover = discovery.supported_versions(reply)
+            return "modern"
+        return "modern" if discovery.is_discover_result(reply) else "legacy"
+
+    def _proven_modern(self, reply: Message) -> bool:
+        """A modern error to `initialize` (basic/versioning: a recognised modern error means a
+        modern server, however the probe went): modern from now on, unless pinned legacy."""
+        if self._pinned or not discovery.is_modern_error(reply):
+            return False
+        self.era = "modern"
+        self._no_discover = discovery.supported_versions(reply) or []
+        self._made_discover = None
+        end = getattr(self.inner, "end_session", None)
+        if end is not None:
+            end()
+        log.info(
+            "backend %s: speaks the modern era (its answer to initialize: %s)",
+            self.name,
+            jsonrpc.error_code(reply),
+        )
+        return True
 
     async def _handshake(self) -> None:
         self._session_ended()
@@ -413,6 +441,8 @@ class EraBackend:
         reply = await self.inner.exchange(init, _ignore, self._open_timeout)
         result = reply.get("result")
         if not isinstance(result, dict):
+            if self._proven_modern(reply):
+                return
             raise BackendProtocolError(self.name, f"initialize failed: {reply.get('error')}")
         version = result.get("protocolVersion")
         if version not in meta.LEGACY_VERSIONS:
@@ -466,6 +496,8 @@ class EraBackend:
         long_lived: bool = False,
     ) -> Message:
         if self.era == "modern":
+            if self._no_discover is not None and msg["method"] == "server/discover":
+                return await self._discover_for(msg)
             try:
                 return await self.inner.request(msg, sink, long_lived=long_lived)
             except BackendUnavailable:
@@ -477,8 +509,26 @@ class EraBackend:
         elif self.era is None or self.session is None:
             await self._settle()
         if self.era == "modern":
-            return await self.inner.request(msg, sink, long_lived=long_lived)
+            return await self.request(msg, sink, long_lived=long_lived)
         return await self._legacy(msg, sink)
+
+    async def _discover_for(self, msg: Message) -> Message:
+        """`server/discover` of a modern backend that serves none (discovery.py)."""
+        made = self._made_discover
+        if made is None:
+            try:
+                reply = await self.inner.request(msg, _ignore)
+            except BackendUnavailable:
+                if not self.inner.up:
+                    raise
+                reply = {}  # (HTTP 404 without a JSON-RPC body)
+            if discovery.is_discover_result(reply):
+                self._no_discover = None  # it has one after all (it was only slow to start)
+                return reply
+            ask = functools.partial(self.inner.request, sink=_ignore)
+            made = await discovery.synthesise(ask, GATEWAY_INFO, self._no_discover or None)
+            self._made_discover = made
+        return jsonrpc.result(msg["id"], copy.deepcopy(made))
 
     async def notify(self, msg: Message) -> None:
         if self.era == "modern":

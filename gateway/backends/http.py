@@ -127,6 +127,10 @@ class HttpBackend:
         """Legacy from now on, with no session yet (before `initialize`)."""
         self._legacy = _LegacyHeaders(self._fixed, self._custom)
 
+    def end_session(self) -> None:
+        """Modern after all (its answer to `initialize` was a modern error): no session."""
+        self._legacy = None
+
     def agreed(self, version: str) -> None:
         assert self._legacy is not None
         self._legacy.version = version

@@ -11,11 +11,13 @@ import contextlib
 import logging
 import os
 import subprocess
+from collections import deque
 from collections.abc import AsyncIterator
 
 import anyio
 
 from gateway.backends.channel import Channel
+from gateway.backends.health import Health
 from gateway.config import BackendConfig, StdioTarget
 from gateway.errors import BackendError, BackendTimeout, BackendUnavailable
 from gateway.protocol import codes, jsonrpc
@@ -35,14 +37,20 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 READ_CHUNK = 256 * 1024
 # Lines queued for the child beyond this make a writer wait for the pipe to drain.
 WRITE_HIGH_WATER = 1024 * 1024
-# Restart backoff: quick first retry so a crash costs one failed call, doubling to a ceiling so
-# a child that cannot start does not spin; reset once a child has stayed up for a while.
+# Restart backoff of a child that had served: quick first retry so a crash costs one failed
+# call, doubling to a ceiling so a child that crashes as it serves does not spin; reset once a
+# child has stayed up for a while. (One that never served is down: health.py's backoff.)
 FIRST_BACKOFF = 0.05
 MAX_BACKOFF = 10.0
 STABLE_AFTER = 10.0
 # Shutdown: time to exit after stdin closes, then after SIGTERM, before SIGKILL.
 EXIT_GRACE = 2.0
 TERM_GRACE = 2.0
+# A child that exits is reported with its last stderr lines (each cut to this many characters),
+# read for at most STDERR_GRACE seconds after it has gone.
+STDERR_TAIL_LINES = 5
+STDERR_TAIL_CHARS = 200
+STDERR_GRACE = 1.0
 
 
 def child_env(extra: dict[str, str] | None = None, inherit: bool = False) -> dict[str, str]:
@@ -67,26 +75,48 @@ class StdioBackend(Channel):
         self._connect_timeout = config.connect_timeout
         self._proc: asyncio.subprocess.Process | None = None
         self._ready = anyio.Event()
+        self._settled = anyio.Event()  # set (and replaced) when the child is ready or gone
+        self._opening_failure: str | None = None
+        self._exit_code: int | None = None
+        self._stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self.health = Health(config.name)
         self.restarts = 0
 
     # --- supervision -----------------------------------------------------------------------
 
     async def run(self) -> None:
-        backoff = FIRST_BACKOFF
+        quick = FIRST_BACKOFF
         while True:
             started = anyio.current_time()
-            await self._run_child()
-            if anyio.current_time() - started > STABLE_AFTER:
-                backoff = FIRST_BACKOFF
-            log.warning(
-                "backend %s: restarting in %.2fs (%s)", self.name, backoff, self._last_problem
-            )
-            await anyio.sleep(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF)
+            served = await self._run_child()
+            if served:
+                # It had served: restarted soon (a crash costs one failed call), and requests
+                # wait for it meanwhile, as for any starting child.
+                if anyio.current_time() - started > STABLE_AFTER:
+                    quick = FIRST_BACKOFF
+                delay, quick = quick, min(quick * 2, MAX_BACKOFF)
+                log.warning(
+                    "backend %s: %s; restarting in %.2fs",
+                    self.name,
+                    self._last_problem,
+                    delay,
+                    extra=self._exit_details(),
+                )
+            else:
+                # It never served: down, its requests fail at once, retried with backoff.
+                delay = self.health.failed(self._last_problem, **self._exit_details())
+            self._notify()
+            await anyio.sleep(delay)
             self.restarts += 1
 
-    async def _run_child(self) -> None:
+    def _exit_details(self) -> dict[str, object]:
+        return {"exit_code": self._exit_code, "stderr_tail": list(self._stderr_tail)}
+
+    async def _run_child(self) -> bool:
+        """One child, from start to reaping; whether it became ready (served)."""
         command = [self._target.command, *self._target.args]
+        self._exit_code = None
+        self._stderr_tail.clear()
         try:
             # asyncio's own pipes (not anyio's wrappers): a write is then a synchronous call, so
             # each line goes out whole without a lock, and reads come in large chunks.
@@ -105,35 +135,68 @@ class StdioBackend(Channel):
             )
         except OSError as exc:
             self._last_problem = f"cannot start {command[0]!r}: {exc.strerror or exc}"
-            log.error("backend %s: %s", self.name, self._last_problem)
-            return
-        log.info("backend %s: started pid %s", self.name, proc.pid)
+            return False
+        # Once per state change: retries of a child that is down are not worth a line each.
+        level = logging.DEBUG if self.health.down else logging.INFO
+        log.log(level, "backend %s: started pid %s", self.name, proc.pid)
+        self._opening_failure = None
+        stderr_done = anyio.Event()
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._drain_stderr, proc)
+                tg.start_soon(self._drain_stderr, proc, stderr_done)
                 self._proc = proc
                 tg.start_soon(self._open, proc)
-                await self._read_stdout(proc)
-                code = await proc.wait()
-                self._last_problem = f"child exited with code {code}"
+                broken = await self._read_stdout(proc)
+                if broken is None:
+                    # Its stdout is closed: it has exited or soon will. Whatever waits on it
+                    # (the opening's probe too) fails now, with its exit code and last words.
+                    with anyio.move_on_after(EXIT_GRACE):
+                        self._exit_code = await proc.wait()
+                    with anyio.move_on_after(STDERR_GRACE):
+                        await stderr_done.wait()  # (a grandchild may hold stderr open)
+                self._last_problem = broken or self._opening_failure or self._describe_exit()
+                self._fail_all(f"backend {self.name!r} stopped: {self._last_problem}")
+                tg.cancel_scope.cancel()
         finally:
+            served = self._ready.is_set()
             self._proc = None
             self._ready = anyio.Event()
             self._fail_all(f"backend {self.name!r} stopped: {self._last_problem}")
             with anyio.CancelScope(shield=True):
                 await self._stop(proc)
+        return served
+
+    def _describe_exit(self) -> str:
+        code = self._exit_code
+        if code is None:
+            what = "closed its stdout"
+        elif code < 0:
+            what = f"child killed by signal {-code}"
+        else:
+            what = f"child exited with code {code}"
+        if self._stderr_tail:
+            what += "; stderr: " + " | ".join(self._stderr_tail)
+        return what
 
     async def _open(self, proc: asyncio.subprocess.Process) -> None:
         if self.on_start is not None:
             try:
                 await self.on_start()
             except BackendError as exc:
-                self._last_problem = f"opening failed: {exc}"
-                log.error("backend %s: %s; stopping it", self.name, self._last_problem)
+                # Logged with the rest when the child is gone (once per state change).
+                self._opening_failure = f"opening failed: {exc}"
+                log.debug("backend %s: %s; stopping it", self.name, self._opening_failure)
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 return
         self._ready.set()
+        self.health.recovered()
+        self._notify()
+
+    def _notify(self) -> None:
+        """Wake the requests waiting for this child to be ready or known down."""
+        self._settled.set()
+        self._settled = anyio.Event()
 
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:
         """Close stdin, wait, SIGTERM, wait, SIGKILL, reap (basic/transports/stdio, Shutdown)."""
@@ -151,19 +214,26 @@ class StdioBackend(Channel):
                 break
         await proc.wait()
 
-    async def _drain_stderr(self, proc: asyncio.subprocess.Process) -> None:
+    async def _drain_stderr(self, proc: asyncio.subprocess.Process, done: anyio.Event) -> None:
         assert proc.stderr is not None
         child_log = logging.getLogger(f"gateway.backend.{self.name}")
+        tail = self._stderr_tail
         try:
             async for line in _lines(proc.stderr):
-                child_log.info("%s", line.decode(errors="replace").rstrip())
+                text = line.decode(errors="replace").rstrip()
+                child_log.info("%s", text)
+                if text:
+                    tail.append(text[:STDERR_TAIL_CHARS])
         except _LineTooLong:
             child_log.warning("a stderr line over %d bytes; the rest is discarded", MAX_LINE_BYTES)
             # Keep reading: a child blocked on a full stderr pipe would stop answering.
             while await proc.stderr.read(READ_CHUNK):
                 pass
+        finally:
+            done.set()
 
-    async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
+    async def _read_stdout(self, proc: asyncio.subprocess.Process) -> str | None:
+        """Until the child's stdout ends; what is wrong with the child if it broke the framing."""
         assert proc.stdout is not None
         try:
             async for line in _lines(proc.stdout):
@@ -171,8 +241,10 @@ class StdioBackend(Channel):
                     self._stats.bytes["backend", "in"] += len(line) + 1
                     self._on_line(line)
         except _LineTooLong:
-            self._last_problem = f"wrote a line over {MAX_LINE_BYTES} bytes"
-            log.error("backend %s: %s; stopping it", self.name, self._last_problem)
+            problem = f"wrote a line over {MAX_LINE_BYTES} bytes"
+            log.error("backend %s: %s; stopping it", self.name, problem)
+            return problem
+        return None
 
     # --- inbound ---------------------------------------------------------------------------
 
@@ -219,16 +291,22 @@ class StdioBackend(Channel):
                 raise BackendUnavailable(self.name, f"cannot write to the child: {exc!r}") from None
 
     async def _wait_ready(self) -> None:
-        if self._proc is not None:
+        if self._ready.is_set():
             return
-        with anyio.move_on_after(self._connect_timeout):
-            await self._ready.wait()
+        # A starting child is waited for as long as its opening may take (the first answer
+        # within connect_timeout, the handshake within request_timeout); a child known to be
+        # down fails at once.
+        with anyio.move_on_after(self._connect_timeout + self._request_timeout):
+            while not self._ready.is_set():
+                if self.health.down:
+                    raise self.health.refusal()
+                await self._settled.wait()
             return
-        raise BackendUnavailable(self.name, f"not running ({self._last_problem})")
+        raise BackendUnavailable(self.name, f"not ready ({self._last_problem})")
 
     @property
     def up(self) -> bool:
-        return self._proc is not None
+        return self._ready.is_set()
 
     @property
     def pid(self) -> int | None:

@@ -30,6 +30,7 @@ from gateway.config.model import (
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SERVICE_NAME,
     DEFAULT_SESSION_IDLE_TIMEOUT,
+    DEFAULT_STDIO_CONNECT_TIMEOUT,
     DEFAULT_TAP_BACKUPS,
     DEFAULT_TAP_MAX_BYTES,
     DEFAULT_TAP_MAX_MESSAGE_BYTES,
@@ -54,6 +55,7 @@ from gateway.config.model import (
     TapConfig,
     Target,
     TelemetryConfig,
+    default_connect_timeout,
 )
 from gateway.config.reader import _Check, _Reader
 
@@ -194,7 +196,9 @@ def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None
         deny_tools=c.strings(tools.get("deny"), path + ("tools", "deny")),
         rename_tools=c.string_map(body.get("rename"), path + ("rename",)),
         connect_timeout=c.number(
-            body.get("connect_timeout"), path + ("connect_timeout",), DEFAULT_CONNECT_TIMEOUT
+            body.get("connect_timeout"),
+            path + ("connect_timeout",),
+            default_connect_timeout(target),
         ),
         request_timeout=c.number(
             body.get("request_timeout"), path + ("request_timeout",), DEFAULT_REQUEST_TIMEOUT
@@ -424,6 +428,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_SERVICE_NAME",
+    "DEFAULT_STDIO_CONNECT_TIMEOUT",
     "DEFAULT_TAP_BACKUPS",
     "DEFAULT_TAP_MAX_BYTES",
     "DEFAULT_TAP_MAX_MESSAGE_BYTES",
@@ -447,6 +452,7 @@ __all__ = [
     "TapConfig",
     "Target",
     "TelemetryConfig",
+    "default_connect_timeout",
     "describe",
     "load",
     "load_mcp_json",

@@ -22,6 +22,7 @@ from gateway.config.model import (
     SseTarget,
     StdioTarget,
     Target,
+    default_connect_timeout,
 )
 
 
@@ -49,7 +50,8 @@ def load_mcp_json(path: Path) -> tuple[BackendConfig, ...]:
             problems.append(f"{where}: a backend name uses letters, digits, '_', '.' and '-'")
         else:
             era = "legacy" if isinstance(target, SseTarget) else "auto"
-            out.append(BackendConfig(name=name, target=target, era=era))
+            timeout = default_connect_timeout(target)
+            out.append(BackendConfig(name=name, target=target, era=era, connect_timeout=timeout))
     if problems:
         raise ConfigInvalid(problems)
     return tuple(out)

@@ -41,8 +41,11 @@ DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_EVENT_BYTES = 16 * 1024 * 1024
 # A legacy client's HTTP session ends after this long without a request (seconds).
 DEFAULT_SESSION_IDLE_TIMEOUT = 1800.0
-# How long a backend may take to accept a connection or (stdio) to come back after a crash.
+# How long a backend may take to accept a connection (HTTP), or to answer its first message
+# (the era probe: stdio, and HTTP too). A stdio child gets longer: a first `npx`/`uvx` run
+# downloads the server, and a loaded machine starts an interpreter slowly.
 DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_STDIO_CONNECT_TIMEOUT = 30.0
 # Whole-request bound; long tool calls are normal in MCP, so this is generous.
 DEFAULT_REQUEST_TIMEOUT = 300.0
 # The admin listener (/metrics, health) defaults to the port OpenTelemetry's Prometheus exporter
@@ -207,6 +210,14 @@ class SseTarget:
 
 
 Target = StdioTarget | HttpTarget | SseTarget
+
+
+def default_connect_timeout(target: Target) -> float:
+    if isinstance(target, StdioTarget):
+        return DEFAULT_STDIO_CONNECT_TIMEOUT
+    return DEFAULT_CONNECT_TIMEOUT
+
+
 # `auto` probes each backend (server/discover, falling back to initialize); the others pin it.
 ERAS = ("auto", "modern", "legacy")
 

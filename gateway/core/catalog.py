@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +64,11 @@ class Catalogs:
         self._client_info = client_info
         self.table: RouteTable = routes.build(naming, exposures, {})
         self.refreshes: dict[str, int] = dict.fromkeys(self._entries, 0)
+        # Starts a task in the gateway's task group (set by the composition root): a lookup's
+        # refreshes then run on their own, and the lookup waits only until its name routes.
+        self.spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object] | None = None
+        self._refreshing: dict[str, anyio.Event] = {}  # a background refresh -> its end
+        self._changed = anyio.Event()  # set (and replaced) when the table or a refresh changes
 
     def capabilities(self, backend: str) -> Mapping[str, Any] | None:
         found = self._entries[backend].discover
@@ -80,12 +85,41 @@ class Catalogs:
             for name in self._entries:
                 tg.start_soon(self.refresh, name)
 
-    async def refresh_stale(self) -> None:
+    async def refresh_stale(self, found: Callable[[RouteTable], bool] | None = None) -> None:
+        """Refresh every stale catalog; with `found`, return as soon as the table satisfies it,
+        so a lookup of a ready backend's name does not wait for a slow backend's catalog."""
         now = anyio.current_time()
-        async with anyio.create_task_group() as tg:
-            for name, entry in self._entries.items():
-                if not entry.fresh(now):
+        stale = [name for name, entry in self._entries.items() if not entry.fresh(now)]
+        if self.spawn is None or found is None:
+            async with anyio.create_task_group() as tg:
+                for name in stale:
                     tg.start_soon(self.refresh, name)
+            return
+        ends = [self._refresh_in_background(name) for name in stale]
+        while not found(self.table) and not all(end.is_set() for end in ends):
+            await self._changed.wait()
+
+    def _refresh_in_background(self, backend: str) -> anyio.Event:
+        end = self._refreshing.get(backend)
+        if end is not None:
+            return end
+        end = self._refreshing[backend] = anyio.Event()
+
+        async def run() -> None:
+            try:
+                await self.refresh(backend)
+            finally:
+                del self._refreshing[backend]
+                end.set()
+                self._notify()
+
+        assert self.spawn is not None
+        self.spawn(run)
+        return end
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
 
     def invalidate(self, backend: str) -> None:
         self._entries[backend].fetched_at = -math.inf
@@ -99,6 +133,8 @@ class Catalogs:
             with anyio.move_on_after(LOAD_TIMEOUT) as scope:
                 try:
                     await self._load(entry)
+                except errors.BackendDown as exc:
+                    log.debug("catalog of %s not loaded: %s", backend, exc)  # (logged as down)
                 except errors.BackendError as exc:
                     log.warning("catalog of %s not loaded: %s", backend, exc)
             if scope.cancelled_caught:
@@ -106,6 +142,7 @@ class Catalogs:
             # Failed loads count too: the next attempt waits out the refresh interval.
             entry.fetched_at = max(entry.fetched_at, anyio.current_time() - entry.ttl)
             self.table = routes.build(self.naming, self._exposures, self._data())
+            self._notify()
             for collision in self.table.collisions:
                 log.warning("%s", collision)
             for note in self.table.shortened:

@@ -139,6 +139,8 @@ class Dispatcher:
             return
         try:
             await only.notify(msg)
+        except errors.BackendDown as exc:
+            log.debug("notification %s not delivered: %s", msg["method"], exc)  # (logged once)
         except errors.BackendError as exc:
             log.warning("notification %s not delivered: %s", msg["method"], exc)
 
@@ -191,7 +193,7 @@ class Dispatcher:
         """Look a name up; on a miss, refresh stale catalogs and look in the new table."""
         route = find(self.catalogs.table, key)
         if route is None:
-            await self.catalogs.refresh_stale()
+            await self.catalogs.refresh_stale(lambda table: find(table, key) is not None)
             route = find(self.catalogs.table, key)
         return route
 
@@ -307,7 +309,9 @@ class Dispatcher:
             if not open_policy:
                 raise _as_failure(backend, reply)
             failed.append(_as_failure(backend, reply))
-            log.warning("fan-out: backend %s skipped: %s", backend, _describe(reply))
+            # A backend known to be down was logged when it went down, not per request.
+            level = logging.DEBUG if isinstance(reply, errors.BackendDown) else logging.WARNING
+            log.log(level, "fan-out: backend %s skipped: %s", backend, _describe(reply))
         if failed and not out:
             raise failed[0]  # nothing answered: an empty result would hide the outage
         return out

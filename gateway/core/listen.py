@@ -134,7 +134,11 @@ class Subscriptions:
                 await self._backends[backend].request(request, sink, long_lived=True)
                 log.info("backend %s closed a listen stream; listening again", backend)
             except errors.BackendError as exc:
-                log.warning("listen on %s lost (%s); listening again in %.1fs", backend, exc, delay)
+                # A backend that is down was logged as such once, not at every attempt.
+                level = logging.DEBUG if isinstance(exc, errors.BackendDown) else logging.WARNING
+                log.log(
+                    level, "listen on %s lost (%s); listening again in %.1fs", backend, exc, delay
+                )
             if anyio.current_time() - started > STABLE_AFTER:
                 delay = FIRST_RETRY
             await anyio.sleep(delay)
