@@ -86,6 +86,18 @@ async def test_resumption_that_keeps_failing_gives_up_after_a_few_attempts() -> 
     assert posts(server) == 1
 
 
+async def test_a_refused_resumption_is_not_tried_again() -> None:
+    """A 4xx to the resuming GET (here 404: the server forgot the stream) ends it at once."""
+    async with (
+        unruly_http.serving(legacy=True) as (server, url),
+        running(backend_config(url)) as backend,
+    ):
+        with anyio.fail_after(BOUND), pytest.raises(errors.BackendConnectionLost) as caught:
+            await legacy(backend).request(call(1, "drop", retry=10, forget=True), ignore)
+    assert code_of(caught) == codes.BACKEND_CONNECTION_LOST
+    assert server.resumes == ["s1-1"] and posts(server) == 1
+
+
 async def test_a_retry_beyond_the_deadline_fails_at_once() -> None:
     """A `retry` longer than what is left of the request's deadline is not waited out."""
     async with unruly_http.serving(legacy=True) as (server, url):

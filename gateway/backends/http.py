@@ -481,7 +481,12 @@ class HttpBackend:
         headers = legacy.stream_headers.copy()
         headers[resume.LAST_EVENT_ID] = last_id
         deadline = web.timeout(within, self._connect_timeout)
-        resp = await self._open(session, "GET", headers, None, within, deadline)
+        try:
+            resp = await self._open(session, "GET", headers, None, within, deadline)
+        except BackendTimeout:
+            raise
+        except BackendError:
+            return None  # (cannot connect, or broken before the head: a GET may go again)
         try:
             self._check_session(resp, legacy)
             if resume.final(resp.status):

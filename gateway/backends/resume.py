@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from gateway.backends import hop
-from gateway.errors import BackendConnectionLost, BackendError, BackendTimeout, SessionExpired
+from gateway.errors import BackendConnectionLost, BackendTimeout, SessionExpired
 from gateway.protocol import sse
 from gateway.protocol.jsonrpc import Message
 
@@ -63,8 +63,9 @@ def last_event_id(decoder: sse.Decoder) -> str | None:
 
 
 # One reconnection: a GET with this Last-Event-ID within these seconds (None: no deadline),
-# read to its end; the response if it came, None if the stream ended (or broke) without it.
-# Raises BackendConnectionLost for a refusal that another attempt will not change.
+# read to its end; the response if it came, None if it failed in a way another GET may not
+# (no connection, broken, ended without it). Raises BackendConnectionLost for a refusal that
+# another attempt will not change, BackendTimeout past the deadline.
 Attempt = Callable[[str, float | None], Awaitable[Message | None]]
 
 
@@ -97,10 +98,6 @@ async def resume(name: str, reading: Reading, attempt: Attempt, within: float | 
         except SessionExpired:
             # (never SessionExpired from here: that would have the request sent again)
             raise BackendConnectionLost(name, "the session ended before the reply") from None
-        except (BackendTimeout, BackendConnectionLost):
-            raise
-        except BackendError:
-            reply = None  # (cannot connect, or the connection broke before the head)
         if reply is not None:
             return reply
         failed = 0 if reading.messages > before else failed + 1

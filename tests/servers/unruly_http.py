@@ -17,7 +17,7 @@ What a `tools/call` does depends on the tool's name:
 - `drop`: an SSE stream with event ids and `retry` (ms, the `retry` argument) that closes
   before the reply; a GET with `Last-Event-ID` gets the rest (a progress notification and the
   reply). With `fail: true` every such GET gets a fresh priming event and is closed empty.
-  With `ids: false` the stream has no event ids.
+  With `ids: false` the stream has no event ids; with `forget: true` a GET resuming it gets 404.
 
 With `watch=True`, a GET without `Last-Event-ID` is a listen stream that sends a change
 notification under event id `w-1` with `retry: 50` and closes; a GET resuming `w-1` gets a
@@ -211,6 +211,8 @@ class Unruly:
         self._held[stream] = msg
         if args.get("fail"):
             self._held[stream] = {**msg, "fail": True}
+        if args.get("forget"):
+            del self._held[stream]  # a GET resuming it gets 404
         await resp.write(event(None, f"{stream}-0" if with_ids else None, retry))
         await resp.write(event(self._progress_note(msg, 1), f"{stream}-1" if with_ids else None))
         self.closed_at.append(anyio.current_time())
