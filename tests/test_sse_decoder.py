@@ -139,3 +139,20 @@ def test_events_before_the_one_too_large_are_still_given() -> None:
     assert decoder.feed(b"data: 1\n\ndata: " + b"x" * 2000) == [b"1"]
     with pytest.raises(sse.EventTooLarge):
         decoder.feed(b"\n\n")
+
+
+def test_the_last_event_id_and_retry_whatever_the_split() -> None:
+    """HTML Living Standard, event stream interpretation: `id` sets the last event id at the
+    event's end (an event without data too; one with a NUL is ignored), `retry` takes only
+    ASCII digits; what a resumption needs (2025-11-25 transports, Resumability and Redelivery)."""
+    stream = (
+        b"id: p-1\nretry: 250\ndata:\n\nid: p-2\ndata: x\n\nid: bad\x00\nretry: 1x\ndata: y\n\n"
+    )
+    for cut in range(len(stream) + 1):
+        decoder = sse.Decoder()
+        decoder.feed(stream[:cut])
+        decoder.feed(stream[cut:])
+        assert (decoder.last_id, decoder.retry) == (b"p-2", 250), cut
+    half = sse.Decoder()
+    half.feed(b"id: p-1\n\nid: p-2\ndata: never ended")
+    assert half.last_id == b"p-1"

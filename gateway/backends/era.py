@@ -30,7 +30,6 @@ import copy
 import functools
 import hashlib
 import hmac
-import itertools
 import logging
 import secrets
 import time
@@ -223,7 +222,6 @@ class _Call(Wakeup):
         self.sink: NotificationSink | None = None
         self.asks: dict[str, Message] = {}
         self.task: asyncio.Task[Message] | None = None
-        self.backend_id: str | None = None  # HTTP: the id the call has on the backend
         self.missing: dict[str, Any] | None = None  # a capability the client lacks
         self.expiry: asyncio.TimerHandle | None = None
 
@@ -299,7 +297,6 @@ class EraBackend:
         self._listeners: set[_Listener] = set()
         self._subscribed: dict[str, int] = {}
         self._sealer = Sealer()
-        self._ids = itertools.count(1)
         self._background: set[asyncio.Task[None]] = set()  # held so they are not collected
         # A legacy session is open / has ended (HTTP's GET stream follows them).
         self.opened = asyncio.Event()
@@ -557,11 +554,9 @@ class EraBackend:
             await self._lower_level(level, session)
         call = _Call(self, caller, fields.get(meta.CLIENT_CAPABILITIES))
         call.sink = sink
+        # (The transport gives the request an id of the gateway's on the backend's session,
+        # and tells the backend when it is given up: channel.py, http.py.)
         out = to_legacy(msg)
-        if not self._channel:
-            # One HTTP session carries every client's requests: ids must not collide on it
-            # (a channel gives each request its own id already).
-            out["id"] = call.backend_id = f"gateway-{next(self._ids)}"
         call.task = asyncio.get_running_loop().create_task(
             self._run_call(out, call, isinstance(level, str), session)
         )
@@ -647,19 +642,10 @@ class EraBackend:
         return await self._attend(call, msg)
 
     def _cancel(self, call: _Call) -> None:
-        """Give the call up; over HTTP a legacy server learns of it only by a notification
-        (closing the reply stream is not cancellation in 2025-11-25)."""
+        """Give the call up (the transport sends the backend `notifications/cancelled` under
+        the id it gave the request)."""
         if call.task is not None:
             call.task.cancel()
-        if call.backend_id is not None:
-            note: Message = {
-                "jsonrpc": "2.0",
-                "method": "notifications/cancelled",
-                "params": {"requestId": call.backend_id, "reason": "cancelled by the client"},
-            }
-            task = asyncio.get_running_loop().create_task(self._send_quietly(note))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
 
     async def _send_quietly(self, msg: Message) -> None:
         with contextlib.suppress(BackendError):

@@ -3,12 +3,20 @@
 Every request is its own POST on the backend's pooled aiohttp session. The mirrored headers and
 Mcp-Param-* are derived here from the body actually sent (hop.py); nothing the front-end client
 sent in its own headers is copied. Closing a reply's connection, rather than returning it to
-the pool, is how a request is cancelled (streamable-http, Cancellation).
+the pool, is how a request is cancelled (streamable-http, Cancellation); a legacy server is
+also sent `notifications/cancelled` (2025-11-25 transports: a disconnection is not one).
+
+Every request goes out under an id (and progress token) of the gateway's (ids.py), and only
+the response with that id ends it. A legacy server's stream that ends before its response is
+resumed when it can be (resume.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+import itertools
 import logging
 import re
 from collections.abc import Callable, Coroutine
@@ -18,11 +26,14 @@ import aiohttp
 import anyio
 from multidict import CIMultiDict
 
-from gateway.backends import hop, web
+from gateway.backends import hop, ids, resume, web
 from gateway.backends.base import NotificationSink
 from gateway.config import BackendConfig, HttpTarget
 from gateway.errors import (
+    BackendConnectionLost,
+    BackendError,
     BackendProtocolError,
+    BackendTimeout,
     BackendUnavailable,
     Refused,
     SessionExpired,
@@ -33,7 +44,7 @@ from gateway.telemetry.api import Stats, Telemetry
 
 log = logging.getLogger("gateway.backend")
 
-SSE = "text/event-stream"
+SSE = sse.MEDIA_TYPE
 SESSION_HEADER = "Mcp-Session-Id"
 # Fixed for every POST: the two media types we accept and the one we send.
 POST_HEADERS = (
@@ -84,6 +95,8 @@ class HttpBackend:
         self.tap: Telemetry | None = None
         # Configured headers are credentials as often as not: the tap never sees them.
         self._configured = frozenset(name.lower() for name in config.target.headers)
+        self._ids = itertools.count(1)
+        self._background: set[asyncio.Task[None]] = set()
 
     def _deadline(self, within: float | None) -> aiohttp.ClientTimeout:
         """A ClientTimeout per distinct deadline, built once (there are a handful)."""
@@ -151,21 +164,53 @@ class HttpBackend:
 
     async def watch(self, deliver: Callable[[str, Message], None]) -> bool:
         """The legacy session's GET stream, until it ends: its notifications to `deliver`.
-        False if the server offers none (405)."""
+        False if the server offers none (405). A stream that had event ids is taken up again
+        with `Last-Event-ID` after the server's `retry` (resume.py's bounds), so nothing sent
+        meanwhile is lost; it returns once that fails."""
         session, legacy = self._streams, self._legacy
         if session is None or legacy is None:
             raise BackendUnavailable(self.name, "not started")
-        resp = await self._open(session, "GET", legacy.stream_headers, None, None)
+        reading = resume.Reading(sse.Decoder(self._limits.max_event_bytes))
+        if not await self._watch_once(session, legacy, legacy.stream_headers, reading, deliver):
+            return False
+        failed = 0
+        while failed < resume.MAX_ATTEMPTS and (last := resume.last_event_id(reading.decoder)):
+            await anyio.sleep(resume.delay(reading.decoder))
+            reading.decoder = reading.decoder.resumed()
+            before = reading.messages
+            sent = legacy.stream_headers.copy()
+            sent[resume.LAST_EVENT_ID] = last
+            try:
+                await self._watch_once(session, legacy, sent, reading, deliver)
+            except SessionExpired:
+                raise
+            except BackendError as exc:
+                log.info("backend %s: resuming the GET stream failed (%s)", self.name, exc)
+            failed = 0 if reading.messages > before else failed + 1
+        return True
+
+    async def _watch_once(
+        self,
+        session: aiohttp.ClientSession,
+        legacy: _LegacyHeaders,
+        sent: CIMultiDict[str],
+        reading: resume.Reading,
+        deliver: Callable[[str, Message], None],
+    ) -> bool:
+        resp = await self._open(session, "GET", sent, None, None)
         try:
             if resp.status == 405:
                 return False
             self._check_session(resp, legacy)
             if resp.status != 200 or resp.content_type != SSE:
                 raise BackendProtocolError(self.name, f"GET stream answered HTTP {resp.status}")
-            decoder = sse.Decoder(self._limits.max_event_bytes)
+            decoder = reading.decoder
             async for chunk in resp.content.iter_any():
                 self._stats.bytes["backend", "in"] += len(chunk)
                 for data in decoder.feed(chunk):
+                    if not data:
+                        continue  # (the priming event: an id, a `retry`, no message)
+                    reading.messages += 1
                     event = jsonrpc.decode(data, keep=True)
                     if isinstance(event, jsonrpc.Invalid):
                         continue
@@ -179,6 +224,8 @@ class HttpBackend:
         except sse.EventTooLarge as exc:
             raise BackendProtocolError(self.name, f"GET stream: {exc}") from None
         except (aiohttp.ClientError, TimeoutError) as exc:
+            if resume.last_event_id(reading.decoder) is not None:
+                return True  # (broken, but it can be resumed)
             raise web.failure(self.name, exc, None) from None
         finally:
             resp.close()
@@ -312,23 +359,30 @@ class HttpBackend:
     ) -> Message:
         if session is None:
             raise BackendUnavailable(self.name, "not started")
-        sent = self._headers(msg)
-        body = jsonrpc.encode(msg)
+        out, sent = ids.outbound(msg, f"{ids.PREFIX}{next(self._ids)}")
+        headers = self._headers(out)
+        body = jsonrpc.encode(out)
         self._stats.bytes["backend", "out"] += len(body)
         if self.tap is not None:
-            self.tap.record("backend", "out", msg, backend=self.name, headers=self._shown(sent))
-        resp = await self._open(session, "POST", sent, body, within, deadline)
+            self.tap.record("backend", "out", out, backend=self.name, headers=self._shown(headers))
+        try:
+            resp = await self._open(session, "POST", headers, body, within, deadline)
+        except (asyncio.CancelledError, BackendTimeout):
+            self._cancel_legacy(sent, msg)  # (it went out: the server may be at work on it)
+            raise
         try:
             if self._legacy is not None:
                 self._check_session(resp, self._legacy)
             if resp.content_type == SSE:
-                reply = await self._read_stream(resp, msg, sink, within is not None)
+                reply = await self._read_stream(resp, sent, sink, within)
             else:
-                reply = self._json_reply(resp.status, await self._read_body(resp), msg)
+                reply = self._json_reply(resp.status, await self._read_body(resp), sent)
         except BaseException as exc:
             # Closing (not releasing) the connection is what tells the backend that this
             # request is cancelled (streamable-http, Cancellation).
             resp.close()
+            if isinstance(exc, asyncio.CancelledError | TimeoutError | BackendTimeout):
+                self._cancel_legacy(sent, msg)
             if isinstance(exc, aiohttp.ClientError | TimeoutError):
                 raise web.failure(self.name, exc, within) from None
             raise
@@ -336,6 +390,25 @@ class HttpBackend:
         if msg.get("method") == "tools/list":
             self._tools.learn(reply)
         return reply
+
+    def _cancel_legacy(self, sent: ids.Sent, msg: Message) -> None:
+        """A legacy server learns that a request is given up only from `notifications/cancelled`
+        (2025-11-25: a disconnection is not a cancellation), naming the id it was sent; never
+        for `initialize` (basic/utilities/cancellation)."""
+        if self._legacy is None or msg.get("method") == "initialize":
+            return
+        note: Message = {
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": sent.wire, "reason": "cancelled by the client"},
+        }
+        task = asyncio.get_running_loop().create_task(self._notify_quietly(note))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _notify_quietly(self, note: Message) -> None:
+        with contextlib.suppress(BackendError):
+            await self.notify(note)
 
     async def _read_body(self, resp: aiohttp.ClientResponse) -> bytes:
         """The whole body, refused past `limits.max_reply_bytes`: with one await when its
@@ -358,48 +431,145 @@ class HttpBackend:
         self._stats.bytes["backend", "in"] += len(body)
         return body
 
-    def _json_reply(self, status: int, body: bytes, msg: Message) -> Message:
+    def _json_reply(self, status: int, body: bytes, sent: ids.Sent) -> Message:
         reply = jsonrpc.decode(body, keep=True) if body else None
         if self.tap is not None and isinstance(reply, dict):
             self.tap.record("backend", "in", reply, backend=self.name)
         if isinstance(reply, dict) and "method" not in reply:  # (decoded: a response)
-            return self._own(reply, msg)
+            if ids.answers(reply, sent):
+                return ids.restore(reply, sent)
+            self._stray(reply.get("id"))
+            raise BackendProtocolError(self.name, "the reply's id is not the request's")
         detail = f"HTTP {status}"
         if status >= 500 or status in (401, 403, 404, 405):
             raise BackendUnavailable(self.name, f"{detail} without a JSON-RPC reply")
         raise BackendProtocolError(self.name, f"{detail}: the reply is not a JSON-RPC response")
 
+    def _stray(self, id_: object) -> None:
+        log.warning(
+            "backend %s: dropped a reply for id %r, not the one it was sent", self.name, id_
+        )
+
     async def _read_stream(
-        self, resp: aiohttp.ClientResponse, msg: Message, sink: NotificationSink, bounded: bool
+        self,
+        resp: aiohttp.ClientResponse,
+        sent: ids.Sent,
+        sink: NotificationSink,
+        within: float | None,
     ) -> Message:
         """The events of a streamed reply until the response; each event is bounded by
         `limits.max_event_bytes`, and (but for a listen stream, which has no end) all of them
-        together by `limits.max_reply_bytes`."""
-        decoder = sse.Decoder(self._limits.max_event_bytes)
+        together by `limits.max_reply_bytes`, across resumptions too."""
+        started = anyio.current_time()
+        reading = resume.Reading(sse.Decoder(self._limits.max_event_bytes))
+        bounded = within is not None
+        legacy = self._legacy
+        try:
+            reply = await self._read_events(resp, reading, sent, sink, bounded)
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
+            if legacy is None or resume.last_event_id(reading.decoder) is None:
+                raise  # (the request may have run: -31005)
+            reply = None
+        if reply is not None:
+            return reply
+        if reading.strays:
+            raise BackendProtocolError(self.name, "the stream ended with replies to other ids")
+        if legacy is None:
+            # The modern era has no resumption (2026-07-28 streamable-http).
+            raise BackendConnectionLost(self.name, "the stream ended before the reply")
+        resp.close()
+        left = None if within is None else within - (anyio.current_time() - started)
+
+        async def attempt(last_id: str, remaining: float | None) -> Message | None:
+            return await self._resume_once(legacy, last_id, remaining, reading, sent, sink)
+
+        return await resume.resume(self.name, reading, attempt, left)
+
+    async def _resume_once(
+        self,
+        legacy: _LegacyHeaders,
+        last_id: str,
+        within: float | None,
+        reading: resume.Reading,
+        sent: ids.Sent,
+        sink: NotificationSink,
+    ) -> Message | None:
+        """One GET taking up a request's stream (2025-11-25 transports, Resumability and
+        Redelivery): the response if it came on it."""
+        session = self._streams
+        if session is None:
+            raise BackendUnavailable(self.name, "not started")
+        headers = legacy.stream_headers.copy()
+        headers[resume.LAST_EVENT_ID] = last_id
+        deadline = web.timeout(within, self._connect_timeout)
+        try:
+            resp = await self._open(session, "GET", headers, None, within, deadline)
+        except BackendTimeout:
+            raise
+        except BackendError:
+            return None  # (cannot connect, or broken before the head: a GET may go again)
+        try:
+            self._check_session(resp, legacy)
+            if resume.final(resp.status):
+                raise BackendConnectionLost(
+                    self.name, f"the stream ended before the reply; resuming: HTTP {resp.status}"
+                )
+            if resp.status != 200 or resp.content_type != SSE:
+                return None
+            return await self._read_events(resp, reading, sent, sink, within is not None)
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
+            return None  # (broken again: perhaps resumed again)
+        finally:
+            resp.close()
+
+    async def _read_events(
+        self,
+        resp: aiohttp.ClientResponse,
+        reading: resume.Reading,
+        sent: ids.Sent,
+        sink: NotificationSink,
+        bounded: bool,
+    ) -> Message | None:
+        """One connection's events: the response when it came, None when the stream ended."""
+        decoder = reading.decoder
         limit = self._limits.max_reply_bytes if bounded else None
-        received = 0
         try:
             async for chunk in resp.content.iter_any():
-                received += len(chunk)
+                reading.received += len(chunk)
                 self._stats.bytes["backend", "in"] += len(chunk)
-                if limit is not None and received > limit:
+                if limit is not None and reading.received > limit:
                     raise BackendProtocolError(self.name, f"a streamed reply over {limit} bytes")
-                for data in decoder.feed(chunk):
-                    reply = await self._on_event(data, msg, sink)
+                events = decoder.feed(chunk)
+                for at, data in enumerate(events):
+                    reply = await self._on_event(data, reading, sent, sink)
                     if reply is not None:
+                        self._after_reply(events[at + 1 :])
                         return reply
             for data in decoder.close():
-                reply = await self._on_event(data, msg, sink)
+                reply = await self._on_event(data, reading, sent, sink)
                 if reply is not None:
                     return reply
         except sse.EventTooLarge as exc:
             raise BackendProtocolError(self.name, str(exc)) from None
-        raise BackendUnavailable(self.name, "the stream ended before the reply")
+        return None
 
-    async def _on_event(self, data: bytes, msg: Message, sink: NotificationSink) -> Message | None:
+    def _after_reply(self, events: list[bytes]) -> None:
+        """What came with the response, after it: a second response is dropped (logged); the
+        rest of the stream is never read (its connection is closed, not reused)."""
+        for data in events:
+            event = jsonrpc.decode(data) if data else None
+            if isinstance(event, dict) and jsonrpc.kind(event) is jsonrpc.Kind.RESPONSE:
+                log.warning("backend %s: dropped a second reply on one stream", self.name)
+
+    async def _on_event(
+        self, data: bytes, reading: resume.Reading, sent: ids.Sent, sink: NotificationSink
+    ) -> Message | None:
+        if not data:
+            return None  # (an event that only carries an id or `retry`: the priming event)
+        reading.messages += 1
         event = jsonrpc.decode(data, keep=True)
         if isinstance(event, jsonrpc.Invalid):
-            if event.response:  # the reply is there but cannot be used
+            if event.response and event.id == sent.wire:  # the reply is there but unusable
                 raise BackendProtocolError(self.name, event.message)
             log.warning("backend %s: dropped an SSE event that is not JSON-RPC", self.name)
             return None
@@ -407,18 +577,22 @@ class HttpBackend:
             self.tap.record("backend", "in", event, backend=self.name)
         kind = jsonrpc.kind(event)
         if kind is jsonrpc.Kind.RESPONSE:
-            return self._own(event, msg)
-        if kind is jsonrpc.Kind.NOTIFICATION or self.takes_requests:
-            await sink(event)  # (a legacy server's questions about this request too)
+            if ids.answers(event, sent):
+                return ids.restore(event, sent)
+            reading.strays += 1
+            self._stray(event.get("id"))
+            return None
+        if kind is jsonrpc.Kind.NOTIFICATION:
+            if event["method"] == "notifications/progress":
+                note = ids.progress(event, sent)
+                if note is None:
+                    log.debug("backend %s: progress for another request dropped", self.name)
+                    return None
+                event = note
+            await sink(event)
+        elif self.takes_requests:
+            await sink(event)  # (a legacy server's questions about this request)
         return None
-
-    def _own(self, reply: Message, msg: Message) -> Message:
-        if "error" in reply and reply.get("id") is None:
-            # Errors the backend raised before reading the id (header checks, parse errors).
-            reply["id"] = msg["id"]
-        elif reply.get("id") != msg.get("id"):
-            raise BackendProtocolError(self.name, "the reply's id is not the request's")
-        return reply
 
 
 class _LegacyHeaders:

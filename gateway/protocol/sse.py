@@ -1,10 +1,11 @@
-"""Server-Sent Events framing, both ways (the subset MCP uses: data lines, event types,
-comments), per the HTML Living Standard's event stream format."""
+"""Server-Sent Events framing, both ways (the subset MCP uses: data lines, event types, event
+ids and the reconnection time, comments), per the HTML Living Standard's event stream format."""
 
 from __future__ import annotations
 
 import re
 
+MEDIA_TYPE = "text/event-stream"
 KEEPALIVE = b":\r\n\r\n"
 # A line ends with CRLF, LF or CR; CRLF first, so that it counts as one line end.
 _LINE_END = re.compile(rb"\r\n|\r|\n")
@@ -33,6 +34,10 @@ class Decoder:
     costs what reading it costs. `max_event_bytes` bounds the data of one event plus any
     unfinished line, which is what the decoder holds; past it `feed` raises EventTooLarge
     (after giving the events that were complete before it, if any).
+
+    `last_id` and `retry` are what a reconnection needs (2025-11-25 transports, Resumability and
+    Redelivery): the last event id dispatched so far (it sticks until an event sets another;
+    None until one does) and the reconnection time the server last asked for, in milliseconds.
     """
 
     def __init__(self, max_event_bytes: int | None = None) -> None:
@@ -44,6 +49,17 @@ class Decoder:
         self._limit = max_event_bytes
         self._started = False
         self._failed: EventTooLarge | None = None
+        self._id: bytes | None = None  # the last event id buffer (the standard's name)
+        self.last_id: bytes | None = None
+        self.retry: int | None = None
+
+    def resumed(self) -> Decoder:
+        """A decoder for the stream that takes this one up: nothing of a half-received event,
+        the last event id and the reconnection time kept (as a reconnection keeps them)."""
+        fresh = Decoder(self._limit)
+        fresh._id = fresh.last_id = self.last_id
+        fresh.retry = self.retry
+        return fresh
 
     def feed(self, chunk: bytes) -> list[bytes]:
         return [data for _, data in self.feed_named(chunk)]
@@ -101,6 +117,9 @@ class Decoder:
     def _line(self, start: int, end: int, events: list[tuple[str, bytes]]) -> None:
         buffer = self._buffer
         if start == end:
+            # Dispatch: the last event id is taken even from an event without data (the
+            # priming event a server sends first is just that).
+            self.last_id = self._id
             if self._data:
                 data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
                 name = self._name.decode("utf-8", "replace") or "message"
@@ -126,4 +145,13 @@ class Decoder:
                 self._data.append(bytes(view[value_at:end]))  # the one copy of the data
         elif field == b"event":
             self._name = bytes(buffer[value_at:end])
-        # "id" and "retry" carry nothing the gateway needs; other fields are ignored
+        elif field == b"id":
+            value = bytes(buffer[value_at:end])
+            if b"\0" not in value:
+                self._id = value
+        elif field == b"retry":
+            value = bytes(buffer[value_at:end])
+            if value.isdigit():  # (ASCII digits only, for bytes)
+                # Past nine digits int() would be slow or refuse; no caller waits that long.
+                self.retry = int(value) if len(value) <= 9 else 999_999_999
+        # other fields are ignored

@@ -1,0 +1,103 @@
+"""Picking up a legacy backend's SSE stream that ended before it was done (2025-11-25
+transports, Resumability and Redelivery; the SSE `retry` field).
+
+A stream whose server gave event ids is taken up again with a GET carrying `Last-Event-ID`,
+after the reconnection time the server asked for (capped); the server replays what followed
+on that stream. A stream without event ids cannot be resumed: its request may have run, and
+the POST is never sent again (-31005). The modern era dropped resumability (2026-07-28
+streamable-http): a modern backend's broken stream is never resumed.
+
+Bounded both ways: each wait is at most MAX_DELAY, and after MAX_ATTEMPTS reconnections in a
+row that bring no message (refused, broken, or ended empty) the request fails with -31005.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import anyio
+
+from gateway.backends import hop
+from gateway.errors import BackendConnectionLost, BackendTimeout, SessionExpired
+from gateway.protocol import sse
+from gateway.protocol.jsonrpc import Message
+
+LAST_EVENT_ID = "Last-Event-ID"
+# Reconnections in a row that bring no message before the stream is given up.
+MAX_ATTEMPTS = 3
+# The longest wait before a reconnection, whatever `retry` the server asked for (seconds).
+MAX_DELAY = 30.0
+# The wait when the server gave no `retry` (the SSE standard leaves it to the client).
+DEFAULT_DELAY = 1.0
+# A refusal that another attempt will not change (408 and 429 are worth another try).
+_FINAL = frozenset(range(400, 500)) - {408, 429}
+
+
+class Reading:
+    """One reply stream across its connections: the decoder of the current one (which carries
+    the last event id and `retry` over to the next), the bytes so far, and the messages."""
+
+    __slots__ = ("decoder", "messages", "received", "strays")
+
+    def __init__(self, decoder: sse.Decoder) -> None:
+        self.decoder = decoder
+        self.received = 0
+        self.messages = 0
+        self.strays = 0  # replies under an id that was not sent: the backend is out of step
+
+
+def delay(decoder: sse.Decoder) -> float:
+    """How long to wait before reconnecting (seconds)."""
+    retry = decoder.retry
+    return DEFAULT_DELAY if retry is None else min(retry / 1000, MAX_DELAY)
+
+
+def last_event_id(decoder: sse.Decoder) -> str | None:
+    """The last event id as a header value; None without one, or when it cannot be a header
+    value (then the stream cannot be resumed)."""
+    raw = decoder.last_id
+    if not raw or not raw.isascii():
+        return None
+    text = raw.decode("ascii")
+    return text if hop.plain(text) else None
+
+
+# One reconnection: a GET with this Last-Event-ID within these seconds (None: no deadline),
+# read to its end; the response if it came, None if it failed in a way another GET may not
+# (no connection, broken, ended without it). Raises BackendConnectionLost for a refusal that
+# another attempt will not change, BackendTimeout past the deadline.
+Attempt = Callable[[str, float | None], Awaitable[Message | None]]
+
+
+def final(status: int) -> bool:
+    """Whether an HTTP status refusing a reconnection is worth no other attempt."""
+    return status in _FINAL
+
+
+async def resume(name: str, reading: Reading, attempt: Attempt, within: float | None) -> Message:
+    """The response of a stream that ended early, from as many GETs as it takes (bounded)."""
+    deadline = None if within is None else anyio.current_time() + within
+    failed = 0
+    while True:
+        last = last_event_id(reading.decoder)
+        if last is None:
+            raise BackendConnectionLost(name, "the stream ended before the reply (no event id)")
+        if failed >= MAX_ATTEMPTS:
+            raise BackendConnectionLost(
+                name, f"the stream ended before the reply and {failed} resumptions failed"
+            )
+        wait = delay(reading.decoder)
+        left = None if deadline is None else deadline - anyio.current_time() - wait
+        if left is not None and left <= 0:
+            raise BackendTimeout(name, f"no reply within {within:g}s")
+        await anyio.sleep(wait)
+        reading.decoder = reading.decoder.resumed()
+        before = reading.messages
+        try:
+            reply = await attempt(last, left)
+        except SessionExpired:
+            # (never SessionExpired from here: that would have the request sent again)
+            raise BackendConnectionLost(name, "the session ended before the reply") from None
+        if reply is not None:
+            return reply
+        failed = 0 if reading.messages > before else failed + 1

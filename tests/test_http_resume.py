@@ -1,0 +1,196 @@
+"""A legacy backend's SSE stream that ends before its response is resumed (2025-11-25
+transports, Resumability and Redelivery; the SSE `retry` field; the conformance client
+scenario `sse-retry`): a GET with `Last-Event-ID` after the server's `retry`, bounded in
+attempts and in time; a stream without event ids, or a modern one (2026-07-28 streamable-http:
+no resumability), fails with -31005 and the POST is never sent again.
+
+Against a real aiohttp server (tests/servers/unruly_http.py) that closes the stream after
+`id:` + `retry:` and serves the rest on a GET; errors by code.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+import anyio
+import orjson
+import pytest
+import yaml
+
+from gateway import config as gateway_config
+from gateway import errors
+from gateway.app import Gateway
+from gateway.backends import resume
+from gateway.backends.http import HttpBackend
+from gateway.protocol import codes, sse
+from gateway.protocol.jsonrpc import Message
+from tests.backend_support import backend_config, code_of, ignore, running
+from tests.servers import unruly_http
+from tests.support import (
+    BOUND,
+    both_event_loops,  # noqa: F401  (the anyio_backend fixture)
+    call,
+    mirrored_headers,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+def legacy(backend: HttpBackend) -> HttpBackend:
+    """The backend as the era layer leaves it after `initialize`: a legacy session."""
+    backend.begin_session()
+    backend.agreed(unruly_http.LEGACY)
+    return backend
+
+
+def posts(server: unruly_http.Unruly) -> int:
+    return sum(1 for m in server.received if m.get("method") == "tools/call")
+
+
+async def test_a_dropped_stream_is_resumed_from_its_last_event_id() -> None:
+    """The reply and the progress that followed the drop arrive through a GET carrying the
+    last event id received, sent no sooner than the server's `retry` (100 ms) after the drop;
+    the POST went once."""
+    notes: list[Message] = []
+
+    async def sink(note: Message) -> None:
+        notes.append(note)
+
+    async with (
+        unruly_http.serving(legacy=True) as (server, url),
+        running(backend_config(url)) as backend,
+    ):
+        with anyio.fail_after(BOUND):
+            got = await legacy(backend).request(call(7, "drop", token="tok", retry=100), sink)
+    assert got["id"] == 7 and got["result"]["resumed"] == "s1-1"
+    assert server.resumes == ["s1-1"]
+    assert server.resumed_at[0] - server.closed_at[0] >= 0.1 * 0.9
+    assert [(n["params"]["progressToken"], n["params"]["progress"]) for n in notes] == [
+        ("tok", 1),
+        ("tok", 2),
+    ]
+    assert posts(server) == 1
+
+
+async def test_resumption_that_keeps_failing_gives_up_after_a_few_attempts() -> None:
+    """Every GET is answered with a fresh priming event and closed empty: MAX_ATTEMPTS of them,
+    then -31005 (the call may have run), well within the request's deadline."""
+    async with (
+        unruly_http.serving(legacy=True) as (server, url),
+        running(backend_config(url)) as backend,
+    ):
+        with anyio.fail_after(BOUND), pytest.raises(errors.BackendConnectionLost) as caught:
+            await legacy(backend).request(call(1, "drop", retry=50, fail=True), ignore)
+    assert code_of(caught) == codes.BACKEND_CONNECTION_LOST
+    assert len(server.resumes) == resume.MAX_ATTEMPTS
+    assert server.resumes[0] == "s1-1"  # then the priming ids each failed GET gave
+    assert posts(server) == 1
+
+
+async def test_a_refused_resumption_is_not_tried_again() -> None:
+    """A 4xx to the resuming GET (here 404: the server forgot the stream) ends it at once."""
+    async with (
+        unruly_http.serving(legacy=True) as (server, url),
+        running(backend_config(url)) as backend,
+    ):
+        with anyio.fail_after(BOUND), pytest.raises(errors.BackendConnectionLost) as caught:
+            await legacy(backend).request(call(1, "drop", retry=10, forget=True), ignore)
+    assert code_of(caught) == codes.BACKEND_CONNECTION_LOST
+    assert server.resumes == ["s1-1"] and posts(server) == 1
+
+
+async def test_a_retry_beyond_the_deadline_fails_at_once() -> None:
+    """A `retry` longer than what is left of the request's deadline is not waited out."""
+    async with unruly_http.serving(legacy=True) as (server, url):
+        config = backend_config(url, _backend={"request_timeout": 2})
+        async with running(config) as backend:
+            started = anyio.current_time()
+            with anyio.fail_after(BOUND), pytest.raises(errors.BackendTimeout) as caught:
+                await legacy(backend).request(call(1, "drop", retry=600_000), ignore)
+    assert code_of(caught) == codes.BACKEND_TIMEOUT
+    assert anyio.current_time() - started < 1.0
+    assert server.resumes == []
+
+
+@pytest.mark.parametrize("era", ["legacy-without-ids", "modern-with-ids"])
+async def test_a_stream_that_cannot_be_resumed_fails_without_sending_again(era: str) -> None:
+    """Without event ids there is nothing to resume from; a modern stream is never resumed.
+    Either way -31005, one POST and no GET."""
+    async with (
+        unruly_http.serving(legacy=era.startswith("legacy")) as (server, url),
+        running(backend_config(url)) as backend,
+    ):
+        if era.startswith("legacy"):
+            legacy(backend)
+        msg = call(1, "drop", ids=era.endswith("with-ids"))
+        with anyio.fail_after(BOUND), pytest.raises(errors.BackendConnectionLost) as caught:
+            await backend.request(msg, ignore)
+    assert code_of(caught) == codes.BACKEND_CONNECTION_LOST
+    assert server.resumes == []
+    assert posts(server) == 1
+
+
+async def test_the_get_stream_is_resumed_from_its_last_event_id() -> None:
+    """The legacy session's own GET stream: after it drops, a GET with `Last-Event-ID` picks it
+    up (its second notification arrives); once resuming is refused, `watch` returns (the era
+    layer opens a fresh stream later)."""
+    seen: list[Message] = []
+    async with (
+        unruly_http.serving(legacy=True, watch=True) as (server, url),
+        running(backend_config(url)) as backend,
+    ):
+        with anyio.fail_after(BOUND):
+            offered = await legacy(backend).watch(lambda _, note: seen.append(note))
+    assert offered is True
+    assert [n["params"]["n"] for n in seen] == [1, 2]
+    assert server.resumes == [None, "w-1"] + ["w-2"] * resume.MAX_ATTEMPTS
+
+
+async def test_through_the_gateway_a_legacy_backends_dropped_stream_is_resumed() -> None:
+    """A modern client, the gateway, a legacy backend that drops the call's stream: the client
+    gets the result, once."""
+    async with unruly_http.serving(legacy=True) as (server, url):
+        text = yaml.safe_dump(
+            {
+                "listen": {"http": {"host": "127.0.0.1", "port": 0}},
+                "backends": {"b": {"http": {"url": url}}},
+            }
+        )
+        async with Gateway(gateway_config.parse(text)) as gw, aiohttp.ClientSession() as client:
+            assert gw.http_url is not None
+            msg = call(3, "drop", retry=100)
+            with anyio.fail_after(BOUND):
+                async with client.post(
+                    gw.http_url, data=orjson.dumps(msg), headers=mirrored_headers(msg)
+                ) as resp:
+                    body = orjson.loads(await resp.read())
+    assert body["id"] == 3 and body["result"]["resumed"] == "s1-1", body
+    assert "s1-1" in server.resumes and posts(server) == 1
+
+
+# --- the rules on their own ------------------------------------------------------------------
+
+
+def decoder_after(stream: bytes) -> sse.Decoder:
+    decoder = sse.Decoder()
+    decoder.feed(stream)
+    return decoder
+
+
+def test_the_wait_is_the_servers_retry_capped() -> None:
+    assert resume.delay(decoder_after(b"retry: 250\n\n")) == 0.25
+    assert resume.delay(decoder_after(b"retry: 86400000\n\n")) == resume.MAX_DELAY
+    assert resume.delay(decoder_after(b"retry: 99999999999999999999\n\n")) == resume.MAX_DELAY
+    assert resume.delay(decoder_after(b"retry: soon\n\n")) == resume.DEFAULT_DELAY
+    assert resume.delay(decoder_after(b"data: x\n\n")) == resume.DEFAULT_DELAY
+
+
+def test_the_last_event_id_is_the_one_dispatched_last() -> None:
+    """SSE standard: an event's id sticks until another sets it; an event not yet ended sets
+    nothing; an id that cannot be a header value cannot be resumed from."""
+    assert resume.last_event_id(decoder_after(b"id: a\ndata: x\n\ndata: y\n\n")) == "a"
+    assert resume.last_event_id(decoder_after(b"id: a\n\nid: b\ndata: half")) == "a"
+    assert resume.last_event_id(decoder_after(b"data: x\n\n")) is None
+    assert resume.last_event_id(decoder_after(b"id: \xc3\xa9\n\n")) is None
+    assert resume.last_event_id(decoder_after(b"id: a\n\nid\n\n")) is None  # reset to empty
+    carried = decoder_after(b"id: a\nretry: 5\n\nid: b\ndata: half").resumed()
+    assert resume.last_event_id(carried) == "a" and carried.retry == 5
