@@ -25,7 +25,7 @@ import signal
 import socket
 import sys
 import warnings
-from typing import Any
+from typing import Any, TypeGuard
 
 import anyio
 import orjson
@@ -37,7 +37,6 @@ from mcp.server.mcpserver.prompts.base import Message, UserMessage
 from mcp.server.request_state import RequestStateSecurity
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types import (
-    INVALID_PARAMS,
     MISSING_REQUIRED_CLIENT_CAPABILITY,
     AudioContent,
     CallToolResult,
@@ -197,7 +196,7 @@ def responses(ctx: Context) -> dict[str, Any]:
     }
 
 
-def accepted(answer: Any) -> bool:
+def accepted(answer: Any) -> TypeGuard[dict[str, Any]]:
     return isinstance(answer, dict) and answer.get("action") == "accept"
 
 
