@@ -189,6 +189,9 @@ def judge(leg: str, pairing: str, revision: str, results: dict[str, Outcome]) ->
                 problems.append(f"{name} (scored) fails directly: {outcome.messages}")
             elif pairing != "direct" and (scored or (direct is not None and direct.passed)):
                 problems.append(f"{name} fails through {pairing}: {outcome.messages}")
+            elif direct is not None and (new := set(outcome.failures) - set(direct.failures)):
+                # Failing both ways, but through the gateway more of its checks fail.
+                problems.append(f"{name}: checks {sorted(new)} fail only through {pairing}")
     return problems
 
 

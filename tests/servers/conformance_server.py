@@ -25,7 +25,7 @@ import signal
 import socket
 import sys
 import warnings
-from typing import Any, TypeGuard
+from typing import Annotated, Any, TypeGuard
 
 import anyio
 import orjson
@@ -56,6 +56,7 @@ from mcp_types import (
     TextResourceContents,
     UnsubscribeRequestParams,
 )
+from pydantic import Field
 
 warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
 
@@ -270,6 +271,13 @@ def add_content_tools(mcp: MCPServer) -> None:
     # The listing shows a hand-written 2020-12 schema ($defs, $anchor, allOf/anyOf,
     # if/then/else), which no Python signature produces.
     mcp._tool_manager.get_tool("json_schema_2020_12_tool").parameters = SCHEMA_2020_12  # type: ignore[union-attr]
+
+    @mcp.tool()
+    def test_header_param(
+        region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})],
+    ) -> str:
+        """Echo a region mirrored into the Mcp-Param-Region header (SEP-2243)."""
+        return f"region: {region}"
 
     @mcp.tool()
     def test_error_handling() -> str:
