@@ -30,15 +30,18 @@ pytest: install npm-deps
 # node 24 (the official conformance suite needs node >= 22; the machine's node may be older),
 # @modelcontextprotocol/conformance and the reference servers. Installed with the machine's
 # npm into tests/npm/node_modules, again only when the lock file changes (the stamp). Without
-# npm it says so and those tests skip (outside CI; with CI=true they fail).
+# npm (or when `npm ci` fails) it says so and those tests skip; with CI=true it fails instead.
 NPM_DIR := tests/npm
 NPM_STAMP := $(NPM_DIR)/node_modules/.installed
 
 $(NPM_STAMP): $(NPM_DIR)/package.json $(NPM_DIR)/package-lock.json
-	@if command -v npm >/dev/null 2>&1; then \
-	  cd $(NPM_DIR) && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	@if command -v npm >/dev/null 2>&1 \
+	    && (cd $(NPM_DIR) && npm ci --no-audit --no-fund --loglevel=error); then \
+	  touch $(NPM_STAMP); \
+	elif [ "$$CI" = true ]; then \
+	  echo "npm-deps: could not install $(NPM_DIR) with npm; CI needs it" >&2; exit 1; \
 	else \
-	  echo "npm-deps: npm not found; the conformance and npm-server tests will skip" >&2; \
+	  echo "npm-deps: could not install $(NPM_DIR) with npm; the conformance tests will skip" >&2; \
 	fi
 
 npm-deps: $(NPM_STAMP)

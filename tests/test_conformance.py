@@ -153,8 +153,8 @@ def client_results(pairing: str, revision: str, out: Path) -> dict[str, Outcome]
 def run_clients(pairing: str, revision: str, out: Path) -> dict[str, Outcome]:
     command = shlex.join([PYTHON, CLIENT, "--via", CLIENT_PAIRINGS[pairing]])
     names = suite.client_scenarios(revision)
-    # Two at a time: each is mostly a Python start-up; the suite's mocks use ephemeral ports.
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # Three at a time: each is mostly process start-ups; the suite's mocks use ephemeral ports.
+    with ThreadPoolExecutor(max_workers=3) as pool:
         outcomes = pool.map(
             lambda name: suite.run_client_scenario(command, name, revision, out), names
         )
