@@ -35,6 +35,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.prompts.base import Message, UserMessage
 from mcp.server.request_state import RequestStateSecurity
+from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types import (
     MISSING_REQUIRED_CLIENT_CAPABILITY,
@@ -47,6 +48,7 @@ from mcp_types import (
     EmptyResult,
     ImageContent,
     InputRequiredResult,
+    JSONRPCMessage,
     PromptReference,
     ResourceTemplateReference,
     SamplingMessage,
@@ -83,6 +85,8 @@ WAV = base64.b64encode(
     + b"\x00\x00\x00\x00"
 ).decode()
 
+# The SSE `retry:` hint, in milliseconds.
+RETRY_MS = 500
 LEGACY_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 
 SEP1034_SCHEMA: dict[str, Any] = {
@@ -158,6 +162,30 @@ SCHEMA_2020_12: dict[str, Any] = {
     "else": {"required": ["email"]},
     "additionalProperties": False,
 }
+
+
+class MemoryEventStore(EventStore):
+    """Every SSE event kept in memory, so a client resumes a closed stream (SEP-1699)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[StreamId, EventId, JSONRPCMessage | None]] = []
+
+    async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
+        event_id = str(len(self.events) + 1)
+        self.events.append((stream_id, event_id, message))
+        return event_id
+
+    async def replay_events_after(
+        self, last_event_id: EventId, send_callback: EventCallback
+    ) -> StreamId | None:
+        index = next((i for i, e in enumerate(self.events) if e[1] == last_event_id), None)
+        if index is None:
+            return None
+        stream_id = self.events[index][0]
+        for sid, event_id, message in self.events[index + 1 :]:
+            if sid == stream_id and message is not None:
+                await send_callback(EventMessage(message, event_id))
+        return stream_id
 
 
 def elicit_request(message: str, properties: dict[str, Any]) -> dict[str, Any]:
@@ -312,6 +340,14 @@ def add_notifying_tools(mcp: MCPServer) -> None:
             if step < 100:
                 await anyio.sleep(0.05)
         return text("Progress tool completed")
+
+    @mcp.tool()
+    async def test_reconnection(ctx: Context) -> CallToolResult:
+        """Close this call's SSE stream mid-call; the answer comes on the resumed one."""
+        await anyio.sleep(0.05)
+        await ctx.close_sse_stream()
+        await anyio.sleep(0.2)
+        return text("Reconnection test completed")
 
     @mcp.tool()
     async def test_trigger_tool_change(ctx: Context) -> CallToolResult:
@@ -589,7 +625,10 @@ async def serve_http(mcp: MCPServer, port: int) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     sock.listen(128)
-    app = mcp.streamable_http_app(host="127.0.0.1")
+    # An event store and a `retry:` hint: a closed stream is resumed with Last-Event-ID.
+    app = mcp.streamable_http_app(
+        host="127.0.0.1", event_store=MemoryEventStore(), retry_interval=RETRY_MS
+    )
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1, lifespan="on")
     server = uvicorn.Server(config)
 
