@@ -11,6 +11,9 @@ It offers the fixtures the suite's server scenarios name (tools `test_*`, resour
 `test://...`, prompts `test_*_prompt`), so the suite can measure it directly and through
 the gateway. HTTP mode serves http://127.0.0.1:N/mcp and prints `READY <port>`.
 
+HTTP mode keeps every SSE event in memory and hints `retry:` 500 ms, so `test_reconnection`
+can close its stream mid-call and the client resumes it with Last-Event-ID (SEP-1699).
+
 The `test_input_required_result_*` tools answer the 2026-07-28 multi-round flow by hand
 (they read the raw `inputResponses` and return an `InputRequiredResult`); their
 `requestState` is sealed by the SDK's request-state boundary, so a tampered one is
