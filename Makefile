@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck pytest clean ci-deps bench
+.PHONY: install run test lint typecheck pytest clean ci-deps npm-deps bench
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -23,8 +23,28 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-pytest: install
+pytest: install npm-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# npm tools the tests use (tests/npm/package.json, exact versions in its package-lock.json):
+# node 24 (the official conformance suite needs node >= 22; the machine's node may be older),
+# @modelcontextprotocol/conformance and the reference servers. Installed with the machine's
+# npm into tests/npm/node_modules, again only when the lock file changes (the stamp). Without
+# npm (or when `npm ci` fails) it says so and those tests skip; with CI=true it fails instead.
+NPM_DIR := tests/npm
+NPM_STAMP := $(NPM_DIR)/node_modules/.installed
+
+$(NPM_STAMP): $(NPM_DIR)/package.json $(NPM_DIR)/package-lock.json
+	@if command -v npm >/dev/null 2>&1 \
+	    && (cd $(NPM_DIR) && npm ci --no-audit --no-fund --loglevel=error); then \
+	  touch $(NPM_STAMP); \
+	elif [ "$$CI" = true ]; then \
+	  echo "npm-deps: could not install $(NPM_DIR) with npm; CI needs it" >&2; exit 1; \
+	else \
+	  echo "npm-deps: could not install $(NPM_DIR) with npm; the conformance tests will skip" >&2; \
+	fi
+
+npm-deps: $(NPM_STAMP)
 
 test: lint typecheck pytest
 
@@ -44,4 +64,4 @@ bench: install
 	$(PY) -m bench $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info $(NPM_DIR)/node_modules
