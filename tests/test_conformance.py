@@ -72,10 +72,6 @@ GET_STREAM_S2C = (
     "questions only within a request' where the client, directly, answers it (needs the "
     "backend session per legacy client session)"
 )
-SSE_RETRY = (
-    "issue 16, legacy SSE streams from a backend that drop are not resumed: the gateway's "
-    "backend hop neither waits `retry:` nor reconnects with Last-Event-ID"
-)
 LEGACY_2025 = at("http->http@2025-11-25", "http->stdio@2025-11-25")
 CLIENT_2025 = at("http->http@2025-11-25", "stdio->http@2025-11-25")
 
@@ -86,7 +82,6 @@ EXPECTED_FAILURES: dict[tuple[str, str], Known] = {
     ("server", "elicitation-sep1034-defaults"): Known(LEGACY_S2C, LEGACY_2025),
     ("server", "elicitation-sep1330-enums"): Known(LEGACY_S2C, LEGACY_2025),
     ("client", "elicitation-sep1034-client-defaults"): Known(GET_STREAM_S2C, CLIENT_2025),
-    ("client", "sse-retry"): Known(SSE_RETRY, CLIENT_2025),
 }
 
 
