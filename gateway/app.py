@@ -27,6 +27,7 @@ from gateway import __version__
 from gateway.backends.base import Backend
 from gateway.backends.era import EraBackend
 from gateway.backends.http import HttpBackend
+from gateway.backends.isolated import IsolatedBackend
 from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
 from gateway.config import BackendConfig, Config, ListenerLimits, SseTarget, StdioTarget, TapConfig
@@ -57,8 +58,12 @@ class StartupError(Exception):
     """The configured backends cannot be served together (e.g. a name collision under `never`)."""
 
 
-def make_backend(config: BackendConfig, stats: Stats) -> StdioBackend | HttpBackend | SseBackend:
+def make_backend(
+    config: BackendConfig, stats: Stats
+) -> StdioBackend | HttpBackend | SseBackend | IsolatedBackend:
     if isinstance(config.target, StdioTarget):
+        if config.isolation == "per_session":
+            return IsolatedBackend(config, stats)  # its children have an era layer each
         return StdioBackend(config, stats)
     if isinstance(config.target, SseTarget):
         return SseBackend(config, stats)
@@ -152,12 +157,15 @@ class Gateway:
         )
         self.transports = [make_backend(b, self.telemetry.stats) for b in config.backends]
         # Each transport behind its era layer: a legacy backend looks modern from here on.
-        self.eras = [
-            EraBackend(t, c) for t, c in zip(self.transports, config.backends, strict=True)
+        # (A backend with a child per client has an era layer per child, inside it.)
+        self.layers = [
+            t if isinstance(t, IsolatedBackend) else EraBackend(t, c)
+            for t, c in zip(self.transports, config.backends, strict=True)
         ]
+        self.eras = [e for e in self.layers if isinstance(e, EraBackend)]
         self.backends: list[Backend] = [
             InstrumentedBackend(e, self.telemetry, _address(c))
-            for e, c in zip(self.eras, config.backends, strict=True)
+            for e, c in zip(self.layers, config.backends, strict=True)
         ]
         self.dispatcher = Dispatcher(
             self.backends,
@@ -167,7 +175,7 @@ class Gateway:
             config.on_backend_failure,
             self.telemetry,
         )
-        for era in self.eras:
+        for era in self.layers:
             era.on_notification = self.dispatcher.backend_notification
         self.registry.register(
             GatewayCollector(self.telemetry.stats, self._backend_states, self._listens)
@@ -207,12 +215,15 @@ class Gateway:
             BackendState(
                 name=t.name,
                 up=t.up,
-                restarts=t.restarts if isinstance(t, StdioBackend | SseBackend) else 0,
+                restarts=(
+                    t.restarts if isinstance(t, StdioBackend | SseBackend | IsolatedBackend) else 0
+                ),
                 catalog_refreshes=catalogs.refreshes.get(t.name, 0),
                 fanout_failures=self.dispatcher.fan_out_failures.get(t.name, 0),
                 era=e.era or "unknown",
+                children=t.children if isinstance(t, IsolatedBackend) else None,
             )
-            for t, e in zip(self.transports, self.eras, strict=True)
+            for t, e in zip(self.transports, self.layers, strict=True)
         ]
 
     def _listens(self) -> int:
