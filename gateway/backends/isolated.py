@@ -14,9 +14,10 @@ Whose a request is (the key of its child) comes from the request being served (`
 
 Each child is what a shared backend is: a `StdioBackend` behind its own `EraBackend` (probe,
 legacy handshake, held calls), started on its key's first request and stopped (stdin closed,
-SIGTERM, SIGKILL) when its client has sent nothing for `child_idle_timeout`. A listen stream
-does not count as activity: a client that only listens would otherwise hold its process forever.
-Beyond `max_children` a new client is refused with -31004 until a child ends.
+SIGTERM, SIGKILL) when its client has had no request in flight for `child_idle_timeout`. A
+listen stream counts: a client listening is still there (a legacy session's watch is one, so
+its child lasts until the session ends). Beyond `max_children` a new client is refused with
+-31004 until a child ends.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import anyio
+import anyio.abc
+
 from gateway.backends.base import NotificationSink
 from gateway.backends.era import EraBackend
 from gateway.backends.stdio import StdioBackend
 from gateway.config import BackendConfig, StdioTarget
-from gateway.errors import BackendOverloaded, BackendUnavailable
+from gateway.errors import BackendError, BackendOverloaded, BackendUnavailable
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import GATEWAY_ORIGIN, SERVING, Stats
 
@@ -50,9 +54,11 @@ class _Child:
     era: EraBackend
     ended: asyncio.Event | None  # the end of its legacy session
     last_used: float
-    busy: int = 0  # requests in flight that count as activity (not listen streams)
-    runner: asyncio.Task[None] | None = field(default=None, repr=False)
-    reaper: asyncio.Task[None] | None = field(default=None, repr=False)
+    busy: int = 0  # requests in flight, listen streams included
+    # anyio scopes, not task.cancel(): the child's StdioBackend stops its process in a shielded
+    # scope, which only anyio's cancellation respects.
+    runner: anyio.CancelScope = field(default_factory=anyio.CancelScope, repr=False)
+    reaper: anyio.CancelScope = field(default_factory=anyio.CancelScope, repr=False)
 
 
 class IsolatedBackend:
@@ -69,7 +75,7 @@ class IsolatedBackend:
         self._max = config.max_children
         self._children: dict[str, _Child] = {}
         self._numbers = itertools.count(1)
-        self._tg: asyncio.TaskGroup | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
         self._running = asyncio.Event()
         self._era: str | None = None if config.era == "auto" else config.era
         self._past_restarts = 0
@@ -109,10 +115,10 @@ class IsolatedBackend:
 
     async def run(self) -> None:
         try:
-            async with asyncio.TaskGroup() as tg:
+            async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self._running.set()
-                await asyncio.get_running_loop().create_future()  # until cancelled
+                await anyio.sleep_forever()
         finally:
             self._tg = None
             self._running.clear()
@@ -130,13 +136,11 @@ class IsolatedBackend:
                 await asyncio.wait_for(self._running.wait(), self._config.connect_timeout)
         child = self._child(msg)
         loop = asyncio.get_running_loop()
-        counts = 0 if long_lived else 1
-        child.busy += counts
-        child.last_used = loop.time()
+        child.busy += 1
         try:
             return await child.era.request(msg, sink, long_lived=long_lived)
         finally:
-            child.busy -= counts
+            child.busy -= 1
             child.last_used = loop.time()
 
     async def notify(self, msg: Message) -> None:
@@ -157,6 +161,9 @@ class IsolatedBackend:
         child = self._children.get(key)
         if child is not None:
             return child
+        if ended is not None and ended.is_set():
+            # What a session started may still be winding down (its watch): no child for it.
+            raise BackendUnavailable(self.name, "the client's session has ended")
         tg = self._tg
         if tg is None:
             raise BackendUnavailable(self.name, "not running")
@@ -181,8 +188,8 @@ class IsolatedBackend:
             next(self._numbers), kind, stdio, era, ended, asyncio.get_running_loop().time()
         )
         self._children[key] = child
-        child.runner = tg.create_task(self._run(key, child), name=f"{self.name} child")
-        child.reaper = tg.create_task(self._reap(key, child), name=f"{self.name} reaper")
+        tg.start_soon(self._run, key, child, name=f"{self.name} child {child.number}")
+        tg.start_soon(self._reap, key, child, name=f"{self.name} reaper {child.number}")
         log.info(
             "backend %s: child %d started for %s (%d running)",
             self.name,
@@ -193,16 +200,25 @@ class IsolatedBackend:
         return child
 
     async def _run(self, key: str, child: _Child) -> None:
-        try:
-            await child.era.run()
-        except Exception:  # one child's failure must not take the others down with it
-            log.exception("backend %s: child %d failed", self.name, child.number)
-            self._forget(key, child)
-            if child.reaper is not None:
+        with child.runner:
+            try:
+                await child.era.run()
+            except Exception:  # one child's failure must not take the others down with it
+                log.exception("backend %s: child %d failed", self.name, child.number)
+                self._forget(key, child)
                 child.reaper.cancel()
 
     async def _reap(self, key: str, child: _Child) -> None:
-        why = await self._until_unused(child)
+        with child.reaper:
+            why = await self._until_unused(child)
+            self._retire(key, child, why)
+            # A child is stopped once it has started: cancelled while being spawned, its
+            # process would be left running.
+            with contextlib.suppress(BackendError):
+                await child.stdio.ready()
+            child.runner.cancel()  # its StdioBackend closes stdin, then SIGTERM, then SIGKILL
+
+    def _retire(self, key: str, child: _Child, why: str) -> None:
         self._forget(key, child)
         log.info(
             "backend %s: child %d stopped: %s (%d running)",
@@ -211,8 +227,6 @@ class IsolatedBackend:
             why,
             len(self._children),
         )
-        if child.runner is not None:
-            child.runner.cancel()  # its StdioBackend closes stdin, then SIGTERM, then SIGKILL
 
     async def _until_unused(self, child: _Child) -> str:
         loop = asyncio.get_running_loop()
@@ -223,11 +237,11 @@ class IsolatedBackend:
             if child.busy == 0 and left <= 0:
                 return f"idle for {self._idle:g}s"
             delay = left if child.busy == 0 and left > 0 else self._idle
-            if child.ended is None:
-                await asyncio.sleep(delay)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(child.ended.wait(), delay)
+            with anyio.move_on_after(delay):
+                if child.ended is None:
+                    await anyio.sleep_forever()
+                else:
+                    await child.ended.wait()
 
     def _forget(self, key: str, child: _Child) -> None:
         if self._children.get(key) is child:

@@ -215,7 +215,9 @@ class StdioBackend(Channel):
                 raise BackendUnavailable(self.name, f"cannot write to the child: {exc!r}") from None
 
     async def _wait_ready(self) -> None:
-        if self._proc is not None:
+        # Ready once opened, not once started: a request arriving during a new child's probe
+        # and handshake would otherwise be taken for one of the era still unknown.
+        if self._ready.is_set():
             return
         with anyio.move_on_after(self._connect_timeout):
             await self._ready.wait()
