@@ -6,28 +6,31 @@ Management), modern ones statelessly (2026-07-28 basic/versioning)."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import anyio
+import orjson
 import pytest
 import yaml
 
 from gateway.app import Gateway
 from gateway.backends.base import NotificationSink
 from gateway.backends.isolated import CATALOG, IsolatedBackend, _key
-from gateway.config import ConfigInvalid, parse
+from gateway.config import ConfigInvalid, describe, parse
 from gateway.config.model import DEFAULT_CHILD_IDLE_TIMEOUT, DEFAULT_MAX_CHILDREN
 from gateway.core.catalog import Catalogs
 from gateway.core.legacy import Session
 from gateway.protocol.jsonrpc import Message
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure
-from gateway.telemetry.api import GATEWAY_ORIGIN, NO_OBSERVATION, SERVING, Origin
-from tests.support import BOUND, PYTHON, ROOT, START_BOUND
+from gateway.telemetry.api import GATEWAY_ORIGIN, NO_OBSERVATION, SERVING, STDIO_ORIGIN, Origin
+from tests.support import BOUND, PYTHON, ROOT, START_BOUND, sdk_stdio_command
 from tests.test_http_transport_rules import call, post, send
 from tests.test_legacy_sessions import SESSION, legacy, open_session, result_of
 
@@ -119,6 +122,9 @@ def test_defaults_and_keys() -> None:
     assert shared.max_children == DEFAULT_MAX_CHILDREN == 64
     own = parse(config(isolation="per_session", child_idle_timeout=5, max_children=2)).backends[0]
     assert (own.isolation, own.child_idle_timeout, own.max_children) == ("per_session", 5.0, 2)
+    assert "a child per session, at most 2, idle 5s" in describe(
+        parse(config(isolation="per_session", child_idle_timeout=5, max_children=2))
+    )
 
 
 def test_per_session_is_for_stdio_backends_only() -> None:
@@ -182,6 +188,9 @@ async def test_the_key_of_a_request() -> None:
     # A session's requests are the session's, whatever credentials they carry.
     assert key_as(alice.within(one)) == key_as(bob.within(one)) != key_as(alice.within(two))
     assert key_as(alice.within(one)) != key_as(alice)
+    # stdio: the one legacy session, or the one modern caller; never the catalog child.
+    stdio = {key_as(STDIO_ORIGIN.within(one)), key_as(STDIO_ORIGIN), CATALOG}
+    assert len(stdio) == 3
     # The gateway's own requests, requests outside any client and discovery: the catalog child.
     assert key_as(GATEWAY_ORIGIN) == key_as(None) == CATALOG
     discover = {**TOOLS_CALL, "method": "server/discover"}
@@ -353,3 +362,35 @@ async def test_catalog_loads_use_the_catalog_child_not_a_clients(tmp_path: Path)
         await gw.dispatcher.catalogs.refresh("counter")
         assert set(backend.pids()) == {catalog_pid, pid}
         assert await count_as(url, "Bearer c") == (pid, 2)
+
+
+async def test_a_list_change_in_a_sessions_child_reaches_the_session() -> None:
+    """server/tools, List Changed (legacy): the session's watch is a listen on its own child, so
+    a change there reaches the session's GET stream, and the catalog is marked stale."""
+    command = sdk_stdio_command()
+    sdk = {"stdio": {"command": command[0], "args": command[1:]}, "era": "modern"}
+    text = yaml.safe_dump(
+        {
+            "listen": {"http": {"host": "127.0.0.1", "port": 0}},
+            "backends": {"sdk": {**sdk, "isolation": "per_session"}},
+        }
+    )
+    async with Gateway(parse(text)) as gw:
+        url = gw.http_url
+        assert url is not None
+        session_id = await open_session(url)
+        headers = [(SESSION, session_id), ("Accept", "text/event-stream")]
+        change = legacy("tools/call", {"name": "change_tools", "arguments": {}}, 3)
+        with anyio.fail_after(START_BOUND):
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(url, headers=headers) as stream,
+            ):
+                reply = await post(url, change, mirror=False, extra=headers[:1], bound=START_BOUND)
+                assert result_of(reply, 3)
+                async for line in stream.content:
+                    if line.startswith(b"data:"):
+                        event = orjson.loads(line[5:])
+                        break
+        assert event["method"] == "notifications/tools/list_changed"
+        assert gw.dispatcher.catalogs._entries["sdk"].fetched_at == -math.inf
