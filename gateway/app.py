@@ -29,6 +29,7 @@ from gateway.backends.base import Backend
 from gateway.backends.era import EraBackend
 from gateway.backends.health import Guarded, Health
 from gateway.backends.http import HttpBackend
+from gateway.backends.isolated import IsolatedBackend
 from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
 from gateway.config import BackendConfig, Config, ListenerLimits, SseTarget, StdioTarget, TapConfig
@@ -59,8 +60,12 @@ class StartupError(Exception):
     """The configured backends cannot be served together (e.g. a name collision under `never`)."""
 
 
-def make_backend(config: BackendConfig, stats: Stats) -> StdioBackend | HttpBackend | SseBackend:
+def make_backend(
+    config: BackendConfig, stats: Stats
+) -> StdioBackend | HttpBackend | SseBackend | IsolatedBackend:
     if isinstance(config.target, StdioTarget):
+        if config.isolation == "per_session":
+            return IsolatedBackend(config, stats)  # its children have an era layer each
         return StdioBackend(config, stats)
     if isinstance(config.target, SseTarget):
         return SseBackend(config, stats)
@@ -156,18 +161,22 @@ class Gateway:
         for transport in self.transports if self.telemetry.tapping else ():
             transport.tap = self.telemetry  # (each records what it writes and reads)
         # Each transport behind its era layer: a legacy backend looks modern from here on.
-        self.eras = [
-            EraBackend(t, c) for t, c in zip(self.transports, config.backends, strict=True)
+        # (A backend with a child per client has an era layer per child, inside it.)
+        self.layers = [
+            t if isinstance(t, IsolatedBackend) else EraBackend(t, c)
+            for t, c in zip(self.transports, config.backends, strict=True)
         ]
         # Each behind its health: one that cannot be reached fails at once and is retried in
-        # the background (a stdio child by its own supervisor, which reports to the same one).
+        # the background (a stdio child by its own supervisor, which reports to the same one;
+        # a backend with a child per client by each child's).
         self.health = [
             t.health if isinstance(t, StdioBackend) else Health(t.name) for t in self.transports
         ]
         self.guarded = [
-            Guarded(e, h, supervised=isinstance(t, StdioBackend))
-            for e, h, t in zip(self.eras, self.health, self.transports, strict=True)
+            Guarded(e, h, supervised=isinstance(t, StdioBackend | IsolatedBackend))
+            for e, h, t in zip(self.layers, self.health, self.transports, strict=True)
         ]
+        self.eras = [e for e in self.layers if isinstance(e, EraBackend)]
         self.backends: list[Backend] = [
             InstrumentedBackend(g, self.telemetry, _address(c))
             for g, c in zip(self.guarded, config.backends, strict=True)
@@ -180,7 +189,7 @@ class Gateway:
             config.on_backend_failure,
             self.telemetry,
         )
-        for era in self.eras:
+        for era in self.layers:
             era.on_notification = self.dispatcher.backend_notification
         for health in self.health:
             health.on_change = self._on_health(health.name)
@@ -232,12 +241,15 @@ class Gateway:
             BackendState(
                 name=t.name,
                 up=g.up,
-                restarts=t.restarts if isinstance(t, StdioBackend | SseBackend) else 0,
+                restarts=(
+                    t.restarts if isinstance(t, StdioBackend | SseBackend | IsolatedBackend) else 0
+                ),
                 catalog_refreshes=catalogs.refreshes.get(t.name, 0),
                 fanout_failures=self.dispatcher.fan_out_failures.get(t.name, 0),
                 era=e.era or "unknown",
+                children=t.children if isinstance(t, IsolatedBackend) else None,
             )
-            for t, e, g in zip(self.transports, self.eras, self.guarded, strict=True)
+            for t, e, g in zip(self.transports, self.layers, self.guarded, strict=True)
         ]
 
     def _on_health(self, name: str) -> Callable[[bool], None]:

@@ -7,7 +7,8 @@
         │   └── BackendDown      known to be unreachable: failed at once, retried in the background
         ├── BackendConnectionLost  an HTTP connection broke after the request went out
         ├── BackendTimeout       no answer within the configured time
-        └── BackendProtocolError answered with something that is not MCP
+        ├── BackendProtocolError answered with something that is not MCP
+        └── BackendOverloaded    no room for another child (isolation: per_session)
 
 Every request the dispatcher handles ends as a JSON-RPC message: `to_wire` is where an
 exception becomes one, and `http_status` is the one table from error code to HTTP status.
@@ -75,6 +76,13 @@ class BackendTimeout(BackendError):
 
 class BackendProtocolError(BackendError):
     code = codes.BACKEND_PROTOCOL_ERROR
+
+
+class BackendOverloaded(BackendError):
+    """A backend with a child per client has all the children it may start; a backend error
+    (not a refusal) so that fan-outs skip it under fail_open like a backend that is down."""
+
+    code = codes.GATEWAY_OVERLOADED
 
 
 def to_wire(exc: Exception, id_: RequestId | None) -> Message:

@@ -51,6 +51,7 @@ EXPORTED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "mcp_gateway_backend_up": ("gauge", frozenset({"backend"})),
     "mcp_gateway_backend_era": ("gauge", frozenset({"backend", "era"})),
     "mcp_gateway_backend_restarts_total": ("counter", frozenset({"backend"})),
+    "mcp_gateway_backend_children": ("gauge", frozenset({"backend"})),
     "mcp_gateway_fanout_failures_total": ("counter", frozenset({"backend"})),
     "mcp_gateway_catalog_refreshes_total": ("counter", frozenset({"backend"})),
     "mcp_gateway_listen_streams": ("gauge", frozenset()),

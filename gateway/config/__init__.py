@@ -22,11 +22,13 @@ from gateway.config.model import (
     _REDACT_PATH,
     ACCESS_LOG_STDERR,
     DEFAULT_ADMIN_PORT,
+    DEFAULT_CHILD_IDLE_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_HTTP_HOST,
     DEFAULT_HTTP_PATH,
     DEFAULT_HTTP_PORT,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CHILDREN,
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SERVICE_NAME,
     DEFAULT_SESSION_IDLE_TIMEOUT,
@@ -36,6 +38,7 @@ from gateway.config.model import (
     DEFAULT_TAP_MAX_MESSAGE_BYTES,
     ERAS,
     FAILURE_POLICIES,
+    ISOLATIONS,
     PREFIX_MODES,
     WILDCARD_HOSTS,
     AdminListen,
@@ -145,6 +148,9 @@ def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None
             "namespace",
             "tools",
             "rename",
+            "isolation",
+            "child_idle_timeout",
+            "max_children",
         },
     )
     kinds = [k for k in ("stdio", "http", "sse") if body.get(k) is not None]
@@ -187,6 +193,7 @@ def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None
     if namespace and not _NAME.match(namespace):
         c.r.problem(path + ("namespace",), "a namespace uses letters, digits, '_', '.' and '-'")
     tools = c.mapping(body.get("tools"), path + ("tools",), {"allow", "deny"})
+    isolation = _isolation(c, body, path, kinds[0])
     return BackendConfig(
         name=name,
         target=target,
@@ -203,7 +210,32 @@ def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None
         request_timeout=c.number(
             body.get("request_timeout"), path + ("request_timeout",), DEFAULT_REQUEST_TIMEOUT
         ),
+        isolation=isolation,
+        child_idle_timeout=c.number(
+            body.get("child_idle_timeout"),
+            path + ("child_idle_timeout",),
+            DEFAULT_CHILD_IDLE_TIMEOUT,
+        ),
+        max_children=c.count(
+            body.get("max_children"), path + ("max_children",), DEFAULT_MAX_CHILDREN
+        ),
     )
+
+
+def _isolation(c: _Check, body: dict[str, Any], path: tuple[str, ...], kind: str) -> str:
+    """`isolation` and the keys that only mean something under `per_session`, which only a
+    stdio backend can have (an HTTP server keeps per-client state in its own sessions)."""
+    isolation = c.string(body.get("isolation"), path + ("isolation",), "shared") or "shared"
+    if isolation not in ISOLATIONS:
+        c.r.problem(path + ("isolation",), f"must be one of {', '.join(ISOLATIONS)}")
+        return "shared"
+    if isolation == "per_session" and kind != "stdio":
+        c.r.problem(path + ("isolation",), "per_session is for stdio backends only")
+    if isolation != "per_session":
+        for key in ("child_idle_timeout", "max_children"):
+            if body.get(key) is not None:
+                c.r.problem(path + (key,), "only applies with isolation: per_session")
+    return isolation
 
 
 def parse(
@@ -394,7 +426,12 @@ def describe(config: Config) -> str:
         era = "" if b.era == "auto" else f" (era {b.era})"
         if isinstance(b.target, StdioTarget):
             cmd = " ".join([b.target.command, *b.target.args])
-            lines.append(f"  backend {b.name}: stdio `{cmd}`{era}")
+            each = (
+                f" (a child per session, at most {b.max_children}, idle {b.child_idle_timeout:g}s)"
+                if b.isolation == "per_session"
+                else ""
+            )
+            lines.append(f"  backend {b.name}: stdio `{cmd}`{era}{each}")
         else:
             kind = "sse" if isinstance(b.target, SseTarget) else "http"
             lines.append(f"  backend {b.name}: {kind} {b.target.url}{era}")

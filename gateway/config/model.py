@@ -48,6 +48,13 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_STDIO_CONNECT_TIMEOUT = 30.0
 # Whole-request bound; long tool calls are normal in MCP, so this is generous.
 DEFAULT_REQUEST_TIMEOUT = 300.0
+# `isolation: per_session` (a stdio child per client): a child whose client has sent nothing for
+# this long is stopped. The same as a legacy HTTP session's default, so that a child does not
+# lose a live session's state before the session itself would end.
+DEFAULT_CHILD_IDLE_TIMEOUT = DEFAULT_SESSION_IDLE_TIMEOUT
+# Children of one per-session backend at most (besides the one for the gateway's own requests):
+# each is a process, and every new client would otherwise start one more.
+DEFAULT_MAX_CHILDREN = 64
 # The admin listener (/metrics, health) defaults to the port OpenTelemetry's Prometheus exporter
 # uses by convention, so scrape configs written for it need no change.
 DEFAULT_ADMIN_PORT = 9464
@@ -220,6 +227,8 @@ def default_connect_timeout(target: Target) -> float:
 
 # `auto` probes each backend (server/discover, falling back to initialize); the others pin it.
 ERAS = ("auto", "modern", "legacy")
+# `shared`: one stdio child serves every client; `per_session`: a child per client (stdio only).
+ISOLATIONS = ("shared", "per_session")
 
 
 @dataclass(frozen=True)
@@ -233,6 +242,9 @@ class BackendConfig:
     allow_tools: tuple[str, ...] = ()
     deny_tools: tuple[str, ...] = ()
     rename_tools: Mapping[str, str] = field(default_factory=dict)
+    isolation: str = "shared"
+    child_idle_timeout: float = DEFAULT_CHILD_IDLE_TIMEOUT
+    max_children: int = DEFAULT_MAX_CHILDREN
 
     @property
     def effective_namespace(self) -> str:

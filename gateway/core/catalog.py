@@ -20,6 +20,7 @@ from gateway.routing import table as routes
 from gateway.routing.merge import LIST_CAPABILITY, LIST_KEYS
 from gateway.routing.names import Naming
 from gateway.routing.table import CatalogData, Exposure, RouteTable
+from gateway.telemetry.api import GATEWAY_ORIGIN, SERVING
 
 log = logging.getLogger("gateway.catalog")
 
@@ -125,6 +126,15 @@ class Catalogs:
         self._entries[backend].fetched_at = -math.inf
 
     async def refresh(self, backend: str) -> None:
+        # The gateway's own requests, even when a client's miss started them: a backend with a
+        # child per client serves them from a child of their own (backends/isolated.py).
+        token = SERVING.set((SERVING.get()[0], GATEWAY_ORIGIN))
+        try:
+            await self._refresh(backend)
+        finally:
+            SERVING.reset(token)
+
+    async def _refresh(self, backend: str) -> None:
         entry = self._entries[backend]
         async with entry.lock:
             if entry.fresh(anyio.current_time()):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -76,6 +77,8 @@ class Session:
     deliver: Deliver | None = None
     subscribed: set[str] = field(default_factory=set)  # resource URIs (resources/subscribe)
     watcher: asyncio.Task[None] | None = None  # the modern listen that feeds `deliver`
+    # Names the session to backends that keep a child per client (telemetry.api.ClientSession).
+    key: str = field(default_factory=lambda: secrets.token_urlsafe(16))
 
     def answer(self, response: Message) -> bool:
         """A response from the client; True if it answered one of our questions."""
@@ -147,6 +150,7 @@ class LegacyFront:
         self, session: Session, msg: Message, sink: NotificationSink, origin: Origin
     ) -> Message:
         session.last_used = time.monotonic()
+        origin = origin.within(session)  # what it leads to is the session's (its watch too)
         method = msg["method"]
         id_ = msg["id"]
         if method == "initialize":

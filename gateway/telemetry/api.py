@@ -7,6 +7,7 @@ implementation here costs next to nothing, so tests and telemetry-less runs pay 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -21,18 +22,36 @@ TRACE_HEADERS = ("traceparent", "tracestate")
 HeaderFields = Mapping[str, str] | Iterable[tuple[str, str]]
 
 
+class ClientSession(Protocol):
+    """A legacy client's session as the backends that keep state per client see it: a random
+    key (not the session's id, which is a credential) and the event of its end."""
+
+    key: str
+    ended: asyncio.Event
+
+
 class Origin:
     """Where a client request came from. A plain class: one is made per request."""
 
-    __slots__ = ("frontend", "headers", "peer")
+    __slots__ = ("frontend", "headers", "peer", "session")
 
     def __init__(
-        self, frontend: str, peer: str | None = None, headers: HeaderFields | None = None
+        self,
+        frontend: str,
+        peer: str | None = None,
+        headers: HeaderFields | None = None,
+        session: ClientSession | None = None,
     ) -> None:
-        self.frontend = frontend  # "http" | "stdio"
+        self.frontend = frontend  # "http" | "stdio" | "gateway" (its own requests)
         self.peer = peer
         # All request headers (HTTP), for the traffic tap (which redacts them) and trace context.
         self.headers = headers
+        # The legacy session the request belongs to (None: a modern, stateless request).
+        self.session = session
+
+    def within(self, session: ClientSession) -> Origin:
+        """The same origin, as a request of a legacy client's session."""
+        return Origin(self.frontend, self.peer, self.headers, session)
 
     def caller(self) -> str:
         """Who is asking, for binding state to them: the front end and a digest of the request's
@@ -128,6 +147,8 @@ class _NoObservation:
 
 NO_OBSERVATION: Observation = _NoObservation()
 STDIO_ORIGIN = Origin("stdio")
+# The gateway's own requests (catalog loads), whichever client's request made them necessary.
+GATEWAY_ORIGIN = Origin("gateway")
 # The client request the current task is handling: its observation (for annotating where it
 # went, and for labelling the backend requests made for it) and its origin (for the few backends
 # that bind state to the caller, such as a legacy backend's held call). Set by the dispatcher;

@@ -158,6 +158,7 @@ class BackendState:
     catalog_refreshes: int
     fanout_failures: int
     era: str = "modern"
+    children: int | None = None  # running children of an `isolation: per_session` backend
 
 
 class GatewayCollector(Collector):
@@ -221,10 +222,17 @@ class GatewayCollector(Collector):
             "1 under the protocol era spoken with the backend.",
             labels=["backend", "era"],
         )
+        children = GaugeMetricFamily(
+            "mcp_gateway_backend_children",
+            "Running children of a backend with a child per client (isolation: per_session).",
+            labels=["backend"],
+        )
         for b in self._backends():
+            if b.children is not None:
+                children.add_metric([b.name], b.children)
             era.add_metric([b.name, b.era], 1)
             up.add_metric([b.name], 1 if b.up else 0)
             restarts.add_metric([b.name], b.restarts)
             refreshes.add_metric([b.name], b.catalog_refreshes)
             failures.add_metric([b.name], b.fanout_failures)
-        yield from (up, era, restarts, refreshes, failures)
+        yield from (up, era, restarts, refreshes, failures, children)
