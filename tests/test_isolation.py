@@ -355,6 +355,8 @@ async def test_catalog_loads_use_the_catalog_child_not_a_clients(tmp_path: Path)
     state is not touched by it."""
     async with gateway(isolation="per_session") as (gw, url):
         backend = isolated(gw)
+        with anyio.fail_after(START_BOUND):  # (the listener serves before catalogs load)
+            await gw.catalogs_loaded.wait()
         (catalog_pid,) = backend.pids()  # started for the start-up catalog load
         pid, n = await count_as(url, "Bearer c")
         assert n == 1 and pid != catalog_pid
