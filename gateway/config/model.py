@@ -207,6 +207,20 @@ class SseTarget:
 
 
 Target = StdioTarget | HttpTarget | SseTarget
+
+
+@dataclass(frozen=True)
+class Root:
+    """A root the gateway tells a backend of when no client's can be asked (client/roots): a
+    `file://` URI and an optional display name, as `roots/list` returns them."""
+
+    uri: str
+    name: str | None = None
+
+    def as_wire(self) -> dict[str, str]:
+        return {"uri": self.uri} if self.name is None else {"uri": self.uri, "name": self.name}
+
+
 # `auto` probes each backend (server/discover, falling back to initialize); the others pin it.
 ERAS = ("auto", "modern", "legacy")
 
@@ -222,6 +236,10 @@ class BackendConfig:
     allow_tools: tuple[str, ...] = ()
     deny_tools: tuple[str, ...] = ()
     rename_tools: Mapping[str, str] = field(default_factory=dict)
+    # The answer to a legacy backend's `roots/list` asked outside any client's request (start-up,
+    # catalog refresh), for a client without the roots capability, or when it is not certain
+    # whose request it is for.
+    roots: tuple[Root, ...] = ()
 
     @property
     def effective_namespace(self) -> str:
