@@ -60,13 +60,14 @@ class RootsServer:
 
     def on_request(self, msg: dict[str, Any]) -> None:
         method, rid = msg["method"], msg["id"]
-        params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
+        raw = msg.get("params")
+        params: dict[str, Any] = raw if isinstance(raw, dict) else {}
         if method == "initialize":
             caps = params.get("capabilities")
             self.client_capabilities = caps if isinstance(caps, dict) else {}
             asked = params.get("protocolVersion")
             version = asked if asked in LEGACY_VERSIONS else LEGACY_VERSIONS[0]
-            result = {
+            result: dict[str, Any] = {
                 "protocolVersion": version,
                 "capabilities": {"tools": {}},
                 "serverInfo": {"name": "roots-test-server", "version": "1"},
@@ -103,7 +104,7 @@ class RootsServer:
             self.write({"id": rid, "error": error})
 
     def on_response(self, msg: dict[str, Any]) -> None:
-        answer = {k: msg[k] for k in ("result", "error") if k in msg}
+        answer: dict[str, Any] = {k: msg[k] for k in ("result", "error") if k in msg}
         if msg["id"] == "roots-startup":
             self.startup = answer
             for rid in self.waiting_for_startup:
