@@ -1,6 +1,7 @@
-"""The reference server-filesystem from npm behind the gateway, given no directory argument:
-its allowed directories come from the roots it asks for at start-up (client/roots), which the
-gateway answers with the backend's configured `roots:`.
+"""Reference servers from npm that ask for roots (client/roots) behind the gateway, which
+answers a question asked outside any client's request with the backend's configured `roots:`:
+server-filesystem, given no directory argument, serves the configured root it asked for at
+start-up; server-everything shows it in its `get-roots-list` tool.
 
 Needs npx and the npm registry (or npm's cache). Outside CI a machine without them skips with
 the reason; under CI (CI=true) the test never skips.
@@ -23,33 +24,36 @@ from tests.test_legacy_backends import gateway, post, text_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-# Pinned: the roots behaviour (ask at start-up when the client has roots, replace the allowed
-# directories with them) is this release's; a newer one must be tried before it is taken.
-PACKAGE = "@modelcontextprotocol/server-filesystem@2026.8.31"
+# Pinned: the roots behaviour (ask at start-up when the client has roots; server-filesystem
+# replaces its allowed directories with them) is these releases'; a newer one must be tried
+# before it is taken.
+FILESYSTEM = "@modelcontextprotocol/server-filesystem@2026.8.31"
+EVERYTHING = "@modelcontextprotocol/server-everything@2026.8.31"
+# What each prints on start-up when run with no argument and stdin closed.
+STARTED = {FILESYSTEM: b"running on stdio", EVERYTHING: b"STDIO"}
 # A first run downloads the package; later ones start from npm's cache.
 INSTALL_BOUND = 240.0
 UPDATED = "Updated allowed directories from MCP roots"
 
 
-@pytest.fixture(scope="module")
-def npx() -> str:
-    """npx with the package in npm's cache; a skip (not under CI) when either is missing."""
+def npx(package: str) -> str:
+    """npx, with `package` in npm's cache; a skip (not under CI) when either is missing."""
     found = shutil.which("npx")
     reason = "npx is not on PATH"
     if found is not None:
         try:
-            # With no directory and stdin closed the server starts, says so and exits.
+            # Started with stdin closed, the server says it runs and exits.
             done = subprocess.run(
-                [found, "-y", PACKAGE],
+                [found, "-y", package],
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 timeout=INSTALL_BOUND,
             )
-            if b"running on stdio" in done.stderr:
+            if STARTED[package] in done.stdout + done.stderr:
                 return found
-            reason = f"npx {PACKAGE} failed: {done.stderr.decode(errors='replace')[-500:]}"
+            reason = f"npx {package} failed: {done.stderr.decode(errors='replace')[-500:]}"
         except subprocess.TimeoutExpired:
-            reason = f"npx {PACKAGE} did not start within {INSTALL_BOUND:g}s"
+            reason = f"npx {package} did not start within {INSTALL_BOUND:g}s"
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason} (CI must run this test)")
     pytest.skip(reason)
@@ -68,7 +72,8 @@ class _Seen(logging.Handler):
             self.event.set()
 
 
-async def test_server_filesystem_serves_the_configured_root(npx: str, tmp_path: Path) -> None:
+async def test_server_filesystem_serves_the_configured_root(tmp_path: Path) -> None:
+    command = [npx(FILESYSTEM), "-y", FILESYSTEM]
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / "hello.txt").write_text("hello from a root\n")
@@ -78,9 +83,7 @@ async def test_server_filesystem_serves_the_configured_root(npx: str, tmp_path: 
     level = child_log.level
     child_log.setLevel(logging.INFO)
     child_log.addHandler(seen)
-    backend = stdio_backend(
-        [npx, "-y", PACKAGE], roots=[{"uri": shared.as_uri(), "name": "shared"}]
-    )
+    backend = stdio_backend(command, roots=[{"uri": shared.as_uri(), "name": "shared"}])
     try:
         async with gateway({**backend, "connect_timeout": 60}) as (_, url):
             with anyio.fail_after(START_BOUND):
@@ -96,3 +99,12 @@ async def test_server_filesystem_serves_the_configured_root(npx: str, tmp_path: 
     assert str(shared.resolve()) in text_of(listed)
     assert text_of(inside) == "hello from a root\n"
     assert outside["result"]["isError"] is True  # outside every root: refused by the server
+
+
+async def test_server_everything_lists_the_configured_roots(tmp_path: Path) -> None:
+    command = [npx(EVERYTHING), "-y", EVERYTHING, "stdio"]
+    backend = stdio_backend(command, roots=[{"uri": tmp_path.as_uri(), "name": "work"}])
+    async with gateway({**backend, "connect_timeout": 60}) as (_, url):
+        with anyio.fail_after(START_BOUND):
+            listed = await post(url, call(1, "get-roots-list"))
+    assert f"1. work\n   URI: {tmp_path.as_uri()}" in text_of(listed)
