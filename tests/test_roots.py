@@ -25,6 +25,9 @@ from mcp import Client
 from mcp.client.context import ClientRequestContext
 from mcp_types import ErrorData, ListRootsResult, Root, TextContent
 
+from gateway import config as gateway_config
+from gateway.backends import questions
+from gateway.protocol import codes
 from tests.support import (
     BOUND,
     META,
@@ -172,6 +175,39 @@ async def test_with_several_requests_in_flight_the_configured_roots_are_given(
     assert other["result"]["resultType"] == "complete"  # not input_required: nobody asked
     assert answer_of(other) == {"result": {"roots": configured(tmp_path)}}
     assert answer_of(released[0]) == {"released": True}
+
+
+async def test_a_question_on_the_gateways_own_request_gets_the_configured_roots(
+    tmp_path: Path,
+) -> None:
+    """A request asking for logs makes the gateway send the legacy backend `logging/setLevel`
+    first; a question asked while that is the one request in flight is the gateway's to answer
+    (configured roots), not left unanswered, and not the client's to see."""
+    async with roots_gateway(configured(tmp_path)) as url:
+        with anyio.fail_after(START_BOUND):
+            assert "result" in await post(url, call(0, "startup_roots"))  # started
+        logged = with_roots(call(1, "level_roots"))
+        logged["params"]["_meta"]["io.modelcontextprotocol/logLevel"] = "debug"
+        with anyio.fail_after(BOUND):
+            reply = await post(url, logged)
+    assert reply["result"]["resultType"] == "complete"
+    assert answer_of(reply) == {"result": {"roots": configured(tmp_path)}}
+
+
+def test_the_gateways_own_answers() -> None:
+    """ping and roots/list are answered alone; elicitation and sampling only a client can."""
+    roots = (gateway_config.Root("file:///a"), gateway_config.Root("file:///b", "B"))
+    ask: Message = {"jsonrpc": "2.0", "id": 7, "method": "roots/list"}
+    assert questions.unattended(ask, roots) == {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "result": {"roots": [{"uri": "file:///a"}, {"uri": "file:///b", "name": "B"}]},
+    }
+    assert questions.unattended({**ask, "method": "ping"}, ())["result"] == {}  # type: ignore[index]
+    elicit = {**ask, "method": "elicitation/create"}
+    assert questions.unattended(elicit, roots) is None
+    refused = questions.refuse_unattended(elicit, roots, "only a client")
+    assert refused["error"]["code"] == codes.METHOD_NOT_FOUND
 
 
 # --- a legacy HTTP backend ---------------------------------------------------------------

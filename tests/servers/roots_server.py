@@ -11,7 +11,8 @@ once, as server-filesystem does (client/roots, Listing Roots). Its tools say wha
 - `ask_roots`: asks `roots/list` inside the call and returns the answer; afterwards every
   `park` call in flight is answered too;
 - `park`: sends one progress notification (when the call has a progress token) and then waits
-  for the next `ask_roots` to be answered, so a test can hold a request in flight.
+  for the next `ask_roots` to be answered, so a test can hold a request in flight;
+- `level_roots`: the answer to the question it asks before answering `logging/setLevel`.
 
 Each answer is the JSON text of `{"result": ...}` or `{"error": ...}`, as the server got it.
 """
@@ -30,6 +31,7 @@ TOOLS = [
         ("startup_roots", "The roots the server was given at start-up."),
         ("ask_roots", "Asks roots/list inside the call."),
         ("park", "Waits for the next ask_roots."),
+        ("level_roots", "The roots the server was given while setting the log level."),
     )
 ]
 
@@ -43,6 +45,8 @@ class RootsServer:
         self.asked: dict[str, object] = {}  # our question's id -> the call it is for
         self.parked: list[object] = []
         self.questions = 0
+        self.level_asked: object = None  # the logging/setLevel waiting for its question
+        self.level_roots: dict[str, Any] = {"error": "logging/setLevel was never asked"}
 
     def write(self, msg: dict[str, Any]) -> None:
         self.out.write(orjson.dumps({"jsonrpc": "2.0", **msg}) + b"\n")
@@ -69,7 +73,7 @@ class RootsServer:
             version = asked if asked in LEGACY_VERSIONS else LEGACY_VERSIONS[0]
             result: dict[str, Any] = {
                 "protocolVersion": version,
-                "capabilities": {"tools": {}},
+                "capabilities": {"tools": {}, "logging": {}},
                 "serverInfo": {"name": "roots-test-server", "version": "1"},
             }
             self.write({"id": rid, "result": result})
@@ -77,6 +81,9 @@ class RootsServer:
             self.write({"id": rid, "result": {"tools": TOOLS}})
         elif method == "tools/call":
             self.on_call(rid, params)
+        elif method == "logging/setLevel":
+            self.level_asked = rid
+            self.write({"id": "roots-setlevel", "method": "roots/list"})
         elif method == "ping":
             self.write({"id": rid, "result": {}})
         else:
@@ -92,6 +99,8 @@ class RootsServer:
                 self.text(rid, self.startup)
         elif tool == "ask_roots":
             self.ask(rid)
+        elif tool == "level_roots":
+            self.text(rid, self.level_roots)
         elif tool == "park":
             meta = params.get("_meta")
             token = meta.get("progressToken") if isinstance(meta, dict) else None
@@ -110,6 +119,10 @@ class RootsServer:
             for rid in self.waiting_for_startup:
                 self.text(rid, answer)
             self.waiting_for_startup.clear()
+            return
+        if msg["id"] == "roots-setlevel":
+            self.level_roots = answer
+            self.write({"id": self.level_asked, "result": {}})
             return
         call_id = self.asked.pop(str(msg["id"]), None)
         if call_id is None:
