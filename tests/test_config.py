@@ -14,11 +14,13 @@ from gateway.config import (
     ConfigInvalid,
     HttpTarget,
     ListenerLimits,
+    Root,
     ServerTls,
     SseTarget,
     StdioTarget,
     TapConfig,
     TelemetryConfig,
+    describe,
     load,
     load_mcp_json,
     parse,
@@ -469,3 +471,74 @@ def test_mcp_json_servers_do_not_inherit_the_whole_environment(tmp_path: Path) -
     (files,) = load_mcp_json(path)
     assert isinstance(files.target, StdioTarget)
     assert files.target.inherit_env is False and files.target.env == {"A": "1"}
+
+
+def test_roots_default_to_none_and_take_uris_or_uri_name_mappings() -> None:
+    """client/roots, Root: a `uri` and an optional `name`, as roots/list returns them."""
+    text = (
+        "listen: {stdio: true}\n"
+        "backends:\n"
+        "  bare: {stdio: {command: srv}}\n"
+        "  files:\n"
+        "    stdio: {command: srv}\n"
+        "    roots:\n"
+        "      - file:///srv/projects\n"
+        "      - {uri: 'file:///srv/data', name: Data}\n"
+        "      - {uri: 'file://localhost/srv/${WHERE}%20two'}\n"
+    )
+    bare, files = parse(text, env={"WHERE": "env"}).backends
+    assert bare.roots == ()
+    assert files.roots == (
+        Root("file:///srv/projects"),
+        Root("file:///srv/data", "Data"),
+        Root("file://localhost/srv/env%20two"),
+    )
+    assert [r.as_wire() for r in files.roots[:2]] == [
+        {"uri": "file:///srv/projects"},
+        {"uri": "file:///srv/data", "name": "Data"},
+    ]
+
+
+def test_bad_roots_are_config_errors_naming_their_lines() -> None:
+    """client/roots: a root's URI must be a file:// URI (2025-11-25 and 2026-07-28 alike)."""
+    found = problems(
+        "listen: {stdio: true}\n"
+        "backends:\n"
+        "  a:\n"
+        "    stdio: {command: srv}\n"
+        "    roots:\n"
+        "      - /srv/plain/path\n"
+        "      - https://example.com/x\n"
+        "      - file://srv/x\n"
+        "      - file:///my dir\n"
+        "      - file:///bad%zz\n"
+        "      - {name: no uri}\n"
+        "      - {uri: 'file:///ok', colour: red}\n"
+        "      - {uri: 'file:///ok', name: 3}\n"
+        "      - 42\n"
+        "      - file://\n"
+        "  b: {stdio: {command: srv}, roots: file:///not-a-list}\n"
+    )
+    assert [p.split(": ", 2)[:2] for p in found] == [
+        ["c.yaml:6", "backends.a.roots.0"],
+        ["c.yaml:7", "backends.a.roots.1"],
+        ["c.yaml:8", "backends.a.roots.2"],
+        ["c.yaml:9", "backends.a.roots.3"],
+        ["c.yaml:10", "backends.a.roots.4"],
+        ["c.yaml:11", "backends.a.roots.5.uri"],
+        ["c.yaml:12", "backends.a.roots.6.colour"],
+        ["c.yaml:13", "backends.a.roots.7.name"],
+        ["c.yaml:14", "backends.a.roots.8"],
+        ["c.yaml:15", "backends.a.roots.9"],
+        ["c.yaml:16", "backends.b.roots"],
+    ]
+    assert "three slashes (file:///srv/...)" in found[2]
+
+
+def test_check_config_lists_a_backends_roots(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "listen: {stdio: true}\n"
+        "backends:\n  files: {stdio: {command: srv}, roots: [file:///a, file:///b]}\n"
+    )
+    assert "backend files: roots file:///a file:///b" in describe(load(path))

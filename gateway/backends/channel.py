@@ -15,7 +15,9 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
+from gateway.backends import questions
 from gateway.backends.base import NotificationSink
+from gateway.config import Root
 from gateway.errors import BackendTimeout, BackendUnavailable
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
@@ -117,6 +119,9 @@ class Channel:
         # Set for a legacy server: its requests to the client (elicitation, sampling, roots) go
         # to the one request in flight, as messages of that request; a modern one sends none.
         self.takes_requests = False
+        # What `roots/list` is answered with when no client's request takes it (set by era.py
+        # from the backend's `roots:`).
+        self.roots: tuple[Root, ...] = ()
         # Run on every new connection (child, stream) before it takes requests: the legacy
         # era's handshake. A BackendError from it drops the connection, to be made again.
         self.on_start: Callable[[], Awaitable[None]] | None = None
@@ -154,24 +159,31 @@ class Channel:
             self._on_request(msg)
 
     def _on_request(self, msg: Message) -> None:
-        if not self.takes_requests:
-            # A modern server never sends requests (transports/stdio, Receiving Messages).
-            self._refuse(msg, codes.METHOD_NOT_FOUND, "The gateway accepts no requests")
-            return
-        if msg["method"] == "ping":
-            self._send_soon(jsonrpc.result(msg["id"], {}))
-            return
         # This transport does not say which request a server's question belongs to; only with
         # one request in flight is it certain (a guess could show it to the wrong user). A
         # request whose earlier question is still unanswered waits for its client, not on.
-        calls = [p for p in self._pending.values() if not p.long_lived and not p.asked]
-        if len(calls) != 1:
+        calls = (
+            [p for p in self._pending.values() if not p.long_lived and not p.asked]
+            if self.takes_requests and msg["method"] != "ping"
+            else []
+        )
+        if len(calls) == 1:
+            calls[0].asked.add(msg["id"])
+            calls[0].push(msg)
+            return
+        # Asked outside any request (start-up, idle) or for an unknown one: ping and roots/list
+        # have an answer of the gateway's own (roots: the configured ones, never a client's).
+        answer = questions.unattended(msg, self.roots)
+        if answer is not None:
+            with contextlib.suppress(BackendUnavailable):
+                self._send_soon(answer)
+        elif not self.takes_requests:
+            # A modern server never sends requests (transports/stdio, Receiving Messages).
+            self._refuse(msg, codes.METHOD_NOT_FOUND, "The gateway accepts no requests")
+        else:
             self._refuse(
                 msg, codes.INTERNAL_ERROR, "The gateway cannot tell which request this is for"
             )
-            return
-        calls[0].asked.add(msg["id"])
-        calls[0].push(msg)
 
     def _refuse(self, msg: Message, code: int, message: str) -> None:
         with contextlib.suppress(BackendUnavailable):

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import orjson
 
 from gateway import __version__
-from gateway.backends import discovery
+from gateway.backends import discovery, questions
 from gateway.backends.base import NotificationSink
 from gateway.backends.channel import Channel, Wakeup
 from gateway.config import BackendConfig
@@ -62,7 +62,10 @@ log = logging.getLogger("gateway.backend")
 HOLD_TTL = 120.0
 GATEWAY_INFO = {"name": "mcp-gateway", "version": __version__}
 # What the gateway offers a legacy backend on behalf of all its clients; a client without the
-# capability gets no question, and the backend an error for it.
+# capability gets no question, and the backend an error for it, but for roots: those are always
+# answered, with the backend's `roots:` where no client's can be asked. No `listChanged`: the
+# gateway never tells a backend its roots changed (a client's change reaches a backend with the
+# next question asked in that client's request).
 GATEWAY_CAPABILITIES: dict[str, Any] = {
     "elicitation": {"form": {}, "url": {}},
     "sampling": {},
@@ -244,6 +247,12 @@ class _Call(Wakeup):
             return
         capability = INPUT_METHODS.get(str(method))
         if capability is None or capability not in self.capabilities:
+            answer = questions.unattended(msg, self._era.roots)
+            if answer is not None:
+                # roots/list from a client without roots (the gateway's own catalog requests
+                # among them): the configured roots, as outside any request.
+                await self._era.inner.send(answer)
+                return
             if capability is not None and self.missing is None:
                 # The client is told what it lacks (basic/patterns/mrtr), as from a modern server.
                 self.missing = required_capability(capability, jsonrpc.params(msg))
@@ -278,6 +287,7 @@ class EraBackend:
         self.name = inner.name
         self.transport = inner.transport
         self._pinned = config.era != "auto"
+        self.roots = config.roots
         self.era: str | None = None if config.era == "auto" else config.era
         # stdio and HTTP+SSE open once per connection (on_start); HTTP on first use.
         self._channel = isinstance(inner, Channel)
@@ -306,6 +316,7 @@ class EraBackend:
         inner.on_notification = self.unsolicited
         if isinstance(inner, Channel):
             inner.on_start = self._open_channel
+            inner.roots = config.roots
 
     @property
     def up(self) -> bool:
@@ -647,6 +658,13 @@ class EraBackend:
         if call.task is not None:
             call.task.cancel()
 
+    async def _unattended(self, msg: Message) -> None:
+        """The sink of a request the gateway makes on its own once the session is open: a
+        question it receives is answered as one asked outside any request."""
+        if "id" in msg and "method" in msg:
+            refusal = "The gateway answers only ping and roots/list itself"
+            await self._send_quietly(questions.refuse_unattended(msg, self.roots, refusal))
+
     async def _send_quietly(self, msg: Message) -> None:
         with contextlib.suppress(BackendError):
             await self.inner.send(msg)
@@ -682,7 +700,7 @@ class EraBackend:
             "params": {"level": level},
         }
         with contextlib.suppress(BackendError):
-            await self.inner.request(set_level, _ignore)
+            await self.inner.request(set_level, self._unattended)
 
     # --- change notifications -------------------------------------------------------------
 
@@ -742,7 +760,8 @@ class EraBackend:
     async def _subscribe(self, uri: str) -> bool:
         count = self._subscribed.get(uri, 0)
         if count == 0:
-            reply = await self.inner.request(_subscription("resources/subscribe", uri), _ignore)
+            subscribe = _subscription("resources/subscribe", uri)
+            reply = await self.inner.request(subscribe, self._unattended)
             if "error" in reply:
                 return False
         self._subscribed[uri] = count + 1
@@ -758,7 +777,7 @@ class EraBackend:
         del self._subscribed[uri]
         with contextlib.suppress(BackendError):
             await asyncio.shield(
-                self.inner.request(_subscription("resources/unsubscribe", uri), _ignore)
+                self.inner.request(_subscription("resources/unsubscribe", uri), self._unattended)
             )
 
 

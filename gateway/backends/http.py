@@ -26,7 +26,7 @@ import aiohttp
 import anyio
 from multidict import CIMultiDict
 
-from gateway.backends import hop, ids, resume, web
+from gateway.backends import hop, ids, questions, resume, web
 from gateway.backends.base import NotificationSink
 from gateway.config import BackendConfig, HttpTarget
 from gateway.errors import (
@@ -231,12 +231,10 @@ class HttpBackend:
             resp.close()
 
     async def _refuse_unrelated(self, request: Message) -> None:
-        """A request on the GET stream belongs to no client request: only ping is answered."""
-        if request.get("method") == "ping":
-            await self.send(jsonrpc.result(request["id"], {}))
-        else:
-            refusal = "The gateway answers questions only within a request"
-            await self.send(jsonrpc.error(request["id"], codes.METHOD_NOT_FOUND, refusal))
+        """A request on the GET stream belongs to no client request: only ping and roots/list
+        (with the configured roots) are answered."""
+        refusal = "The gateway answers questions only within a request"
+        await self.send(questions.refuse_unattended(request, self._config.roots, refusal))
 
     async def _end_session(self) -> None:
         """A legacy session the gateway no longer needs is ended with DELETE (2025-11-25

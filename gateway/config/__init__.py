@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from gateway.config import http as http_sections
+from gateway.config import roots as root_sections
 from gateway.config.mcpjson import load_mcp_json
 from gateway.config.model import (
     _HEADER_NAME,
@@ -52,6 +53,7 @@ from gateway.config.model import (
     Listen,
     ListenerLimits,
     Namespacing,
+    Root,
     ServerTls,
     SseTarget,
     StdioTarget,
@@ -151,6 +153,7 @@ def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None
             "isolation",
             "child_idle_timeout",
             "max_children",
+            "roots",
         },
     )
     kinds = [k for k in ("stdio", "http", "sse") if body.get(k) is not None]
@@ -202,6 +205,7 @@ def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None
         allow_tools=c.strings(tools.get("allow"), path + ("tools", "allow")),
         deny_tools=c.strings(tools.get("deny"), path + ("tools", "deny")),
         rename_tools=c.string_map(body.get("rename"), path + ("rename",)),
+        roots=root_sections.roots(c, body.get("roots"), path + ("roots",)),
         connect_timeout=c.number(
             body.get("connect_timeout"),
             path + ("connect_timeout",),
@@ -435,6 +439,8 @@ def describe(config: Config) -> str:
         else:
             kind = "sse" if isinstance(b.target, SseTarget) else "http"
             lines.append(f"  backend {b.name}: {kind} {b.target.url}{era}")
+        if b.roots:
+            lines.append(f"  backend {b.name}: roots {' '.join(r.uri for r in b.roots)}")
     t = config.telemetry
     lines.append(
         f"  telemetry    service={t.service_name} traces={t.otlp_endpoint or 'off'}"
@@ -483,6 +489,7 @@ __all__ = [
     "Listen",
     "ListenerLimits",
     "Namespacing",
+    "Root",
     "ServerTls",
     "SseTarget",
     "StdioTarget",

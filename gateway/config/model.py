@@ -225,6 +225,18 @@ def default_connect_timeout(target: Target) -> float:
     return DEFAULT_CONNECT_TIMEOUT
 
 
+@dataclass(frozen=True)
+class Root:
+    """A root the gateway tells a backend of when no client's can be asked (client/roots): a
+    `file://` URI and an optional display name, as `roots/list` returns them."""
+
+    uri: str
+    name: str | None = None
+
+    def as_wire(self) -> dict[str, str]:
+        return {"uri": self.uri} if self.name is None else {"uri": self.uri, "name": self.name}
+
+
 # `auto` probes each backend (server/discover, falling back to initialize); the others pin it.
 ERAS = ("auto", "modern", "legacy")
 # `shared`: one stdio child serves every client; `per_session`: a child per client (stdio only).
@@ -245,6 +257,10 @@ class BackendConfig:
     isolation: str = "shared"
     child_idle_timeout: float = DEFAULT_CHILD_IDLE_TIMEOUT
     max_children: int = DEFAULT_MAX_CHILDREN
+    # The answer to a legacy backend's `roots/list` asked outside any client's request (start-up,
+    # catalog refresh), for a client without the roots capability, or when it is not certain
+    # whose request it is for.
+    roots: tuple[Root, ...] = ()
 
     @property
     def effective_namespace(self) -> str:

@@ -297,7 +297,9 @@ class LegacyFront:
             session.cancel(jsonrpc.params(msg).get("requestId"))
             return
         if method == "notifications/roots/list_changed":
-            return  # roots are not relayed to backends yet
+            # Not relayed: a backend asking again would ask outside this client's requests, and
+            # get the configured roots, not this client's (README, Roots).
+            return
         await self._dispatcher.pass_on(self.modern(session, msg))
 
     def modern(self, session: Session, msg: Message) -> Message:
