@@ -21,7 +21,7 @@ from pathlib import Path
 import orjson
 import yaml
 
-from tests.support import ROOT
+from tests.support import ROOT, missing
 
 NPM_DIR = ROOT / "tests" / "npm"
 MODULES = NPM_DIR / "node_modules"
@@ -32,6 +32,15 @@ REVISIONS = ("2025-11-25", "2026-07-28")
 # A whole server run takes a few seconds; this bounds a hung one.
 RUN_BOUND = 120.0
 _STAMP = re.compile(r"-\d{4}-\d{2}-\d{2}T[\d-]+Z$")
+
+
+def npm_server(name: str) -> list[str]:
+    """The command of a reference server from tests/npm (`server-filesystem`, ...), run by the
+    pinned node; a skip outside CI (a failure under CI=true) when it is not installed."""
+    script = MODULES / "@modelcontextprotocol" / name / "dist" / "index.js"
+    if not NODE.exists() or not script.exists():
+        missing(f"@modelcontextprotocol/{name}", "make npm-deps installs it into tests/npm")
+    return [str(NODE), str(script)]
 
 
 def available() -> str | None:

@@ -3,61 +3,27 @@ answers a question asked outside any client's request with the backend's configu
 server-filesystem, given no directory argument, serves the configured root it asked for at
 start-up; server-everything shows it in its `get-roots-list` tool.
 
-Needs npx and the npm registry (or npm's cache). Outside CI a machine without them skips with
-the reason; under CI (CI=true) the test never skips.
+The servers are the pinned ones of tests/npm/package.json (`make npm-deps`). Outside CI a
+machine without them skips with the reason; under CI (CI=true) the test fails instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import anyio
 import pytest
 
+from tests.conformance_support import npm_server
 from tests.support import START_BOUND, call, stdio_backend
 from tests.test_legacy_backends import gateway, post, text_of
 
-# A first run downloads the package; later ones start from npm's cache.
-INSTALL_BOUND = 240.0
-# The suite's per-test timeout (60 s) leaves too little for a first download.
-pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(INSTALL_BOUND + 60)]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-# Pinned: the roots behaviour (ask at start-up when the client has roots; server-filesystem
-# replaces its allowed directories with them) is these releases'; a newer one must be tried
-# before it is taken.
-FILESYSTEM = "@modelcontextprotocol/server-filesystem@2026.8.31"
-EVERYTHING = "@modelcontextprotocol/server-everything@2026.8.31"
-# What each prints on start-up when run with no argument and stdin closed.
-STARTED = {FILESYSTEM: b"running on stdio", EVERYTHING: b"STDIO"}
+# What each prints on start-up.
 UPDATED = "Updated allowed directories from MCP roots"
-
-
-def npx(package: str) -> str:
-    """npx, with `package` in npm's cache; a skip (not under CI) when either is missing."""
-    found = shutil.which("npx")
-    reason = "npx is not on PATH"
-    if found is not None:
-        try:
-            # Started with stdin closed, the server says it runs and exits.
-            done = subprocess.run(
-                [found, "-y", package],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=INSTALL_BOUND,
-            )
-            if STARTED[package] in done.stdout + done.stderr:
-                return found
-            reason = f"npx {package} failed: {done.stderr.decode(errors='replace')[-500:]}"
-        except subprocess.TimeoutExpired:
-            reason = f"npx {package} did not start within {INSTALL_BOUND:g}s"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI must run this test)")
-    pytest.skip(reason)
 
 
 class _Seen(logging.Handler):
@@ -74,7 +40,7 @@ class _Seen(logging.Handler):
 
 
 async def test_server_filesystem_serves_the_configured_root(tmp_path: Path) -> None:
-    command = [npx(FILESYSTEM), "-y", FILESYSTEM]
+    command = npm_server("server-filesystem")
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / "hello.txt").write_text("hello from a root\n")
@@ -103,7 +69,7 @@ async def test_server_filesystem_serves_the_configured_root(tmp_path: Path) -> N
 
 
 async def test_server_everything_lists_the_configured_roots(tmp_path: Path) -> None:
-    command = [npx(EVERYTHING), "-y", EVERYTHING, "stdio"]
+    command = [*npm_server("server-everything"), "stdio"]
     backend = stdio_backend(command, roots=[{"uri": tmp_path.as_uri(), "name": "work"}])
     async with gateway({**backend, "connect_timeout": 60}) as (_, url):
         with anyio.fail_after(START_BOUND):
