@@ -4,12 +4,14 @@ root task group and shuts everything down in order. The only module that wires c
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
 import signal
 import ssl
 import sys
+from collections.abc import Callable
 from types import TracebackType
 from urllib.parse import urlsplit
 
@@ -63,6 +65,18 @@ def make_backend(config: BackendConfig, stats: Stats) -> StdioBackend | HttpBack
     if isinstance(config.target, SseTarget):
         return SseBackend(config, stats)
     return HttpBackend(config, stats)
+
+
+def legacy_lane(
+    transport: StdioBackend | HttpBackend | SseBackend, config: BackendConfig, stats: Stats
+) -> Callable[[], StdioBackend | HttpBackend] | None:
+    """How to reach the server again for legacy sessions of legacy clients, should it speak
+    both eras (backends/dual.py): HTTP, a session on the same pools; stdio, a second child."""
+    if isinstance(transport, HttpBackend):
+        return transport.session_view
+    if isinstance(transport, StdioBackend):
+        return functools.partial(StdioBackend, config, stats)
+    return None  # HTTP+SSE (2024-11-05) is legacy by nature
 
 
 def _address(config: BackendConfig) -> tuple[str, int] | None:
@@ -153,7 +167,8 @@ class Gateway:
         self.transports = [make_backend(b, self.telemetry.stats) for b in config.backends]
         # Each transport behind its era layer: a legacy backend looks modern from here on.
         self.eras = [
-            EraBackend(t, c) for t, c in zip(self.transports, config.backends, strict=True)
+            EraBackend(t, c, legacy_lane(t, c, self.telemetry.stats))
+            for t, c in zip(self.transports, config.backends, strict=True)
         ]
         self.backends: list[Backend] = [
             InstrumentedBackend(e, self.telemetry, _address(c))

@@ -6,21 +6,27 @@ backend fails to open under it. A legacy backend gets an `initialize` handshake 
 child restart; again when an HTTP backend has forgotten the session) and each request is
 translated on the way (`translate.py`); a call the backend interrupts with a question of its
 own is held for the client's answer (`held.py`); `subscriptions/listen` is emulated from the
-session's notifications (`legacy_listen.py`). This module composes them, and follows an HTTP
-session's GET stream. A modern backend costs one comparison per request here.
+session's notifications (`legacy_listen.py`). A modern backend that speaks the legacy era
+too serves legacy clients' requests in that era, on legacy sessions of its own (`dual.py`).
+This module composes them, and follows an HTTP session's GET stream. A modern backend costs
+two comparisons per request here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
 from collections.abc import Callable
 
+import anyio
+
 from gateway.backends.base import NotificationSink
 from gateway.backends.channel import Channel
+from gateway.backends.dual import Lanes
 from gateway.backends.held import HOLD_TTL, HeldCall, HeldCalls, Sealer
 from gateway.backends.legacy_listen import LISTEN_QUEUE, Listens, _Listener
 from gateway.backends.link import Link
@@ -78,7 +84,14 @@ STABLE_AFTER = 30.0
 class EraBackend:
     """Wraps a transport; see the module docstring."""
 
-    def __init__(self, inner: Link, config: BackendConfig) -> None:
+    def __init__(
+        self,
+        inner: Link,
+        config: BackendConfig,
+        lane: Callable[[], Link] | None = None,
+    ) -> None:
+        """`lane` makes another link to the same server for a legacy session of its own: a
+        view of the HTTP transport, or a second stdio child (dual.py)."""
         self.inner = inner
         self.name = inner.name
         self.transport = inner.transport
@@ -99,20 +112,35 @@ class EraBackend:
         # Receives the backend's notifications that belong to no request (list changes).
         self.on_notification: Callable[[str, Message], None] | None = None
         inner.on_notification = self.unsolicited
+        self._first_open: asyncio.Future[None] | None = None
         if isinstance(inner, Channel):
-            inner.on_start = self._open_channel
+            inner.on_start = self._on_start
+        self._lanes: Lanes | None = None
+        if lane is not None and config.era != "legacy":
+            legacy = dataclasses.replace(config, era="legacy")
+            self._lanes = Lanes(
+                self.name,
+                lambda: EraBackend(lane(), legacy),
+                shared=self._channel,
+                within=self._open_timeout,
+            )
 
     @property
     def up(self) -> bool:
         return self.inner.up
 
     async def run(self) -> None:
-        if self._channel:
-            await self.inner.run()
-            return
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self.inner.run())
-            tg.create_task(self._watch())
+        try:
+            if self._channel:
+                await self.inner.run()
+                return
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.inner.run())
+                tg.create_task(self._watch())
+        finally:
+            if self._lanes is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._lanes.close()
 
     async def _watch(self) -> None:
         """HTTP: a legacy session's GET stream, where its change notifications come."""
@@ -139,6 +167,41 @@ class EraBackend:
             delay = min(delay * 2, MAX_RETRY)
 
     # --- opening -----------------------------------------------------------------------------
+
+    async def _on_start(self) -> None:
+        try:
+            await self._open_channel()
+        except BackendError as exc:
+            self._opened(exc)
+            raise
+        self._opened(None)
+
+    def _opened(self, failure: BackendError | None) -> None:
+        """The first opening's outcome, for `open_legacy`."""
+        first = self._first_open
+        if first is not None and not first.done():
+            if failure is None:
+                first.set_result(None)
+            else:
+                first.set_exception(failure)
+
+    async def open_legacy(self) -> None:
+        """A lane's legacy session, opened now (or BackendError): HTTP opens it on first use,
+        a channel when its connection (run elsewhere) has started."""
+        if not self._channel:
+            await self._settle()
+            if self.session is None:
+                raise BackendUnavailable(self.name, "the legacy session is not open")
+            return
+        if self.session is None:
+            self._first_open = asyncio.get_running_loop().create_future()
+            await self._first_open
+
+    async def close(self) -> None:
+        """A lane's end: its HTTP session is deleted (a channel's ends with its transport)."""
+        end = getattr(self.inner, "end_session", None)
+        if end is not None:
+            await end()
 
     async def _open_channel(self) -> None:
         """Before a (re)started stdio child or SSE connection takes requests."""
@@ -214,20 +277,26 @@ class EraBackend:
         *,
         long_lived: bool = False,
     ) -> Message:
-        if self.era == "modern":
-            try:
-                return await self.inner.request(msg, sink, long_lived=long_lived)
-            except BackendUnavailable:
-                if not self._pinned and not self._channel:
-                    self.era = None  # remembered until it fails: ask again next time
-                raise
-        if isinstance(self.inner, Channel):
-            await self.inner.ready()
-        elif self.era is None or self.session is None:
-            await self._settle()
-        if self.era == "modern":
+        if self.era != "modern":
+            if isinstance(self.inner, Channel):
+                await self.inner.ready()
+            elif self.era is None or self.session is None:
+                await self._settle()
+            if self.era != "modern":
+                return await self._legacy(msg, sink)
+        if self._lanes is not None and not long_lived:
+            client = SERVING.get()[1].legacy
+            if client is not None:
+                # A legacy client: in its era where the server speaks both (dual.py).
+                reply = await self._lanes.serve(client, msg, sink)
+                if reply is not None:
+                    return reply
+        try:
             return await self.inner.request(msg, sink, long_lived=long_lived)
-        return await self._legacy(msg, sink)
+        except BackendUnavailable:
+            if not self._pinned and not self._channel:
+                self.era = None  # remembered until it fails: ask again next time
+            raise
 
     async def notify(self, msg: Message) -> None:
         if self.era == "modern":

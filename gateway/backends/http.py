@@ -127,6 +127,18 @@ class HttpBackend:
         self._legacy.version = version
         self._legacy.encode()
 
+    def session_view(self) -> HttpBackend:
+        """The same server for another legacy session, on this backend's connection pools: a
+        server speaking both eras gets one per legacy client session (dual.py)."""
+        view = HttpBackend(self._config, self._stats)
+        view._calls, view._streams = self._calls, self._streams
+        return view
+
+    async def end_session(self) -> None:
+        """A view's session ends with its client's (`run` ends the backend's own)."""
+        with anyio.move_on_after(END_SESSION_TIMEOUT):
+            await self._end_session()
+
     async def send(self, msg: Message) -> None:
         await self.notify(msg)
 

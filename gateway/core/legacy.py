@@ -23,7 +23,7 @@ from gateway.backends.base import NotificationSink
 from gateway.core.dispatcher import Dispatcher
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.jsonrpc import Message, RequestId
-from gateway.telemetry.api import STDIO_ORIGIN, Origin
+from gateway.telemetry.api import STDIO_ORIGIN, LegacyClient, Origin
 
 log = logging.getLogger("gateway.legacy")
 
@@ -72,6 +72,9 @@ class Session:
     deliver: Deliver | None = None
     subscribed: set[str] = field(default_factory=set)  # resource URIs (resources/subscribe)
     watcher: asyncio.Task[None] | None = None  # the modern listen that feeds `deliver`
+    # The session as the backends see it: a backend speaking both eras keeps a legacy session
+    # of its own for it (its server-to-client requests then reach this client), ended with it.
+    client: LegacyClient = field(default_factory=LegacyClient)
 
     def answer(self, response: Message) -> bool:
         """A response from the client; True if it answered one of our questions."""
@@ -98,6 +101,7 @@ class Session:
             waiter.cancel()
         if self.watcher is not None:
             self.watcher.cancel()
+        self.client.close()
 
 
 def negotiate(requested: object) -> str:
@@ -201,6 +205,9 @@ class LegacyFront:
         back to the backend in a retry (`inputResponses`, `requestState`), so the legacy client
         sees server-to-client requests and then its call complete, as in its own era."""
         modern = self.modern(session, msg)
+        # Marked as the session's, out of band (not in `_meta`, which is the wire's): where a
+        # backend speaks both eras, the request goes to it in the legacy era.
+        origin = origin.for_legacy(session.client)
         for _ in range(MAX_INPUT_ROUNDS):
             reply = await self._dispatcher.handle(modern, sink, origin)
             result = reply.get("result")

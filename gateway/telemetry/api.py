@@ -21,18 +21,57 @@ TRACE_HEADERS = ("traceparent", "tracestate")
 HeaderFields = Mapping[str, str] | Iterable[tuple[str, str]]
 
 
+class LegacyClient:
+    """A legacy (initialize-based) client session, as the backends see it: who to keep a
+    backend session for, and when it ends. A backend that speaks both eras serves a legacy
+    client's requests in the legacy era, on a session of its own (backends/dual.py), so that
+    the server's requests during a call reach that client."""
+
+    __slots__ = ("_closers", "closed")
+
+    def __init__(self) -> None:
+        self._closers: list[Callable[[], None]] = []
+        self.closed = False
+
+    def on_close(self, closer: Callable[[], None]) -> None:
+        """Run `closer` when the session ends (at once if it has)."""
+        if self.closed:
+            closer()
+        else:
+            self._closers.append(closer)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        closers, self._closers = self._closers, []
+        for closer in closers:
+            closer()
+
+
 class Origin:
     """Where a client request came from. A plain class: one is made per request."""
 
-    __slots__ = ("frontend", "headers", "peer")
+    __slots__ = ("frontend", "headers", "legacy", "peer")
 
     def __init__(
-        self, frontend: str, peer: str | None = None, headers: HeaderFields | None = None
+        self,
+        frontend: str,
+        peer: str | None = None,
+        headers: HeaderFields | None = None,
+        legacy: LegacyClient | None = None,
     ) -> None:
         self.frontend = frontend  # "http" | "stdio"
         self.peer = peer
         # All request headers (HTTP), for the traffic tap (which redacts them) and trace context.
         self.headers = headers
+        # The legacy client session the request comes from (core/legacy.py); None: a modern
+        # client, or the gateway's own request (discover, the session's change watch).
+        self.legacy = legacy
+
+    def for_legacy(self, client: LegacyClient) -> Origin:
+        """The same origin, marked as a request of the legacy session `client`."""
+        return Origin(self.frontend, self.peer, self.headers, client)
 
     def caller(self) -> str:
         """Who is asking, for binding state to them: the front end and a digest of the request's

@@ -18,7 +18,9 @@ is returned by the `label` tool and the `mem://shared` resource, to tell copies 
 completion/complete completes `greet`'s `name` and `mem://items/{id}`'s `id` by prefix.
 
 `ask` elicits a form (one string field `answer`); at 2026-07-28 the SDK turns that into an
-`input_required` tools/call result carrying an `elicitation/create` input request.
+`input_required` tools/call result carrying an `elicitation/create` input request. `sample`
+(`ctx.session.create_message`) and `confirm` (`ctx.elicit`) ask the client with a request of
+the server's own during the call, which only a legacy connection carries.
 `subscriptions/listen` is served (SDK default bus): `change_tools` publishes
 `notifications/tools/list_changed` (with `toggle=true` it also adds/removes the tool
 `dummy`), `touch` publishes `notifications/resources/updated` for a URI, and
@@ -57,8 +59,10 @@ from mcp_types import (
     EmptyResult,
     PromptReference,
     ResourceTemplateReference,
+    SamplingMessage,
     SubscribeRequestParams,
     SubscriptionsListenRequestParams,
+    TextContent,
     UnsubscribeRequestParams,
 )
 from pydantic import BaseModel, Field
@@ -318,6 +322,25 @@ def build_server(
         if isinstance(reply, DeclinedElicitation):
             return "declined"
         return "cancelled"
+
+    @mcp.tool()
+    async def sample(prompt: str, ctx: Context) -> str:
+        """Ask the client's model about `prompt` (sampling, a request of the server's own
+        during the call: only the legacy era has a channel for it)."""
+        message = SamplingMessage(role="user", content=TextContent(type="text", text=prompt))
+        result = await ctx.session.create_message(
+            [message], max_tokens=16, related_request_id=ctx.request_id
+        )
+        content = result.content
+        return f"sampled: {content.text if isinstance(content, TextContent) else '?'}"
+
+    @mcp.tool()
+    async def confirm(question: str, ctx: Context) -> str:
+        """Elicit an answer with `ctx.elicit` (a request of the server's own, legacy era)."""
+        reply = await ctx.elicit(question, AskForm)
+        if isinstance(reply, AcceptedElicitation):
+            return f"confirmed: {reply.data.answer}"
+        return reply.action
 
     dummy_present = False
 

@@ -1,0 +1,139 @@
+"""How both eras share one backend: the era follows the client where the server speaks both.
+
+A modern backend is asked in the modern era. A legacy client's requests (marked by
+core/legacy.py on their `Origin`) go to it in the legacy era instead when the server speaks
+that too, because only a legacy connection carries the server's own requests during a call
+(sampling, elicitation by `ctx.elicit`, roots); the held-call machinery (held.py) turns those
+into `input_required`, which core/legacy.py puts to the client as requests of its session.
+
+A lane is a legacy session on the server: over HTTP one per legacy client session, opened on
+that session's first request and ended (DELETE) with it; over stdio, where a child keeps the
+era of its first request for life, one second child started on first use and shared by every
+legacy client session (its questions go to the one request in flight, channel.py).
+
+Whether the server speaks both is learnt on the first legacy client's request: a
+DiscoverResult lists only modern versions (the SDK's does), so the signal is the handshake
+itself: a lane whose `initialize` is answered in a legacy version proves it; one refused (or
+not answered in time) means modern only, remembered, and legacy clients are served in the
+modern era as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from gateway.backends.base import NotificationSink
+from gateway.backends.link import Link
+from gateway.errors import BackendError
+from gateway.protocol.jsonrpc import Message
+from gateway.telemetry.api import LegacyClient
+
+log = logging.getLogger("gateway.backend")
+
+# Requests that stay in the modern era for legacy clients too: the gateway's own discovery and
+# the session's change watch (both served as well by the modern connection).
+MODERN_METHODS = frozenset({"server/discover", "subscriptions/listen"})
+
+
+class Lane(Protocol):
+    """A legacy session on the server (an `EraBackend` pinned to the legacy era)."""
+
+    inner: Link
+
+    async def request(
+        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+    ) -> Message: ...
+
+    async def run(self) -> None: ...
+
+    async def open_legacy(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class Lanes:
+    """The legacy lanes of one backend. `shared`: one lane for all clients (stdio), which runs
+    a transport of its own; else one per client session on the backend's transport (HTTP)."""
+
+    def __init__(self, name: str, make: Callable[[], Lane], shared: bool, within: float) -> None:
+        self._name = name
+        self._make = make
+        self._shared = shared
+        self._within = within
+        self.dual: bool | None = None  # unknown until a legacy client comes
+        self._lanes: dict[LegacyClient | None, Lane] = {}
+        self._opening = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(
+        self, client: LegacyClient, msg: Message, sink: NotificationSink
+    ) -> Message | None:
+        """The reply in the legacy era; None: serve it in the modern era."""
+        if self.dual is False or client.closed or msg["method"] in MODERN_METHODS:
+            return None
+        lane = self._lanes.get(None if self._shared else client)
+        if lane is None:
+            lane = await self._open(client)
+            if lane is None:
+                return None
+        return await lane.request(msg, sink)
+
+    async def _open(self, client: LegacyClient) -> Lane | None:
+        key = None if self._shared else client
+        async with self._opening:
+            lane = self._lanes.get(key)
+            if lane is not None or self.dual is False:
+                return lane
+            lane = self._make()
+            runner = None
+            if self._shared:
+                runner = asyncio.get_running_loop().create_task(lane.run())
+                self._keep(runner)
+            try:
+                async with asyncio.timeout(self._within):
+                    await lane.open_legacy()
+            except (BackendError, TimeoutError) as exc:
+                if runner is not None:
+                    runner.cancel()
+                if self.dual is None:
+                    self.dual = False
+                    log.info(
+                        "backend %s: speaks only the modern era (legacy session refused: %s)",
+                        self._name,
+                        exc or "no answer in time",
+                    )
+                    return None
+                raise
+            if self.dual is None:
+                log.info(
+                    "backend %s: speaks both eras; legacy clients get legacy sessions", self._name
+                )
+            self.dual = True
+            self._lanes[key] = lane
+            if not self._shared:
+                client.on_close(lambda: self._end(client))
+            return lane
+
+    def _end(self, client: LegacyClient) -> None:
+        lane = self._lanes.pop(client, None)
+        if lane is not None:
+            self._keep(asyncio.get_running_loop().create_task(lane.close()))
+
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """The backend stops: every lane ends (sessions deleted, the second child stopped)."""
+        lanes, self._lanes = list(self._lanes.values()), {}
+        for lane in lanes:
+            with contextlib.suppress(BackendError):
+                await lane.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
