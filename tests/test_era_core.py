@@ -18,7 +18,7 @@ from gateway.config.model import BackendConfig, HttpTarget
 from gateway.errors import BackendTimeout, Refused
 from gateway.protocol import codes, meta
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import NO_OBSERVATION, SERVING, Origin
+from gateway.telemetry.api import NO_OBSERVATION, SERVING, LegacyClient, Origin
 
 pytestmark = pytest.mark.anyio
 BOUND = 5.0
@@ -47,6 +47,7 @@ class FakeLink:
         self.received: list[Message] = []
         self.sent: list[Message] = []
         self.answers: dict[object, asyncio.Future[Message]] = {}
+        self.ended = asyncio.Event()
 
     @property
     def up(self) -> bool:
@@ -80,6 +81,9 @@ class FakeLink:
     async def notify(self, msg: Message) -> None:
         self.sent.append(msg)
 
+    async def end_session(self) -> None:
+        self.ended.set()
+
     async def send(self, msg: Message) -> None:
         self.sent.append(msg)
         future = self.answers.get(msg.get("id"))
@@ -94,9 +98,11 @@ class FakeLink:
         return await asyncio.wait_for(future, BOUND)
 
 
-def era_over(link: FakeLink, era: str = "auto") -> EraBackend:
+def era_over(
+    link: FakeLink, era: str = "auto", lane: Callable[[], FakeLink] | None = None
+) -> EraBackend:
     config = BackendConfig("fake", HttpTarget("http://127.0.0.1:1/mcp"), era=era)
-    return EraBackend(link, config)
+    return EraBackend(link, config, lane)
 
 
 def modern_request(id_: int, method: str, params: dict[str, Any] | None = None) -> Message:
@@ -275,3 +281,123 @@ async def test_a_client_without_the_capability_is_told_what_it_lacks() -> None:
     assert reply["error"]["data"]["requiredCapabilities"] == {"elicitation": {"form": {}}}
     refusals = [m for m in link.sent if m.get("id") == "q1"]
     assert refusals[0]["error"]["code"] == codes.METHOD_NOT_FOUND  # the backend is told too
+
+
+# --- both eras on one backend (dual.py) -----------------------------------------------------
+
+
+async def modern_server(link: FakeLink, msg: Message, sink: NotificationSink) -> Message:
+    if msg["method"] == "server/discover":
+        return {"result": {"resultType": "complete", "supportedVersions": [meta.MODERN_VERSION]}}
+    return {"result": {"resultType": "complete", "content": [{"type": "text", "text": "modern"}]}}
+
+
+def refusing_initialize(inner: Handler) -> Handler:
+    async def handler(link: FakeLink, msg: Message, sink: NotificationSink) -> Message:
+        if msg["method"] == "initialize":
+            return {"error": {"code": codes.INVALID_REQUEST, "message": "modern only"}}
+        return await inner(link, msg, sink)
+
+    return handler
+
+
+class Lanes:
+    """The links a dual-era backend makes for legacy sessions, each a legacy server."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.made: list[FakeLink] = []
+
+    def __call__(self) -> FakeLink:
+        link = FakeLink(self.handler)
+        self.made.append(link)
+        return link
+
+
+def from_legacy_client(client: LegacyClient | None, authorization: str = "alice") -> None:
+    origin = Origin("http", headers={"Authorization": authorization}, legacy=client)
+    SERVING.set((NO_OBSERVATION, origin))
+
+
+def methods(link: FakeLink) -> list[str]:
+    return [m["method"] for m in link.received]
+
+
+async def test_each_legacy_client_gets_a_legacy_session_and_modern_ones_stay_modern() -> None:
+    lanes = Lanes(legacy_server())
+    main = FakeLink(modern_server)
+    backend = era_over(main, lane=lanes)
+    first, second = LegacyClient(), LegacyClient()
+    from_legacy_client(first)
+    await backend.request(modern_request(1, "tools/list"), ignore)
+    await backend.request(modern_request(2, "tools/list"), ignore)
+    from_legacy_client(second)
+    await backend.request(modern_request(3, "tools/list"), ignore)
+    from_legacy_client(None)
+    await backend.request(modern_request(4, "tools/list"), ignore)
+    assert len(lanes.made) == 2  # one per client session, reused by its next request
+    assert methods(lanes.made[0]) == ["initialize", "tools/list", "tools/list"]
+    assert methods(lanes.made[1]) == ["initialize", "tools/list"]
+    assert methods(main) == ["server/discover", "tools/list"]
+    # In the legacy era: the modern per-request fields do not travel.
+    assert "_meta" not in lanes.made[0].received[1]["params"]
+
+
+async def test_discovery_stays_modern_for_a_legacy_client() -> None:
+    lanes = Lanes(legacy_server())
+    main = FakeLink(modern_server)
+    backend = era_over(main, lane=lanes)
+    from_legacy_client(LegacyClient())
+    reply = await backend.request(modern_request(1, "server/discover"), ignore)
+    assert reply["result"]["supportedVersions"] == [meta.MODERN_VERSION]
+    assert lanes.made == []
+
+
+async def test_the_legacy_session_ends_with_the_client_session() -> None:
+    lanes = Lanes(legacy_server())
+    backend = era_over(FakeLink(modern_server), lane=lanes)
+    client = LegacyClient()
+    from_legacy_client(client)
+    await backend.request(modern_request(1, "tools/list"), ignore)
+    client.close()
+    await asyncio.wait_for(lanes.made[0].ended.wait(), BOUND)
+    # The next session of that client (a new one) gets a new backend session.
+    again = LegacyClient()
+    from_legacy_client(again)
+    await backend.request(modern_request(2, "tools/list"), ignore)
+    assert len(lanes.made) == 2
+
+
+async def test_a_backend_refusing_initialize_serves_legacy_clients_in_the_modern_era() -> None:
+    lanes = Lanes(refusing_initialize(legacy_server()))
+    main = FakeLink(modern_server)
+    backend = era_over(main, lane=lanes)
+    from_legacy_client(LegacyClient())
+    reply = await backend.request(modern_request(1, "tools/call"), ignore)
+    from_legacy_client(LegacyClient())
+    await backend.request(modern_request(2, "tools/call"), ignore)
+    assert reply["result"]["content"][0]["text"] == "modern"
+    assert len(lanes.made) == 1  # learnt once, remembered
+    assert methods(main) == ["server/discover", "tools/call", "tools/call"]
+
+
+async def test_a_question_on_a_legacy_clients_session_is_held_for_that_client() -> None:
+    """The server's request mid-call, on the client's own legacy session, becomes
+    input_required; the retry from that client answers it on that session."""
+    lanes = Lanes(legacy_server(eliciting_tool))
+    backend = era_over(FakeLink(modern_server), lane=lanes)
+    client = LegacyClient()
+    from_legacy_client(client)
+    first = await asyncio.wait_for(backend.request(modern_request(1, "tools/call"), ignore), BOUND)
+    result = first["result"]
+    assert result["resultType"] == "input_required"
+    [key] = result["inputRequests"]
+    retry = modern_request(
+        2,
+        "tools/call",
+        {"inputResponses": {key: {"action": "accept"}}, "requestState": result["requestState"]},
+    )
+    final = await asyncio.wait_for(backend.request(retry, ignore), BOUND)
+    assert final["result"]["resultType"] == "complete"
+    [lane] = lanes.made
+    assert {"jsonrpc": "2.0", "id": "q1", "result": {"action": "accept"}} in lane.sent

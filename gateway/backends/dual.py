@@ -15,7 +15,7 @@ Whether the server speaks both is learnt on the first legacy client's request: a
 DiscoverResult lists only modern versions (the SDK's does), so the signal is the handshake
 itself: a lane whose `initialize` is answered in a legacy version proves it; one refused (or
 not answered in time) means modern only, remembered, and legacy clients are served in the
-modern era as before.
+modern era as before. A server not reached at all teaches nothing: the next request asks again.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Protocol
 
 from gateway.backends.base import NotificationSink
 from gateway.backends.link import Link
-from gateway.errors import BackendError
+from gateway.errors import BackendError, BackendUnavailable
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import LegacyClient
 
@@ -99,6 +99,8 @@ class Lanes:
             except (BackendError, TimeoutError) as exc:
                 if runner is not None:
                     runner.cancel()
+                if isinstance(exc, BackendUnavailable) and not lane.inner.up:
+                    return None  # not reached at all: nothing learnt (asked again next time)
                 if self.dual is None:
                     self.dual = False
                     log.info(
