@@ -34,9 +34,12 @@ from gateway.telemetry.api import LegacyClient
 
 log = logging.getLogger("gateway.backend")
 
-# Requests that stay in the modern era for legacy clients too: the gateway's own discovery and
-# the session's change watch (both served as well by the modern connection).
-MODERN_METHODS = frozenset({"server/discover", "subscriptions/listen"})
+# Requests that stay in the modern era for legacy clients too: the gateway's own discovery, and
+# over HTTP the session's change watch (the server process is the same, so its modern listen
+# hears what the client's legacy session does). Over stdio the watch goes to the second child:
+# the changes a legacy client makes happen in that process.
+MODERN_METHODS = frozenset({"server/discover"})
+WATCH = "subscriptions/listen"
 
 
 class Lane(Protocol):
@@ -70,17 +73,20 @@ class Lanes:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def serve(
-        self, client: LegacyClient, msg: Message, sink: NotificationSink
+        self, client: LegacyClient, msg: Message, sink: NotificationSink, long_lived: bool
     ) -> Message | None:
         """The reply in the legacy era; None: serve it in the modern era."""
-        if self.dual is False or client.closed or msg["method"] in MODERN_METHODS:
+        method = msg["method"]
+        if self.dual is False or client.closed or method in MODERN_METHODS:
+            return None
+        if method == WATCH and not self._shared:
             return None
         lane = self._lanes.get(None if self._shared else client)
         if lane is None:
             lane = await self._open(client)
             if lane is None:
                 return None
-        return await lane.request(msg, sink)
+        return await lane.request(msg, sink, long_lived=long_lived)
 
     async def _open(self, client: LegacyClient) -> Lane | None:
         key = None if self._shared else client

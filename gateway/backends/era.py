@@ -284,11 +284,11 @@ class EraBackend:
                 await self._settle()
             if self.era != "modern":
                 return await self._legacy(msg, sink)
-        if self._lanes is not None and not long_lived:
+        if self._lanes is not None:
             client = SERVING.get()[1].legacy
             if client is not None:
                 # A legacy client: in its era where the server speaks both (dual.py).
-                reply = await self._lanes.serve(client, msg, sink)
+                reply = await self._lanes.serve(client, msg, sink, long_lived)
                 if reply is not None:
                     return reply
         try:

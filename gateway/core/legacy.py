@@ -163,6 +163,8 @@ class LegacyFront:
         if session.watcher is not None:
             session.watcher.cancel()
         loop = asyncio.get_running_loop()
+        # The session's own (dual.py: over stdio its changes come from where its calls go).
+        origin = origin.for_legacy(session.client)
         session.watcher = loop.create_task(self._watch(session, session.deliver, origin))
 
     async def _watch(self, session: Session, deliver: Deliver, origin: Origin) -> None:

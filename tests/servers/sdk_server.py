@@ -208,28 +208,26 @@ def build_server(
         subscriptions=bus,
     )
     # A legacy session hears of changes as notifications of its own (2025-11-25), after
-    # `resources/subscribe` for resource updates; this server announces and sends both.
+    # `resources/subscribe` for resource updates; this server announces and sends both (in
+    # either mode: the dual-era server has legacy sessions too).
     subscribed: set[str] = set()
-    if legacy_only:
-        lowlevel = mcp._lowlevel_server
-        make_options = lowlevel.create_initialization_options
-        changes = NotificationOptions(
-            prompts_changed=True, resources_changed=True, tools_changed=True
-        )
-        lowlevel.create_initialization_options = (  # type: ignore[method-assign]
-            lambda *args, **kwargs: make_options(changes, *args[1:], **kwargs)
-        )
+    lowlevel = mcp._lowlevel_server
+    make_options = lowlevel.create_initialization_options
+    changes = NotificationOptions(prompts_changed=True, resources_changed=True, tools_changed=True)
+    lowlevel.create_initialization_options = (  # type: ignore[method-assign]
+        lambda *args, **kwargs: make_options(changes, *args[1:], **kwargs)
+    )
 
-        async def subscribe(ctx: Any, params: SubscribeRequestParams) -> EmptyResult:
-            subscribed.add(str(params.uri))
-            return EmptyResult()
+    async def subscribe(ctx: Any, params: SubscribeRequestParams) -> EmptyResult:
+        subscribed.add(str(params.uri))
+        return EmptyResult()
 
-        async def unsubscribe(ctx: Any, params: UnsubscribeRequestParams) -> EmptyResult:
-            subscribed.discard(str(params.uri))
-            return EmptyResult()
+    async def unsubscribe(ctx: Any, params: UnsubscribeRequestParams) -> EmptyResult:
+        subscribed.discard(str(params.uri))
+        return EmptyResult()
 
-        lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
-        lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
+    lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
+    lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
     # Serve subscriptions/listen with a handler we hold (same bus `ctx.notify_*` publishes on).
     listen_handler = ListenHandler(bus)
     mcp._lowlevel_server.add_request_handler(
