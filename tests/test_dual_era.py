@@ -27,6 +27,8 @@ from tests.test_legacy_sessions import SESSION, echo, in_session, open_session, 
 
 pytestmark = pytest.mark.anyio
 
+IDLE = 0.5
+
 
 class DualEraServer:
     """Answers `server/discover` (modern) and `initialize` (legacy, a new session each); a
@@ -87,11 +89,11 @@ class DualEraServer:
 
 
 @asynccontextmanager
-async def gateway(server: DualEraServer) -> AsyncIterator[str]:
+async def gateway(server: DualEraServer, idle: float = 1800.0) -> AsyncIterator[str]:
     async with serve_http(server.handle) as backend_url:
         text = yaml.safe_dump(
             {
-                "listen": {"http": {"host": "127.0.0.1", "port": 0}},
+                "listen": {"http": {"host": "127.0.0.1", "port": 0, "session_idle_timeout": idle}},
                 "backends": {"dual": {"http": {"url": f"{backend_url}/mcp"}}},
             }
         )
@@ -134,6 +136,31 @@ async def test_the_backend_session_ends_with_the_client_session() -> None:
             assert deleted.status == 204
             await server.gone.wait()
         assert server.deleted == [used.removeprefix("session ")]
+
+
+async def test_a_backend_session_ends_when_its_client_session_idles_out() -> None:
+    """Session Management: the client session that expired (swept on the store's next use)
+    takes its backend session with it."""
+    server = DualEraServer()
+    async with gateway(server, idle=IDLE) as url:
+        session = await open_session(url)
+        with anyio.fail_after(BOUND):
+            used = text(result_of(await in_session(url, session, echo("x"))))
+        # The thing under test is a timeout: wait it out, then use the store.
+        await anyio.sleep(IDLE * 1.5)
+        await open_session(url)
+        with anyio.fail_after(BOUND):
+            await server.gone.wait()
+        assert server.deleted == [used.removeprefix("session ")]
+
+
+async def test_backend_sessions_still_open_end_at_shutdown() -> None:
+    server = DualEraServer()
+    async with gateway(server) as url:
+        session = await open_session(url)
+        with anyio.fail_after(BOUND):
+            used = text(result_of(await in_session(url, session, echo("x"))))
+    assert server.deleted == [used.removeprefix("session ")]
 
 
 async def test_a_modern_only_backend_keeps_serving_legacy_clients_in_its_era() -> None:

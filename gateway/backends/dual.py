@@ -21,7 +21,6 @@ modern era as before. A server not reached at all teaches nothing: the next requ
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Protocol
@@ -70,7 +69,8 @@ class Lanes:
         self.dual: bool | None = None  # unknown until a legacy client comes
         self._lanes: dict[LegacyClient | None, Lane] = {}
         self._opening = asyncio.Lock()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._runners: set[asyncio.Task[None]] = set()  # the second child's transport
+        self._closing: set[asyncio.Task[None]] = set()  # sessions being ended
 
     async def serve(
         self, client: LegacyClient, msg: Message, sink: NotificationSink, long_lived: bool
@@ -98,7 +98,7 @@ class Lanes:
             runner = None
             if self._shared:
                 runner = asyncio.get_running_loop().create_task(lane.run())
-                self._keep(runner)
+                _keep(self._runners, runner)
             try:
                 async with asyncio.timeout(self._within):
                     await lane.open_legacy()
@@ -129,19 +129,19 @@ class Lanes:
     def _end(self, client: LegacyClient) -> None:
         lane = self._lanes.pop(client, None)
         if lane is not None:
-            self._keep(asyncio.get_running_loop().create_task(lane.close()))
-
-    def _keep(self, task: asyncio.Task[None]) -> None:
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+            _keep(self._closing, asyncio.get_running_loop().create_task(lane.close()))
 
     async def close(self) -> None:
         """The backend stops: every lane ends (sessions deleted, the second child stopped)."""
         lanes, self._lanes = list(self._lanes.values()), {}
-        for lane in lanes:
-            with contextlib.suppress(BackendError):
-                await lane.close()
-        tasks = list(self._tasks)
-        for task in tasks:
+        closing = [*self._closing, *(asyncio.create_task(lane.close()) for lane in lanes)]
+        await asyncio.gather(*closing, return_exceptions=True)
+        runners = list(self._runners)
+        for task in runners:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*runners, return_exceptions=True)
+
+
+def _keep(tasks: set[asyncio.Task[None]], task: asyncio.Task[None]) -> None:
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
