@@ -68,7 +68,10 @@ class Lanes:
         self._within = within
         self.dual: bool | None = None  # unknown until a legacy client comes
         self._lanes: dict[LegacyClient | None, Lane] = {}
-        self._opening = asyncio.Lock()
+        # Held while the first lane is tried (nothing else is known yet), then one per lane, so
+        # a slow handshake holds up only the client session it is for.
+        self._trial = asyncio.Lock()
+        self._opening: dict[LegacyClient | None, asyncio.Lock] = {}
         self._runners: set[asyncio.Task[None]] = set()  # the second child's transport
         self._closing: set[asyncio.Task[None]] = set()  # sessions being ended
 
@@ -90,43 +93,58 @@ class Lanes:
 
     async def _open(self, client: LegacyClient) -> Lane | None:
         key = None if self._shared else client
-        async with self._opening:
-            lane = self._lanes.get(key)
-            if lane is not None or self.dual is False:
-                return lane
-            lane = self._make()
-            runner = None
-            if self._shared:
-                runner = asyncio.get_running_loop().create_task(lane.run())
-                _keep(self._runners, runner)
-            try:
-                async with asyncio.timeout(self._within):
-                    await lane.open_legacy()
-            except (BackendError, TimeoutError) as exc:
-                if runner is not None:
-                    runner.cancel()
-                if isinstance(exc, BackendUnavailable) and not lane.inner.up:
-                    return None  # not reached at all: nothing learnt (asked again next time)
-                if self.dual is None:
-                    self.dual = False
-                    log.info(
-                        "backend %s: speaks only the modern era (legacy session refused: %s)",
-                        self._name,
-                        exc or "no answer in time",
-                    )
-                    return None
-                raise
-            if self.dual is None:
-                log.info(
-                    "backend %s: speaks both eras; legacy clients get legacy sessions", self._name
-                )
-            self.dual = True
-            self._lanes[key] = lane
+        if self.dual is None:
+            async with self._trial:
+                return await self._open_one(key, client)
+        lock = self._opening.get(key)
+        if lock is None:
+            lock = self._opening[key] = asyncio.Lock()
             if not self._shared:
                 client.on_close(lambda: self._end(client))
+        async with lock:
+            return await self._open_one(key, client)
+
+    async def _open_one(self, key: LegacyClient | None, client: LegacyClient) -> Lane | None:
+        """Open the lane for `key`, unless a request before this one has."""
+        lane = self._lanes.get(key)
+        if lane is not None or self.dual is False:
             return lane
+        lane = self._make()
+        runner = None
+        if self._shared:
+            runner = asyncio.get_running_loop().create_task(lane.run())
+            _keep(self._runners, runner)
+        try:
+            async with asyncio.timeout(self._within):
+                await lane.open_legacy()
+        except (BackendError, TimeoutError) as exc:
+            if runner is not None:
+                runner.cancel()
+            if isinstance(exc, BackendUnavailable) and not lane.inner.up:
+                return None  # not reached at all: nothing learnt (asked again next time)
+            if self.dual is None:
+                self.dual = False
+                log.info(
+                    "backend %s: speaks only the modern era (legacy session refused: %s)",
+                    self._name,
+                    exc or "no answer in time",
+                )
+                return None
+            raise
+        if self.dual is None:
+            log.info("backend %s: speaks both eras; legacy clients get legacy sessions", self._name)
+        self.dual = True
+        if key is not None and client.closed:
+            # The client session ended while its lane opened: the lane ends too.
+            _keep(self._closing, asyncio.get_running_loop().create_task(lane.close()))
+            return None
+        self._lanes[key] = lane
+        if not self._shared and key not in self._opening:
+            client.on_close(lambda: self._end(client))  # (opened in the trial)
+        return lane
 
     def _end(self, client: LegacyClient) -> None:
+        self._opening.pop(client, None)
         lane = self._lanes.pop(client, None)
         if lane is not None:
             _keep(self._closing, asyncio.get_running_loop().create_task(lane.close()))

@@ -122,7 +122,7 @@ class EraBackend:
                 self.name,
                 lambda: EraBackend(lane(), legacy),
                 shared=self._channel,
-                within=self._open_timeout,
+                within=config.connect_timeout,
             )
 
     @property
