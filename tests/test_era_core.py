@@ -353,6 +353,16 @@ async def test_discovery_stays_modern_for_a_legacy_client() -> None:
     assert lanes.made == []
 
 
+async def test_a_legacy_clients_watch_stays_modern_over_http() -> None:
+    """One server process: its modern listen hears what the client's legacy session does."""
+    lanes = Lanes(legacy_server())
+    main = FakeLink(modern_server)
+    backend = era_over(main, lane=lanes)
+    from_legacy_client(LegacyClient())
+    await backend.request(modern_request(1, "subscriptions/listen"), ignore, long_lived=True)
+    assert lanes.made == [] and methods(main) == ["server/discover", "subscriptions/listen"]
+
+
 async def test_the_legacy_session_ends_with_the_client_session() -> None:
     lanes = Lanes(legacy_server())
     backend = era_over(FakeLink(modern_server), lane=lanes)
