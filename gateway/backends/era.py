@@ -195,7 +195,10 @@ class EraBackend:
             return
         if self.session is None:
             self._first_open = asyncio.get_running_loop().create_future()
-            await self._first_open
+            try:
+                await self._first_open
+            finally:
+                self._first_open = None  # nobody waits for a later outcome
 
     async def close(self) -> None:
         """A lane's end: its HTTP session is deleted (a channel's ends with its transport)."""
