@@ -72,6 +72,24 @@ def make_backend(
     return HttpBackend(config, stats)
 
 
+def legacy_lane(
+    transport: StdioBackend | HttpBackend | SseBackend, config: BackendConfig, stats: Stats
+) -> Callable[[], StdioBackend | HttpBackend] | None:
+    """How to reach the server again for legacy sessions of legacy clients, should it speak
+    both eras (backends/dual.py): HTTP, a session on the same pools; stdio, a second child."""
+    if isinstance(transport, HttpBackend):
+        return transport.session_view
+    if isinstance(transport, StdioBackend):
+
+        def second() -> StdioBackend:
+            child = StdioBackend(config, stats)
+            child.tap = transport.tap  # (set before any lane is made, when the tap is on)
+            return child
+
+        return second
+    return None  # HTTP+SSE (2024-11-05) is legacy by nature
+
+
 def _address(config: BackendConfig) -> tuple[str, int] | None:
     if isinstance(config.target, StdioTarget):
         return None
@@ -157,13 +175,14 @@ class Gateway:
             config.telemetry.record_payloads,
             self.tap,
         )
-        self.transports = [make_backend(b, self.telemetry.stats) for b in config.backends]
+        stats = self.telemetry.stats
+        self.transports = [make_backend(b, stats) for b in config.backends]
         for transport in self.transports if self.telemetry.tapping else ():
             transport.tap = self.telemetry  # (each records what it writes and reads)
         # Each transport behind its era layer: a legacy backend looks modern from here on.
         # (A backend with a child per client has an era layer per child, inside it.)
         self.layers = [
-            t if isinstance(t, IsolatedBackend) else EraBackend(t, c)
+            t if isinstance(t, IsolatedBackend) else EraBackend(t, c, legacy_lane(t, c, stats))
             for t, c in zip(self.transports, config.backends, strict=True)
         ]
         # Each behind its health: one that cannot be reached fails at once and is retried in

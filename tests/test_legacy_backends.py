@@ -25,7 +25,7 @@ from aiohttp import web
 
 from gateway import config as gateway_config
 from gateway.app import Gateway
-from gateway.backends import era
+from gateway.backends import era, held
 from gateway.protocol import codes, sse
 from tests.support import (
     BOUND,
@@ -368,7 +368,7 @@ async def test_a_request_state_is_bound_to_its_caller(legacy_gateway: str) -> No
 async def test_a_held_call_expires(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nobody retries: the held call is given up (its question answered with an error, the call
     cancelled on the backend) and a late retry is refused."""
-    monkeypatch.setattr(era, "HOLD_TTL", 0.0)
+    monkeypatch.setattr(held, "HOLD_TTL", 0.0)
     async with held_calls() as (gw, url):
         with anyio.fail_after(BOUND):
             first = await post(url, ask(1))

@@ -18,7 +18,10 @@ from mcp.client.context import ClientRequestContext
 from mcp.client.session import IncomingMessage
 from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp_types import (
+    CreateMessageRequestParams,
+    CreateMessageResult,
     ElicitRequestParams,
+    ElicitResult,
     ErrorData,
     TextContent,
     TextResourceContents,
@@ -26,7 +29,14 @@ from mcp_types import (
 
 from tests.conftest import Target
 from tests.support import BOUND
-from tests.test_parity import TOOL_NAMES, Answers, ask_twice, cancel_a_held_call, text_of
+from tests.test_parity import (
+    TOOL_NAMES,
+    Answers,
+    ask_twice,
+    cancel_a_held_call,
+    connect,
+    text_of,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -167,6 +177,41 @@ async def test_elicitation_error_from_the_client_fails_the_call(target: Target) 
         with anyio.fail_after(BOUND), pytest.raises(MCPError) as caught:
             await client.call_tool("ask", {"question": "yes?"})
     assert caught.value.code == -32600
+
+
+async def model(
+    context: ClientRequestContext, params: CreateMessageRequestParams
+) -> CreateMessageResult:
+    message = params.messages[0].content
+    prompt = message.text if isinstance(message, TextContent) else "?"
+    reply = TextContent(type="text", text=f"model says {prompt}")
+    return CreateMessageResult(role="assistant", content=reply, model="test-model")
+
+
+async def user(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+    return ElicitResult(action="accept", content={"answer": "yes"})
+
+
+async def test_the_servers_own_requests_mid_call_reach_the_client(target: Target) -> None:
+    """client/sampling and client/elicitation, 2025-11-25: a tool asking the client with a
+    request of the server's own during the call (`create_message` with `related_request_id`,
+    `ctx.elicit`), which only a legacy connection carries. The era follows the client: the
+    gateway serves a legacy client of a dual-era backend in the legacy era (a backend session
+    per client session over HTTP, a second child in the legacy era over stdio), so the request
+    reaches the client, its answer the server, and the call completes. A modern client of the
+    same gateway is still served in the modern era."""
+    async with legacy(target, sampling_callback=model, elicitation_callback=user) as client:
+        with anyio.fail_after(BOUND):
+            sampled = await client.call_tool("sample", {"prompt": "hi"})
+            assert text_of(sampled) == "sampled: model says hi"
+            assert text_of(await client.call_tool("confirm", {"question": "ok?"})) == (
+                "confirmed: yes"
+            )
+            # The other clients of the session's backend, of either era, are unaffected.
+            assert text_of(await client.call_tool("echo", {"text": "legacy"})) == "legacy"
+    async with connect(target) as modern:
+        with anyio.fail_after(BOUND):
+            assert text_of(await modern.call_tool("echo", {"text": "modern"})) == "modern"
 
 
 class Changes:

@@ -31,7 +31,7 @@ PAGE = "3"  # small pages, so every merged list spans several gateway pages
 DEMO = [PYTHON, "-m", "gateway.demo.server"]
 SDK_TOOLS = ["echo", "add", "slow", "hold", "was_cancelled", "boom", "log", "whoami", "label"]
 SDK_TOOLS += ["getenv", "regional"]
-SDK_TOOLS += ["ask", "change_tools", "touch", "close_listens"]
+SDK_TOOLS += ["ask", "sample", "confirm", "change_tools", "touch", "close_listens"]
 SDK_TOOLS += [f"t{i:02d}" for i in range(30)]
 DEMO_TOOLS = ["echo", "add", "sleep", "utc_now"]
 
@@ -113,7 +113,7 @@ async def test_tools_merge_namespaced_across_pages(merged: StdioServerParameters
     assert len(names) == len(set(names)) == 2 * len(SDK_TOOLS) + len(DEMO_TOOLS)
     for ns, expected in (("alpha", SDK_TOOLS), ("beta", SDK_TOOLS), ("demo", DEMO_TOOLS)):
         assert [n for n in names if n.startswith(f"{ns}_")] == [f"{ns}_{t}" for t in expected]
-    assert pages == 15  # 45 tools in pages of 3 from each SDK copy; the demo fits in one
+    assert pages == 16  # 47 tools in pages of 3 from each SDK copy; the demo fits in one
 
 
 async def test_each_call_lands_on_the_backend_that_owns_the_name(

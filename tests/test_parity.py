@@ -34,7 +34,16 @@ from tests.support import BOUND
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 TOOL_NAMES = {"echo", "add", "slow", "boom", "log", "whoami", "label", "getenv", "regional"}
-TOOL_NAMES |= {"ask", "change_tools", "touch", "close_listens", "hold", "was_cancelled"}
+TOOL_NAMES |= {
+    "ask",
+    "sample",
+    "confirm",
+    "change_tools",
+    "touch",
+    "close_listens",
+    "hold",
+    "was_cancelled",
+}
 TOOL_NAMES |= {f"t{i:02d}" for i in range(30)}
 
 

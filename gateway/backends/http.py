@@ -88,6 +88,8 @@ class HttpBackend:
         # The legacy era (set by era.py): a session id the server gives at `initialize`, sent on
         # every request with the agreed version; None while the backend is modern.
         self._legacy: _LegacyHeaders | None = None
+        # Other legacy sessions on this server, on these pools (session_view), ended with it.
+        self._views: set[HttpBackend] = set()
         self.takes_requests = False
         self.on_notification: Callable[[str, Message], None] | None = None
         # The traffic tap, when it is on (set by app.py): each message is recorded where it is
@@ -124,7 +126,9 @@ class HttpBackend:
         finally:
             with anyio.CancelScope(shield=True):
                 with anyio.move_on_after(END_SESSION_TIMEOUT):
-                    await self._end_session()
+                    async with anyio.create_task_group() as tg:
+                        for each in (self, *self._views):
+                            tg.start_soon(each._end_session)
                 sessions = (self._calls, self._streams)
                 self._calls = self._streams = None
                 for session in sessions:
@@ -140,7 +144,7 @@ class HttpBackend:
         """Legacy from now on, with no session yet (before `initialize`)."""
         self._legacy = _LegacyHeaders(self._fixed, self._custom)
 
-    def end_session(self) -> None:
+    def forget_session(self) -> None:
         """Modern after all (its answer to `initialize` was a modern error): no session."""
         self._legacy = None
 
@@ -148,6 +152,25 @@ class HttpBackend:
         assert self._legacy is not None
         self._legacy.version = version
         self._legacy.encode()
+
+    def session_view(self) -> HttpBackend:
+        """The same server for another legacy session, on this backend's connection pools: a
+        server speaking both eras gets one per legacy client session (dual.py)."""
+        view = HttpBackend(self._config, self._stats)
+        view._calls, view._streams = self._calls, self._streams
+        view.tap = self.tap
+        view._views = self._views
+        self._views.add(view)
+        return view
+
+    async def end_session(self) -> None:
+        """A view's session ends with its client's (`run` ends the backend's own and those of
+        the views still open)."""
+        self._views.discard(self)
+        if self._calls is None or self._calls.closed:
+            return  # the backend has stopped, and ended the session then
+        with anyio.move_on_after(END_SESSION_TIMEOUT):
+            await self._end_session()
 
     async def send(self, msg: Message) -> None:
         await self.notify(msg)

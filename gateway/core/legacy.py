@@ -28,7 +28,7 @@ from gateway.backends.base import NotificationSink
 from gateway.core.dispatcher import Dispatcher
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.jsonrpc import Message, RequestId
-from gateway.telemetry.api import STDIO_ORIGIN, Origin, tapped
+from gateway.telemetry.api import STDIO_ORIGIN, LegacyClient, Origin, tapped
 
 log = logging.getLogger("gateway.legacy")
 
@@ -79,6 +79,9 @@ class Session:
     watcher: asyncio.Task[None] | None = None  # the modern listen that feeds `deliver`
     # Names the session to backends that keep a child per client (telemetry.api.ClientSession).
     key: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+    # The session as the backends see it: a backend speaking both eras keeps a legacy session
+    # of its own for it (its server-to-client requests then reach this client), ended with it.
+    client: LegacyClient = field(default_factory=LegacyClient)
 
     def answer(self, response: Message) -> bool:
         """A response from the client; True if it answered one of our questions."""
@@ -105,6 +108,7 @@ class Session:
             waiter.cancel()
         if self.watcher is not None:
             self.watcher.cancel()
+        self.client.close()
 
 
 def negotiate(requested: object) -> str:
@@ -186,6 +190,8 @@ class LegacyFront:
         if session.watcher is not None:
             session.watcher.cancel()
         loop = asyncio.get_running_loop()
+        # The session's own (dual.py: over stdio its changes come from where its calls go).
+        origin = origin.for_legacy(session.client)
         session.watcher = loop.create_task(self._watch(session, session.deliver, origin))
 
     async def _watch(self, session: Session, deliver: Deliver, origin: Origin) -> None:
@@ -231,6 +237,9 @@ class LegacyFront:
         back to the backend in a retry (`inputResponses`, `requestState`), so the legacy client
         sees server-to-client requests and then its call complete, as in its own era."""
         modern = self.modern(session, msg)
+        # Marked as the session's, out of band (not in `_meta`, which is the wire's): where a
+        # backend speaks both eras, the request goes to it in the legacy era.
+        origin = origin.for_legacy(session.client)
         for _ in range(MAX_INPUT_ROUNDS):
             reply = await self._dispatcher.serve(modern, sink, origin)
             result = reply.get("result")

@@ -30,10 +30,38 @@ class ClientSession(Protocol):
     ended: asyncio.Event
 
 
+class LegacyClient:
+    """A legacy (initialize-based) client session, as the backends see it: who to keep a
+    backend session for, and when it ends. A backend that speaks both eras serves a legacy
+    client's requests in the legacy era, on a session of its own (backends/dual.py), so that
+    the server's requests during a call reach that client."""
+
+    __slots__ = ("_closers", "closed")
+
+    def __init__(self) -> None:
+        self._closers: list[Callable[[], None]] = []
+        self.closed = False
+
+    def on_close(self, closer: Callable[[], None]) -> None:
+        """Run `closer` when the session ends (at once if it has)."""
+        if self.closed:
+            closer()
+        else:
+            self._closers.append(closer)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        closers, self._closers = self._closers, []
+        for closer in closers:
+            closer()
+
+
 class Origin:
     """Where a client request came from. A plain class: one is made per request."""
 
-    __slots__ = ("frontend", "headers", "peer", "session")
+    __slots__ = ("frontend", "headers", "legacy", "peer", "session")
 
     def __init__(
         self,
@@ -41,17 +69,26 @@ class Origin:
         peer: str | None = None,
         headers: HeaderFields | None = None,
         session: ClientSession | None = None,
+        legacy: LegacyClient | None = None,
     ) -> None:
         self.frontend = frontend  # "http" | "stdio" | "gateway" (its own requests)
         self.peer = peer
         # All request headers (HTTP), for the traffic tap (which redacts them) and trace context.
         self.headers = headers
-        # The legacy session the request belongs to (None: a modern, stateless request).
+        # The legacy session the request belongs to, for backends that keep a child per
+        # client (None: a modern, stateless request).
         self.session = session
+        # The same session as a backend speaking both eras sees it (core/legacy.py marks the
+        # requests it forwards); None: a modern client, or the gateway's own request.
+        self.legacy = legacy
 
     def within(self, session: ClientSession) -> Origin:
         """The same origin, as a request of a legacy client's session."""
-        return Origin(self.frontend, self.peer, self.headers, session)
+        return Origin(self.frontend, self.peer, self.headers, session, self.legacy)
+
+    def for_legacy(self, client: LegacyClient) -> Origin:
+        """The same origin, marked as a request of the legacy session `client`."""
+        return Origin(self.frontend, self.peer, self.headers, self.session, client)
 
     def caller(self) -> str:
         """Who is asking, for binding state to them: the front end and a digest of the request's

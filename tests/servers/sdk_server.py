@@ -18,7 +18,9 @@ is returned by the `label` tool and the `mem://shared` resource, to tell copies 
 completion/complete completes `greet`'s `name` and `mem://items/{id}`'s `id` by prefix.
 
 `ask` elicits a form (one string field `answer`); at 2026-07-28 the SDK turns that into an
-`input_required` tools/call result carrying an `elicitation/create` input request.
+`input_required` tools/call result carrying an `elicitation/create` input request. `sample`
+(`ctx.session.create_message`) and `confirm` (`ctx.elicit`) ask the client with a request of
+the server's own during the call, which only a legacy connection carries.
 `subscriptions/listen` is served (SDK default bus): `change_tools` publishes
 `notifications/tools/list_changed` (with `toggle=true` it also adds/removes the tool
 `dummy`), `touch` publishes `notifications/resources/updated` for a URI, and
@@ -57,8 +59,10 @@ from mcp_types import (
     EmptyResult,
     PromptReference,
     ResourceTemplateReference,
+    SamplingMessage,
     SubscribeRequestParams,
     SubscriptionsListenRequestParams,
+    TextContent,
     UnsubscribeRequestParams,
 )
 from pydantic import BaseModel, Field
@@ -204,28 +208,26 @@ def build_server(
         subscriptions=bus,
     )
     # A legacy session hears of changes as notifications of its own (2025-11-25), after
-    # `resources/subscribe` for resource updates; this server announces and sends both.
+    # `resources/subscribe` for resource updates; this server announces and sends both (in
+    # either mode: the dual-era server has legacy sessions too).
     subscribed: set[str] = set()
-    if legacy_only:
-        lowlevel = mcp._lowlevel_server
-        make_options = lowlevel.create_initialization_options
-        changes = NotificationOptions(
-            prompts_changed=True, resources_changed=True, tools_changed=True
-        )
-        lowlevel.create_initialization_options = (  # type: ignore[method-assign]
-            lambda *args, **kwargs: make_options(changes, *args[1:], **kwargs)
-        )
+    lowlevel = mcp._lowlevel_server
+    make_options = lowlevel.create_initialization_options
+    changes = NotificationOptions(prompts_changed=True, resources_changed=True, tools_changed=True)
+    lowlevel.create_initialization_options = (  # type: ignore[method-assign]
+        lambda *args, **kwargs: make_options(changes, *args[1:], **kwargs)
+    )
 
-        async def subscribe(ctx: Any, params: SubscribeRequestParams) -> EmptyResult:
-            subscribed.add(str(params.uri))
-            return EmptyResult()
+    async def subscribe(ctx: Any, params: SubscribeRequestParams) -> EmptyResult:
+        subscribed.add(str(params.uri))
+        return EmptyResult()
 
-        async def unsubscribe(ctx: Any, params: UnsubscribeRequestParams) -> EmptyResult:
-            subscribed.discard(str(params.uri))
-            return EmptyResult()
+    async def unsubscribe(ctx: Any, params: UnsubscribeRequestParams) -> EmptyResult:
+        subscribed.discard(str(params.uri))
+        return EmptyResult()
 
-        lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
-        lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
+    lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
+    lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
     # Serve subscriptions/listen with a handler we hold (same bus `ctx.notify_*` publishes on).
     listen_handler = ListenHandler(bus)
     mcp._lowlevel_server.add_request_handler(
@@ -318,6 +320,25 @@ def build_server(
         if isinstance(reply, DeclinedElicitation):
             return "declined"
         return "cancelled"
+
+    @mcp.tool()
+    async def sample(prompt: str, ctx: Context) -> str:
+        """Ask the client's model about `prompt` (sampling, a request of the server's own
+        during the call: only the legacy era has a channel for it)."""
+        message = SamplingMessage(role="user", content=TextContent(type="text", text=prompt))
+        result = await ctx.session.create_message(
+            [message], max_tokens=16, related_request_id=ctx.request_id
+        )
+        content = result.content
+        return f"sampled: {content.text if isinstance(content, TextContent) else '?'}"
+
+    @mcp.tool()
+    async def confirm(question: str, ctx: Context) -> str:
+        """Elicit an answer with `ctx.elicit` (a request of the server's own, legacy era)."""
+        reply = await ctx.elicit(question, AskForm)
+        if isinstance(reply, AcceptedElicitation):
+            return f"confirmed: {reply.data.answer}"
+        return reply.action
 
     dummy_present = False
 

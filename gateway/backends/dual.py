@@ -1,0 +1,165 @@
+"""How both eras share one backend: the era follows the client where the server speaks both.
+
+A modern backend is asked in the modern era. A legacy client's requests (marked by
+core/legacy.py on their `Origin`) go to it in the legacy era instead when the server speaks
+that too, because only a legacy connection carries the server's own requests during a call
+(sampling, elicitation by `ctx.elicit`, roots); the held-call machinery (held.py) turns those
+into `input_required`, which core/legacy.py puts to the client as requests of its session.
+
+A lane is a legacy session on the server: over HTTP one per legacy client session, opened on
+that session's first request and ended (DELETE) with it; over stdio, where a child keeps the
+era of its first request for life, one second child started on first use and shared by every
+legacy client session (its questions go to the one request in flight, channel.py).
+
+Whether the server speaks both is learnt on the first legacy client's request: a
+DiscoverResult lists only modern versions (the SDK's does), so the signal is the handshake
+itself: a lane whose `initialize` is answered in a legacy version proves it; one refused (or
+not answered in time) means modern only, remembered, and legacy clients are served in the
+modern era as before. A server not reached at all teaches nothing: the next request asks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from gateway.backends.base import NotificationSink
+from gateway.backends.link import Link
+from gateway.errors import BackendError, BackendUnavailable
+from gateway.protocol.jsonrpc import Message
+from gateway.telemetry.api import LegacyClient
+
+log = logging.getLogger("gateway.backend")
+
+# Requests that stay in the modern era for legacy clients too: the gateway's own discovery, and
+# over HTTP the session's change watch (the server process is the same, so its modern listen
+# hears what the client's legacy session does). Over stdio the watch goes to the second child:
+# the changes a legacy client makes happen in that process.
+MODERN_METHODS = frozenset({"server/discover"})
+WATCH = "subscriptions/listen"
+
+
+class Lane(Protocol):
+    """A legacy session on the server (an `EraBackend` pinned to the legacy era)."""
+
+    inner: Link
+
+    async def request(
+        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+    ) -> Message: ...
+
+    async def run(self) -> None: ...
+
+    async def open_legacy(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class Lanes:
+    """The legacy lanes of one backend. `shared`: one lane for all clients (stdio), which runs
+    a transport of its own; else one per client session on the backend's transport (HTTP)."""
+
+    def __init__(self, name: str, make: Callable[[], Lane], shared: bool, within: float) -> None:
+        self._name = name
+        self._make = make
+        self._shared = shared
+        self._within = within
+        self.dual: bool | None = None  # unknown until a legacy client comes
+        self._lanes: dict[LegacyClient | None, Lane] = {}
+        # Held while the first lane is tried (nothing else is known yet), then one per lane, so
+        # a slow handshake holds up only the client session it is for.
+        self._trial = asyncio.Lock()
+        self._opening: dict[LegacyClient | None, asyncio.Lock] = {}
+        self._runners: set[asyncio.Task[None]] = set()  # the second child's transport
+        self._closing: set[asyncio.Task[None]] = set()  # sessions being ended
+
+    async def serve(
+        self, client: LegacyClient, msg: Message, sink: NotificationSink, long_lived: bool
+    ) -> Message | None:
+        """The reply in the legacy era; None: serve it in the modern era."""
+        method = msg["method"]
+        if self.dual is False or client.closed or method in MODERN_METHODS:
+            return None
+        if method == WATCH and not self._shared:
+            return None
+        lane = self._lanes.get(None if self._shared else client)
+        if lane is None:
+            lane = await self._open(client)
+            if lane is None:
+                return None
+        return await lane.request(msg, sink, long_lived=long_lived)
+
+    async def _open(self, client: LegacyClient) -> Lane | None:
+        key = None if self._shared else client
+        if self.dual is None:
+            async with self._trial:
+                return await self._open_one(key, client)
+        lock = self._opening.get(key)
+        if lock is None:
+            lock = self._opening[key] = asyncio.Lock()
+            if not self._shared:
+                client.on_close(lambda: self._end(client))
+        async with lock:
+            return await self._open_one(key, client)
+
+    async def _open_one(self, key: LegacyClient | None, client: LegacyClient) -> Lane | None:
+        """Open the lane for `key`, unless a request before this one has."""
+        lane = self._lanes.get(key)
+        if lane is not None or self.dual is False:
+            return lane
+        lane = self._make()
+        runner = None
+        if self._shared:
+            runner = asyncio.get_running_loop().create_task(lane.run())
+            _keep(self._runners, runner)
+        try:
+            async with asyncio.timeout(self._within):
+                await lane.open_legacy()
+        except (BackendError, TimeoutError) as exc:
+            if runner is not None:
+                runner.cancel()
+            if isinstance(exc, BackendUnavailable) and not lane.inner.up:
+                return None  # not reached at all: nothing learnt (asked again next time)
+            if self.dual is None:
+                self.dual = False
+                log.info(
+                    "backend %s: speaks only the modern era (legacy session refused: %s)",
+                    self._name,
+                    exc or "no answer in time",
+                )
+                return None
+            raise
+        if self.dual is None:
+            log.info("backend %s: speaks both eras; legacy clients get legacy sessions", self._name)
+        self.dual = True
+        if key is not None and client.closed:
+            # The client session ended while its lane opened: the lane ends too.
+            _keep(self._closing, asyncio.get_running_loop().create_task(lane.close()))
+            return None
+        self._lanes[key] = lane
+        if not self._shared and key not in self._opening:
+            client.on_close(lambda: self._end(client))  # (opened in the trial)
+        return lane
+
+    def _end(self, client: LegacyClient) -> None:
+        self._opening.pop(client, None)
+        lane = self._lanes.pop(client, None)
+        if lane is not None:
+            _keep(self._closing, asyncio.get_running_loop().create_task(lane.close()))
+
+    async def close(self) -> None:
+        """The backend stops: every lane ends (sessions deleted, the second child stopped)."""
+        lanes, self._lanes = list(self._lanes.values()), {}
+        closing = [*self._closing, *(asyncio.create_task(lane.close()) for lane in lanes)]
+        await asyncio.gather(*closing, return_exceptions=True)
+        runners = list(self._runners)
+        for task in runners:
+            task.cancel()
+        await asyncio.gather(*runners, return_exceptions=True)
+
+
+def _keep(tasks: set[asyncio.Task[None]], task: asyncio.Task[None]) -> None:
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
