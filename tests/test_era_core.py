@@ -192,7 +192,7 @@ async def test_a_legacy_backend_is_opened_and_spoken_to_in_its_era() -> None:
     sent = link.received[-1]
     # The modern per-request fields are gone (the session carries them); others stay.
     assert sent["params"] == {"_meta": {"traceparent": "00-abc"}}
-    assert sent["id"] != 1  # the gateway's own id on the shared session
+    assert sent["id"] == 1  # ids on the backend's session are the transport's (ids.py)
     assert reply["id"] == 1 and reply["result"] == {"tools": [], "resultType": "complete"}
 
 
