@@ -61,28 +61,8 @@ def at(*places: str) -> frozenset[str]:
     return frozenset(places)
 
 
-LEGACY_S2C = (
-    "issue 16, legacy clients lose server-to-client requests: the gateway speaks the modern "
-    "era to the dual-era backend, where the tool's sampling/elicitation request mid-call has "
-    "no back-channel ('era follows the client' fixes it)"
-)
-GET_STREAM_S2C = (
-    "issue 16, era follows the client: the legacy mock server sends elicitation/create on its "
-    "standalone GET stream (no related request); the gateway answers -32601 'answers "
-    "questions only within a request' where the client, directly, answers it (needs the "
-    "backend session per legacy client session)"
-)
-LEGACY_2025 = at("http->http@2025-11-25", "http->stdio@2025-11-25")
-CLIENT_2025 = at("http->http@2025-11-25", "stdio->http@2025-11-25")
-
 # (leg, scenario) -> why it fails through the gateway, and where. Empty it as fixes land.
-EXPECTED_FAILURES: dict[tuple[str, str], Known] = {
-    ("server", "tools-call-sampling"): Known(LEGACY_S2C, LEGACY_2025),
-    ("server", "tools-call-elicitation"): Known(LEGACY_S2C, LEGACY_2025),
-    ("server", "elicitation-sep1034-defaults"): Known(LEGACY_S2C, LEGACY_2025),
-    ("server", "elicitation-sep1330-enums"): Known(LEGACY_S2C, LEGACY_2025),
-    ("client", "elicitation-sep1034-client-defaults"): Known(GET_STREAM_S2C, CLIENT_2025),
-}
+EXPECTED_FAILURES: dict[tuple[str, str], Known] = {}
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -98,6 +98,9 @@ class HttpBackend:
         # Configured headers are credentials as often as not: the tap never sees them.
         self._configured = frozenset(name.lower() for name in config.target.headers)
         self._ids = itertools.count(1)
+        # The sinks of the requests in flight on a legacy session: a question the server sends
+        # on its GET stream belongs to the one there is, if there is only one.
+        self._asking: dict[int, NotificationSink] = {}
         self._background: set[asyncio.Task[None]] = set()
 
     def _deadline(self, within: float | None) -> aiohttp.ClientTimeout:
@@ -242,7 +245,7 @@ class HttpBackend:
                     if jsonrpc.kind(event) is jsonrpc.Kind.NOTIFICATION:
                         deliver(self.name, event)
                     elif jsonrpc.kind(event) is jsonrpc.Kind.REQUEST:
-                        await self._refuse_unrelated(event)
+                        await self._on_stream_request(event)
             return True
         except sse.EventTooLarge as exc:
             raise BackendProtocolError(self.name, f"GET stream: {exc}") from None
@@ -252,6 +255,16 @@ class HttpBackend:
             raise web.failure(self.name, exc, None) from None
         finally:
             resp.close()
+
+    async def _on_stream_request(self, request: Message) -> None:
+        """A question on the GET stream names no request (2025-11-25 servers may send one
+        there while a call runs): it goes to the request in flight when there is exactly one,
+        as on stdio, since a guess could show one user's question to another."""
+        if request.get("method") != "ping" and len(self._asking) == 1:
+            (sink,) = self._asking.values()
+            await sink(request)
+            return
+        await self._refuse_unrelated(request)
 
     async def _refuse_unrelated(self, request: Message) -> None:
         """A request on the GET stream belongs to no client request: only ping and roots/list
@@ -386,10 +399,18 @@ class HttpBackend:
         self._stats.bytes["backend", "out"] += len(body)
         if self.tap is not None:
             self.tap.record("backend", "out", out, backend=self.name, headers=self._shown(headers))
+        # (Registered before the POST is answered: a server may ask before it replies at all.)
+        asking = id(sent)
+        if self.takes_requests and "id" in msg:
+            self._asking[asking] = sink
         try:
             resp = await self._open(session, "POST", headers, body, within, deadline)
         except (asyncio.CancelledError, BackendTimeout):
+            self._asking.pop(asking, None)
             self._cancel_legacy(sent, msg)  # (it went out: the server may be at work on it)
+            raise
+        except BaseException:
+            self._asking.pop(asking, None)
             raise
         try:
             if self._legacy is not None:
@@ -407,6 +428,8 @@ class HttpBackend:
             if isinstance(exc, aiohttp.ClientError | TimeoutError):
                 raise web.failure(self.name, exc, within) from None
             raise
+        finally:
+            self._asking.pop(asking, None)
         resp.release()
         if msg.get("method") == "tools/list":
             self._tools.learn(reply)
