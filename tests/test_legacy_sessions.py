@@ -123,6 +123,18 @@ async def test_initialize_mints_a_session_that_serves_requests(url: str) -> None
     assert "echo" in {t["name"] for t in tools["tools"]}
 
 
+async def test_a_legacy_client_sees_no_modern_result_fields(url: str) -> None:
+    """2025-11-25 results have no `resultType` and no modern `_meta` keys (serverInfo and the
+    like belong to 2026-07-28): the modern backend's are taken out on the way to a legacy
+    client, which sees its own era only."""
+    session_id = await open_session(url)
+    for id_, msg in enumerate((echo("plain"), legacy("tools/list", {}), legacy("ping")), 1):
+        msg["id"] = id_
+        result = result_of(await in_session(url, session_id, msg), id_)
+        assert "resultType" not in result, result
+        assert not any(k.startswith("io.modelcontextprotocol/") for k in result.get("_meta", {}))
+
+
 async def test_each_initialize_gets_its_own_session(url: str) -> None:
     assert await open_session(url) != await open_session(url)
 

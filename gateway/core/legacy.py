@@ -244,7 +244,7 @@ class LegacyFront:
             reply = await self._dispatcher.serve(modern, sink, origin)
             result = reply.get("result")
             if not (isinstance(result, dict) and result.get("resultType") == "input_required"):
-                return reply
+                return legacy_reply(reply)
             answers = await self._ask(session, result.get("inputRequests"), sink)
             if "error" in answers:
                 return jsonrpc.error(msg["id"], **answers["error"])
@@ -356,6 +356,32 @@ class LegacyFront:
         if isinstance(result.get("instructions"), str):
             out["instructions"] = result["instructions"]
         return jsonrpc.result(id_, out)
+
+
+# What a modern result carries for the modern era only: a legacy client never sees them.
+MODERN_RESULT_META = frozenset({meta.SERVER_INFO, meta.PROTOCOL_VERSION, meta.SUBSCRIPTION_ID})
+
+
+def legacy_reply(reply: Message) -> Message:
+    """A modern reply as a legacy client gets it: without `resultType` (2025-11-25 results have
+    none) and the modern-only `_meta` keys. The reply is changed in place."""
+    result = reply.get("result")
+    if type(result) is not dict:
+        return reply
+    fields = result.get("_meta")
+    modern_fields = type(fields) is dict and not MODERN_RESULT_META.isdisjoint(fields)
+    if "resultType" not in result and not modern_fields:
+        return reply
+    jsonrpc.changed(reply)
+    result.pop("resultType", None)
+    if modern_fields:
+        assert isinstance(fields, dict)
+        kept = {k: v for k, v in fields.items() if k not in MODERN_RESULT_META}
+        if kept:
+            result["_meta"] = kept
+        else:
+            del result["_meta"]
+    return reply
 
 
 async def _drop(_: Message) -> None:
