@@ -48,6 +48,20 @@ def missing(component: str, install: str) -> NoReturn:
     pytest.skip(reason)
 
 
+async def gone(pid: int) -> None:
+    """Wait, bounded, for a process to exit: its pidfd becomes readable then (an event, not a
+    poll; a zombie has exited)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        with anyio.fail_after(BOUND):
+            await anyio.wait_readable(fd)
+    finally:
+        os.close(fd)
+
+
 # Process start-up (interpreter + imports) is slower than a wait on an event; still bounded.
 START_BOUND = 20.0
 

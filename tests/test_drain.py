@@ -8,6 +8,7 @@ answered). Over the stdio front end and over Streamable HTTP, each a real gatewa
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from pathlib import Path
@@ -17,17 +18,23 @@ import aiohttp
 import anyio
 import orjson
 import pytest
+import yaml
 
-from gateway.app import HTTP_SHUTDOWN_GRACE
+from gateway.app import HTTP_SHUTDOWN_GRACE, Gateway
+from gateway.backends import stdio
+from gateway.config import parse
 from gateway.frontends.stdio import DRAIN_TIMEOUT
 from gateway.protocol import codes
 from tests.support import (
     BOUND,
+    PYTHON,
+    ROOT,
     START_BOUND,
     Message,
     Proc,
     call,
     gateway_command,
+    gone,
     messages,
     mirrored_headers,
     sdk_stdio_command,
@@ -134,3 +141,50 @@ async def test_http_front_end_drains_on_sigint_and_answers_what_the_grace_cuts(
         assert proc.popen.wait(BOUND) == 0, proc.output()
     finally:
         proc.stop()
+
+
+class _Grandchild(logging.Handler):
+    """The pid the stubborn child reports on stderr (which the gateway logs)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.pid = 0
+        self.seen = anyio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        words = record.getMessage().split()
+        if words[:1] == ["grandchild"]:
+            self.pid = int(words[1])
+            self.seen.set()
+
+
+async def test_shutdown_signals_reach_what_the_child_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A child that ignores the end of stdin and SIGTERM, and has started a process of its own
+    (npx runs node so): SIGTERM and then SIGKILL go to the child's process group, so nothing it
+    started outlives the gateway (basic/transports/stdio, Shutdown)."""
+    monkeypatch.setattr(stdio, "EXIT_GRACE", 0.2)
+    monkeypatch.setattr(stdio, "TERM_GRACE", 0.2)
+    command = [PYTHON, str(ROOT / "tests" / "servers" / "stubborn_server.py")]
+    config = {
+        "listen": {"http": {"host": "127.0.0.1", "port": 0}},
+        "backends": {"stubborn": {**stdio_backend(command), "era": "modern"}},
+    }
+    child_log = logging.getLogger("gateway.backend.stubborn")
+    report = _Grandchild()
+    child_log.addHandler(report)
+    level = child_log.level
+    child_log.setLevel(logging.INFO)
+    try:
+        async with Gateway(parse(yaml.safe_dump(config))):
+            with anyio.fail_after(START_BOUND):
+                await report.seen.wait()
+            pidfd = os.pidfd_open(report.pid)  # (held: the pid cannot be reused meanwhile)
+    finally:
+        child_log.removeHandler(report)
+        child_log.setLevel(level)
+    try:
+        await gone(report.pid)
+    finally:
+        os.close(pidfd)

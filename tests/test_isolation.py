@@ -30,7 +30,7 @@ from gateway.protocol.jsonrpc import Message
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure
 from gateway.telemetry.api import GATEWAY_ORIGIN, NO_OBSERVATION, SERVING, STDIO_ORIGIN, Origin
-from tests.support import BOUND, PYTHON, ROOT, START_BOUND, sdk_stdio_command
+from tests.support import PYTHON, ROOT, START_BOUND, gone, sdk_stdio_command
 from tests.test_http_transport_rules import call, post, send
 from tests.test_legacy_sessions import SESSION, legacy, open_session, result_of
 
@@ -96,20 +96,6 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-async def gone(pid: int) -> None:
-    """Wait, bounded, for a child to exit: its pidfd becomes readable then (an event, not a
-    poll)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        with anyio.fail_after(BOUND):
-            await anyio.wait_readable(fd)
-    finally:
-        os.close(fd)
 
 
 # --- config -----------------------------------------------------------------------------------

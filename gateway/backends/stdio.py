@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import subprocess
 from collections import deque
 from collections.abc import AsyncIterator
@@ -187,7 +188,7 @@ class StdioBackend(Channel):
                 self._opening_failure = f"opening failed: {exc}"
                 log.debug("backend %s: %s; stopping it", self.name, self._opening_failure)
                 with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
+                    os.killpg(proc.pid, signal.SIGKILL)  # (with what it started)
                 return
         self._ready.set()
         self.health.recovered()
@@ -204,12 +205,14 @@ class StdioBackend(Channel):
             return
         if proc.stdin is not None:
             proc.stdin.close()
-        for grace, escalate in ((EXIT_GRACE, proc.terminate), (TERM_GRACE, proc.kill)):
+        # The signals go to the child's process group (it leads one: start_new_session), so
+        # what it started (npx's node, a shell's command) stops with it.
+        for grace, sig in ((EXIT_GRACE, signal.SIGTERM), (TERM_GRACE, signal.SIGKILL)):
             with anyio.move_on_after(grace):
                 await proc.wait()
                 return
             try:
-                escalate()
+                os.killpg(proc.pid, sig)
             except ProcessLookupError:
                 break
         await proc.wait()
