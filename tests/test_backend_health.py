@@ -18,7 +18,6 @@ from typing import Any
 
 import aiohttp
 import anyio
-import orjson
 import pytest
 import yaml
 from aiohttp import web
@@ -36,12 +35,11 @@ from tests.support import (
     Message,
     call,
     dead_url,
-    messages,
-    mirrored_headers,
     request,
     serve_http,
     stdio_backend,
 )
+from tests.test_legacy_backends import post, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -60,22 +58,6 @@ async def gateway(backends: dict[str, Any], **top: Any) -> AsyncIterator[tuple[G
     async with Gateway(gateway_config.parse(text)) as gw:
         assert gw.http_url is not None
         yield gw, gw.http_url
-
-
-async def post(url: str, msg: Message) -> Message:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(url, data=orjson.dumps(msg), headers=mirrored_headers(msg)) as resp,
-    ):
-        async for item in messages(resp):
-            if "method" not in item:
-                return item
-    raise AssertionError(f"no reply to {msg['id']!r}")
-
-
-def text_of(reply: Message) -> str:
-    assert "result" in reply, reply
-    return str(reply["result"]["content"][0]["text"])
 
 
 def records_about(caplog: pytest.LogCaptureFixture, backend: str) -> list[logging.LogRecord]:

@@ -102,6 +102,22 @@ async def test_a_client_without_roots_gets_the_configured_roots_mid_call(tmp_pat
     assert answer_of(reply) == {"result": {"roots": configured(tmp_path)}}
 
 
+async def roots_through_input_required(url: str) -> Message:
+    """A modern client with roots calls ask_roots: the backend's roots/list comes back as an
+    InputRequiredResult, and the retry carries CLIENT_ROOTS; the retry's reply."""
+    first = await post(url, with_roots(call(1, "ask_roots")))
+    result = first["result"]
+    assert result["resultType"] == "input_required"
+    ((key, question),) = result["inputRequests"].items()
+    assert question["method"] == "roots/list"
+    retry = with_roots(
+        call(2, "ask_roots"),
+        inputResponses={key: {"roots": CLIENT_ROOTS}},
+        requestState=result["requestState"],
+    )
+    return await post(url, retry)
+
+
 async def test_a_modern_client_with_roots_gets_input_required_and_its_retry_answers(
     tmp_path: Path,
 ) -> None:
@@ -109,18 +125,7 @@ async def test_a_modern_client_with_roots_gets_input_required_and_its_retry_answ
     inputResponses carry the client's roots to the legacy backend's waiting request."""
     async with roots_gateway(configured(tmp_path)) as url:
         with anyio.fail_after(START_BOUND):
-            first = await post(url, with_roots(call(1, "ask_roots")))
-        result = first["result"]
-        assert result["resultType"] == "input_required"
-        ((key, question),) = result["inputRequests"].items()
-        assert question["method"] == "roots/list"
-        retry = with_roots(
-            call(2, "ask_roots"),
-            inputResponses={key: {"roots": CLIENT_ROOTS}},
-            requestState=result["requestState"],
-        )
-        with anyio.fail_after(BOUND):
-            final = await post(url, retry)
+            final = await roots_through_input_required(url)
     assert final["id"] == 2
     assert answer_of(final) == {"result": {"roots": CLIENT_ROOTS}}
 
@@ -274,17 +279,7 @@ async def test_an_http_backend_gets_configured_roots_on_its_get_stream_and_a_cli
         gateway({"http": {"url": f"{base}/mcp"}, "roots": configured(tmp_path)}) as (_, url),
     ):
         with anyio.fail_after(BOUND):
-            first = await post(url, with_roots(call(1, "ask_roots")))
+            final = await roots_through_input_required(url)
             on_get = await waiting("on-get")
-            result = first["result"]
-            assert result["resultType"] == "input_required"
-            ((key, question),) = result["inputRequests"].items()
-            assert question["method"] == "roots/list"
-            retry = with_roots(
-                call(2, "ask_roots"),
-                inputResponses={key: {"roots": CLIENT_ROOTS}},
-                requestState=result["requestState"],
-            )
-            final = await post(url, retry)
     assert on_get["result"] == {"roots": configured(tmp_path)}
     assert answer_of(final) == {"result": {"roots": CLIENT_ROOTS}}
