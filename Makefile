@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck pytest clean ci-deps npm-deps bench
+.PHONY: install run test lint typecheck pytest clean ci-deps npm-deps bench schema
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -47,6 +47,11 @@ $(NPM_STAMP): $(NPM_DIR)/package.json $(NPM_DIR)/package-lock.json
 npm-deps: $(NPM_STAMP)
 
 test: lint typecheck pytest
+
+# The config's JSON Schema shipped in the package, made from the loader's key table
+# (gateway/config/keys.py); tests/test_config_schema.py fails when it is stale.
+schema: install
+	$(PY) -m gateway schema > gateway/config/schema.json
 
 # System packages some tests use: Debian's `prometheus` (promtool, prometheus) for the Prometheus
 # config checks and the real-scrape test. Without apt (or root) it says so; those tests then skip

@@ -27,6 +27,7 @@ from gateway.config import (
     load,
     load_mcp_json,
 )
+from gateway.config.schema import schema_text
 from gateway.telemetry.tap import DEFAULT_TOP, Summarizer, follow, format_call, format_summary
 
 PYTHON_VAR = "MCP_GATEWAY_PYTHON"
@@ -227,6 +228,12 @@ def expose(
 def check_config(path: Path) -> None:
     """Validate a config file and print what `run` would start (exit 2 on errors)."""
     click.echo(describe(_load_or_exit(path)))
+
+
+@main.command("schema")
+def schema() -> None:
+    """Print the config's JSON Schema (Draft 2020-12), for editors and validators."""
+    click.echo(schema_text(), nl=False)
 
 
 @main.command("tap")

@@ -164,7 +164,7 @@ def test_the_bundled_demo_config_is_valid() -> None:
     assert "backend demo: stdio" in done.stdout
 
 
-@pytest.mark.parametrize("command", ["run", "connect", "expose", "check-config"])
+@pytest.mark.parametrize("command", ["run", "connect", "expose", "check-config", "schema"])
 def test_every_command_explains_itself(command: str) -> None:
     done = run_cli(command, "--help")
     assert done.returncode == 0 and "Usage:" in done.stdout

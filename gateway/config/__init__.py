@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from gateway.config import http as http_sections
+from gateway.config import keys
 from gateway.config import roots as root_sections
 from gateway.config.mcpjson import load_mcp_json
 from gateway.config.model import (
@@ -23,16 +24,13 @@ from gateway.config.model import (
     _REDACT_PATH,
     ACCESS_LOG_STDERR,
     DEFAULT_ADMIN_PORT,
-    DEFAULT_CHILD_IDLE_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_HTTP_HOST,
     DEFAULT_HTTP_PATH,
     DEFAULT_HTTP_PORT,
     DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_CHILDREN,
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SERVICE_NAME,
-    DEFAULT_SESSION_IDLE_TIMEOUT,
     DEFAULT_STDIO_CONNECT_TIMEOUT,
     DEFAULT_TAP_BACKUPS,
     DEFAULT_TAP_MAX_BYTES,
@@ -66,47 +64,30 @@ from gateway.config.reader import _Check, _Reader
 
 
 def _listen(c: _Check, raw: Any, base: Path) -> Listen:
-    body = c.mapping(raw, ("listen",), {"http", "stdio", "admin"})
+    body = c.mapping(raw, ("listen",), keys.names("listen"))
     http: HttpListen | None = None
     if body.get("http") is not None:
         path = ("listen", "http")
-        h = c.mapping(
-            body["http"],
-            path,
-            {
-                "host",
-                "port",
-                "path",
-                "allowed_origins",
-                "allowed_hosts",
-                "max_body_bytes",
-                "session_idle_timeout",
-                "limits",
-                "tls",
-            },
-        )
-        url_path = c.string(h.get("path"), path + ("path",), DEFAULT_HTTP_PATH) or "/"
+        h = c.mapping(body["http"], path, keys.names("listen_http"))
+        t = keys.table("listen_http")
+        url_path = c.field(h, path, "path", t["path"]) or "/"
         if not url_path.startswith("/"):
             c.r.problem(path + ("path",), "must start with /")
         http = HttpListen(
-            host=c.string(h.get("host"), path + ("host",), DEFAULT_HTTP_HOST) or DEFAULT_HTTP_HOST,
-            port=c.port(h.get("port"), path + ("port",)),
+            host=c.field(h, path, "host", t["host"]) or DEFAULT_HTTP_HOST,
+            port=c.field(h, path, "port", t["port"]),
             path=url_path,
-            allowed_origins=c.strings(h.get("allowed_origins"), path + ("allowed_origins",)),
-            allowed_hosts=c.strings(h.get("allowed_hosts"), path + ("allowed_hosts",)),
+            allowed_origins=c.field(h, path, "allowed_origins", t["allowed_origins"]),
+            allowed_hosts=c.field(h, path, "allowed_hosts", t["allowed_hosts"]),
             limits=http_sections.listener_limits(
                 c, h.get("limits"), path + ("limits",), h.get("max_body_bytes")
             ),
             tls=http_sections.server_tls(c, h.get("tls"), path + ("tls",), base),
-            session_idle_timeout=float(
-                c.number(
-                    h.get("session_idle_timeout"),
-                    path + ("session_idle_timeout",),
-                    DEFAULT_SESSION_IDLE_TIMEOUT,
-                )
+            session_idle_timeout=c.field(
+                h, path, "session_idle_timeout", t["session_idle_timeout"]
             ),
         )
-    stdio = c.boolean(body.get("stdio"), ("listen", "stdio"))
+    stdio = c.field(body, ("listen",), "stdio", keys.table("listen")["stdio"])
     admin = _admin(c, body.get("admin"), http)
     if http is None and not stdio:
         also = " (admin serves metrics and health, not MCP)" if admin is not None else ""
@@ -122,11 +103,10 @@ def _admin(c: _Check, raw: Any, http: HttpListen | None) -> AdminListen | None:
     if raw is None:
         return None
     path = ("listen", "admin")
-    body = c.mapping(raw, path, {"host", "port"})
-    host = c.string(body.get("host"), path + ("host",), DEFAULT_HTTP_HOST) or DEFAULT_HTTP_HOST
-    port = (
-        DEFAULT_ADMIN_PORT if body.get("port") is None else c.port(body["port"], path + ("port",))
-    )
+    body = c.mapping(raw, path, keys.names("admin"))
+    t = keys.table("admin")
+    host = c.field(body, path, "host", t["host"]) or DEFAULT_HTTP_HOST
+    port: int = c.field(body, path, "port", t["port"])
     # Port 0 picks a free port for each listener, so only a fixed port can clash.
     if http is not None and port and port == http.port and _same_interface(http.host, host):
         c.r.problem(path + ("port",), f"must differ from listen.http.port ({http.port})")
@@ -137,99 +117,77 @@ def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None
     path = ("backends", name)
     if not _NAME.match(name):
         c.r.problem(path, "a backend name uses letters, digits, '_', '.' and '-'")
-    body = c.mapping(
-        raw,
-        path,
-        {
-            "stdio",
-            "http",
-            "sse",
-            "era",
-            "connect_timeout",
-            "request_timeout",
-            "namespace",
-            "tools",
-            "rename",
-            "isolation",
-            "child_idle_timeout",
-            "max_children",
-            "roots",
-        },
-    )
-    kinds = [k for k in ("stdio", "http", "sse") if body.get(k) is not None]
+    body = c.mapping(raw, path, keys.names("backend"))
+    t = keys.table("backend")
+    kinds = [k for k in keys.TRANSPORTS if body.get(k) is not None]
     if len(kinds) != 1:
         c.r.problem(path, "needs exactly one of stdio, http or sse")
         return None
     target: Target
     if kinds[0] == "stdio":
         sp = path + ("stdio",)
-        s = c.mapping(body["stdio"], sp, {"command", "args", "env", "cwd", "inherit_env"})
-        command = c.string(s.get("command"), sp + ("command",))
+        s = c.mapping(body["stdio"], sp, keys.names("stdio"))
+        st = keys.table("stdio")
+        command = c.field(s, sp, "command", st["command"])
         if not command:
             c.r.problem(sp + ("command",), "is required")
         target = StdioTarget(
             command=command or "",
-            args=c.strings(s.get("args"), sp + ("args",)),
-            env=c.string_map(s.get("env"), sp + ("env",)),
-            cwd=c.string(s.get("cwd"), sp + ("cwd",)),
-            inherit_env=c.boolean(s.get("inherit_env"), sp + ("inherit_env",)),
+            args=c.field(s, sp, "args", st["args"]),
+            env=c.field(s, sp, "env", st["env"]),
+            cwd=c.field(s, sp, "cwd", st["cwd"]),
+            inherit_env=c.field(s, sp, "inherit_env", st["inherit_env"]),
         )
     else:
         hp = path + (kinds[0],)
-        h = c.mapping(body[kinds[0]], hp, {"url", "headers", "tls", "limits"})
-        url = c.string(h.get("url"), hp + ("url",))
+        h = c.mapping(body[kinds[0]], hp, keys.names("http_target"))
+        ht = keys.table("http_target")
+        url = c.field(h, hp, "url", ht["url"])
         if not url or not re.match(r"^https?://", url):
             c.r.problem(hp + ("url",), "must be an http:// or https:// URL")
         kind = HttpTarget if kinds[0] == "http" else SseTarget
         target = kind(
             url=url or "",
-            headers=c.string_map(h.get("headers"), hp + ("headers",)),
+            headers=c.field(h, hp, "headers", ht["headers"]),
             tls=http_sections.client_tls(c, h.get("tls"), hp + ("tls",), base),
             limits=http_sections.backend_limits(c, h.get("limits"), hp + ("limits",)),
         )
-    era = c.string(body.get("era"), path + ("era",), "auto") or "auto"
+    era = c.field(body, path, "era", t["era"]) or "auto"
     if era not in ERAS:
         c.r.problem(path + ("era",), f"must be one of {', '.join(ERAS)}")
     elif kinds[0] == "sse" and era == "modern":
         c.r.problem(path + ("era",), "an sse backend speaks a legacy version")
-    namespace = c.string(body.get("namespace"), path + ("namespace",), "") or ""
+    namespace = c.field(body, path, "namespace", t["namespace"]) or ""
     if namespace and not _NAME.match(namespace):
         c.r.problem(path + ("namespace",), "a namespace uses letters, digits, '_', '.' and '-'")
-    tools = c.mapping(body.get("tools"), path + ("tools",), {"allow", "deny"})
+    tools = c.mapping(body.get("tools"), path + ("tools",), keys.names("tools"))
+    tt = keys.table("tools")
     isolation = _isolation(c, body, path, kinds[0])
     return BackendConfig(
         name=name,
         target=target,
         era="legacy" if kinds[0] == "sse" else era,
         namespace=namespace,
-        allow_tools=c.strings(tools.get("allow"), path + ("tools", "allow")),
-        deny_tools=c.strings(tools.get("deny"), path + ("tools", "deny")),
-        rename_tools=c.string_map(body.get("rename"), path + ("rename",)),
+        allow_tools=c.field(tools, path + ("tools",), "allow", tt["allow"]),
+        deny_tools=c.field(tools, path + ("tools",), "deny", tt["deny"]),
+        rename_tools=c.field(body, path, "rename", t["rename"]),
         roots=root_sections.roots(c, body.get("roots"), path + ("roots",)),
         connect_timeout=c.number(
             body.get("connect_timeout"),
             path + ("connect_timeout",),
             default_connect_timeout(target),
         ),
-        request_timeout=c.number(
-            body.get("request_timeout"), path + ("request_timeout",), DEFAULT_REQUEST_TIMEOUT
-        ),
+        request_timeout=c.field(body, path, "request_timeout", t["request_timeout"]),
         isolation=isolation,
-        child_idle_timeout=c.number(
-            body.get("child_idle_timeout"),
-            path + ("child_idle_timeout",),
-            DEFAULT_CHILD_IDLE_TIMEOUT,
-        ),
-        max_children=c.count(
-            body.get("max_children"), path + ("max_children",), DEFAULT_MAX_CHILDREN
-        ),
+        child_idle_timeout=c.field(body, path, "child_idle_timeout", t["child_idle_timeout"]),
+        max_children=c.field(body, path, "max_children", t["max_children"]),
     )
 
 
 def _isolation(c: _Check, body: dict[str, Any], path: tuple[str, ...], kind: str) -> str:
     """`isolation` and the keys that only mean something under `per_session`, which only a
     stdio backend can have (an HTTP server keeps per-client state in its own sessions)."""
-    isolation = c.string(body.get("isolation"), path + ("isolation",), "shared") or "shared"
+    isolation = c.field(body, path, "isolation", keys.table("backend")["isolation"]) or "shared"
     if isolation not in ISOLATIONS:
         c.r.problem(path + ("isolation",), f"must be one of {', '.join(ISOLATIONS)}")
         return "shared"
@@ -257,11 +215,7 @@ def parse(
         raise ConfigInvalid([f"{source}:{line}: not valid YAML: {exc}"]) from None
     raw = reader.value(node, ()) if node is not None else {}
     check = _Check(reader)
-    top = check.mapping(
-        raw,
-        (),
-        {"listen", "backends", "backends_from", "namespacing", "fan_out", "tap", "telemetry"},
-    )
+    top = check.mapping(raw, (), keys.names("config"))
     base = _beside(source, ".")
     listen = _listen(check, top.get("listen"), base)
     backends: list[BackendConfig] = []
@@ -269,7 +223,7 @@ def parse(
         backend = _backend(check, name, body, base)
         if backend is not None:
             backends.append(backend)
-    imported = check.string(top.get("backends_from"), ("backends_from",))
+    imported = check.field(top, (), "backends_from", keys.table("config")["backends_from"])
     if imported:
         try:
             backends.extend(load_mcp_json(_beside(source, imported)))
@@ -304,19 +258,16 @@ def _tap(c: _Check, raw: Any, source: str) -> TapConfig | None:
     if raw is None:
         return None
     path = ("tap",)
-    body = c.mapping(
-        raw,
-        path,
-        {"path", "redact", "redact_headers", "max_bytes", "backups", "max_message_bytes"},
-    )
-    file = c.string(body.get("path"), path + ("path",))
+    body = c.mapping(raw, path, keys.names("tap"))
+    t = keys.table("tap")
+    file = c.field(body, path, "path", t["path"])
     if not file:
         c.r.problem(path + ("path",), "is required (the JSON-lines file to record to)")
-    redact = c.strings(body.get("redact"), path + ("redact",))
+    redact = c.field(body, path, "redact", t["redact"])
     for i, rule in enumerate(redact):
         if not _REDACT_PATH.fullmatch(rule):
             c.r.problem(path + ("redact", str(i)), "must be a dotted path like params.arguments.*")
-    headers = c.strings(body.get("redact_headers"), path + ("redact_headers",))
+    headers = c.field(body, path, "redact_headers", t["redact_headers"])
     for i, name in enumerate(headers):
         if not _HEADER_NAME.fullmatch(name):
             c.r.problem(path + ("redact_headers", str(i)), "must be an HTTP header name")
@@ -324,26 +275,23 @@ def _tap(c: _Check, raw: Any, source: str) -> TapConfig | None:
         path=str(_beside(source, file)) if file else "",
         redact=redact,
         redact_headers=headers,
-        max_bytes=c.count(body.get("max_bytes"), path + ("max_bytes",), DEFAULT_TAP_MAX_BYTES),
-        backups=c.count(body.get("backups"), path + ("backups",), DEFAULT_TAP_BACKUPS, 0),
-        max_message_bytes=c.count(
-            body.get("max_message_bytes"),
-            path + ("max_message_bytes",),
-            DEFAULT_TAP_MAX_MESSAGE_BYTES,
-        ),
+        max_bytes=c.field(body, path, "max_bytes", t["max_bytes"]),
+        backups=c.field(body, path, "backups", t["backups"]),
+        max_message_bytes=c.field(body, path, "max_message_bytes", t["max_message_bytes"]),
     )
 
 
 def _telemetry(c: _Check, raw: Any, source: str) -> TelemetryConfig:
     path = ("telemetry",)
-    body = c.mapping(raw, path, {"service_name", "otlp_endpoint", "record_payloads", "access_log"})
-    service = c.string(body.get("service_name"), path + ("service_name",), DEFAULT_SERVICE_NAME)
+    body = c.mapping(raw, path, keys.names("telemetry"))
+    t = keys.table("telemetry")
+    service = c.field(body, path, "service_name", t["service_name"])
     if not service:
         c.r.problem(path + ("service_name",), "must not be empty")
-    endpoint = c.string(body.get("otlp_endpoint"), path + ("otlp_endpoint",))
+    endpoint = c.field(body, path, "otlp_endpoint", t["otlp_endpoint"])
     if endpoint is not None and not re.match(r"^https?://", endpoint):
         c.r.problem(path + ("otlp_endpoint",), "must be an http:// or https:// URL")
-    access_log = c.string(body.get("access_log"), path + ("access_log",))
+    access_log = c.field(body, path, "access_log", t["access_log"])
     if access_log == "":
         c.r.problem(path + ("access_log",), f"must be {ACCESS_LOG_STDERR!r} or a file path")
     elif access_log is not None and access_log != ACCESS_LOG_STDERR:
@@ -351,7 +299,7 @@ def _telemetry(c: _Check, raw: Any, source: str) -> TelemetryConfig:
     return TelemetryConfig(
         service_name=service or DEFAULT_SERVICE_NAME,
         otlp_endpoint=endpoint,
-        record_payloads=c.boolean(body.get("record_payloads"), path + ("record_payloads",)),
+        record_payloads=c.field(body, path, "record_payloads", t["record_payloads"]),
         access_log=access_log or None,
     )
 
@@ -374,22 +322,23 @@ def _check_backend_names(reader: _Reader, backends: list[BackendConfig]) -> None
 
 def _namespacing(c: _Check, raw: Any) -> Namespacing:
     path = ("namespacing",)
-    body = c.mapping(raw, path, {"prefix", "separator", "max_name_length"})
-    prefix = c.string(body.get("prefix"), path + ("prefix",), "auto") or "auto"
+    body = c.mapping(raw, path, keys.names("namespacing"))
+    t = keys.table("namespacing")
+    prefix = c.field(body, path, "prefix", t["prefix"]) or "auto"
     if prefix not in PREFIX_MODES:
         c.r.problem(path + ("prefix",), f"must be one of {', '.join(PREFIX_MODES)}")
-    separator = c.string(body.get("separator"), path + ("separator",), "_") or "_"
+    separator = c.field(body, path, "separator", t["separator"]) or "_"
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,3}", separator):
         c.r.problem(path + ("separator",), "must be 1 to 3 of letters, digits, '_', '.', '-'")
-    length = c.number(body.get("max_name_length"), path + ("max_name_length",), 64)
+    length = c.field(body, path, "max_name_length", t["max_name_length"])
     if not 16 <= length <= 128:
         c.r.problem(path + ("max_name_length",), "must be from 16 to 128")
     return Namespacing(prefix=prefix, separator=separator, max_name_length=int(length))
 
 
 def _failure_policy(c: _Check, raw: Any) -> str:
-    body = c.mapping(raw, ("fan_out",), {"on_failure"})
-    policy = c.string(body.get("on_failure"), ("fan_out", "on_failure"), "fail_open")
+    body = c.mapping(raw, ("fan_out",), keys.names("fan_out"))
+    policy = c.field(body, ("fan_out",), "on_failure", keys.table("fan_out")["on_failure"])
     if policy not in FAILURE_POLICIES:
         c.r.problem(("fan_out", "on_failure"), f"must be one of {', '.join(FAILURE_POLICIES)}")
     return policy or "fail_open"

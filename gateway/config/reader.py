@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from gateway.config.keys import Key
 from gateway.config.model import _ENV_REF, DEFAULT_HTTP_PORT
 
 # --- YAML with line numbers -------------------------------------------------------------------
@@ -88,6 +89,25 @@ class _Check:
             for key in value.keys() - keys:
                 self.r.problem(path + (key,), f"unknown key (expected one of: {allowed})")
         return value
+
+    def field(self, body: Mapping[str, Any], path: tuple[str, ...], name: str, key: Key) -> Any:
+        """`body[name]` checked as the table's `key` says, its default when absent."""
+        value, where = body.get(name), path + (name,)
+        if key.kind == "string":
+            return self.string(value, where, None if key.default is None else str(key.default))
+        if key.kind == "number":
+            return self.number(value, where, float(key.default or 0))
+        if key.kind == "count":
+            return self.count(value, where, int(key.default or 0), int(key.minimum or 0))
+        if key.kind == "port":
+            return int(key.default or 0) if value is None else self.port(value, where)
+        if key.kind == "boolean":
+            return self.boolean(value, where, bool(key.default))
+        if key.kind == "strings":
+            return self.strings(value, where)
+        if key.kind == "string_map":
+            return self.string_map(value, where)
+        raise ValueError(f"{key.kind} is not a scalar kind")  # the loader reads sections itself
 
     def string(self, value: Any, path: tuple[str, ...], default: str | None = None) -> str | None:
         if value is None:

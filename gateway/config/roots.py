@@ -6,10 +6,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from gateway.config import keys
 from gateway.config.model import Root
 from gateway.config.reader import _Check
 
-ROOT_KEYS = {"uri", "name"}
+ROOT_KEYS = keys.names("root")
 # What RFC 3986 lets a URI hold (unreserved, reserved, and `%` of an escape); anything else,
 # spaces and non-ASCII letters among them, must be percent-encoded.
 _URI_CHARS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*")

@@ -1,0 +1,303 @@
+"""The config's keys, section by section: what the loader accepts and what the JSON Schema says.
+
+One table, read by both: the loader takes each section's key set (unknown keys) and each plain
+scalar's kind, default and bounds from here (`_Check.field`), and `gateway.config.schema` turns
+the same table into the schema that `mcp-gateway schema` prints. A key added here is therefore
+known to both; a key read by the loader but missing here is an "unknown key" error in every test.
+Rules across keys (exactly one transport, `per_session` only for stdio, a fixed admin port that
+clashes) stay in the loader: the schema is an editor's aid, `check-config` the judge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.config.model import (
+    ACCESS_LOG_STDERR,
+    DEFAULT_ADMIN_PORT,
+    DEFAULT_CHILD_IDLE_TIMEOUT,
+    DEFAULT_HTTP_HOST,
+    DEFAULT_HTTP_PATH,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_MAX_CHILDREN,
+    DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_SERVICE_NAME,
+    DEFAULT_SESSION_IDLE_TIMEOUT,
+    DEFAULT_TAP_BACKUPS,
+    DEFAULT_TAP_MAX_BYTES,
+    DEFAULT_TAP_MAX_MESSAGE_BYTES,
+    ERAS,
+    FAILURE_POLICIES,
+    ISOLATIONS,
+    PREFIX_MODES,
+    BackendLimits,
+    ListenerLimits,
+    Namespacing,
+)
+
+# string: a string; number: a positive number; count: a whole number >= minimum; port: 0-65535;
+# boolean; strings: a list of scalars read as strings; string_map: names to scalars read as
+# strings; section: a mapping described by SECTIONS[section]; sections: names to such mappings;
+# roots: a list of file:// URIs or `root` sections.
+Kind = Literal[
+    "string",
+    "number",
+    "count",
+    "port",
+    "boolean",
+    "strings",
+    "string_map",
+    "section",
+    "sections",
+    "roots",
+]
+
+
+@dataclass(frozen=True)
+class Key:
+    kind: Kind
+    doc: str
+    default: str | int | float | bool | None = None
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None  # count: the least whole number; number: the least value
+    maximum: float | None = None
+    pattern: str | None = None  # a string's regular expression (the loader checks it itself)
+    section: str | None = None  # section, sections: the name in SECTIONS
+    required: bool = False
+
+
+_URL = r"^https?://"
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+def _listener_limits() -> dict[str, Key]:
+    d = ListenerLimits()
+    return {
+        "max_body_bytes": Key(
+            "count", "A larger request body (after decoding) gets 413.", d.max_body_bytes, minimum=1
+        ),
+        "max_header_bytes": Key(
+            "count", "One header line, or the request line.", d.max_header_bytes, minimum=256
+        ),
+        "max_headers": Key(
+            "count", "Header fields per request (trailers count too).", d.max_headers, minimum=8
+        ),
+        "max_connections": Key(
+            "count", "Open client connections; more are closed.", d.max_connections, minimum=1
+        ),
+        "max_requests_per_connection": Key(
+            "count",
+            "Requests on one keep-alive connection.",
+            d.max_requests_per_connection,
+            minimum=1,
+        ),
+        "idle_timeout": Key(
+            "number", "Seconds a keep-alive connection may sit without a request.", d.idle_timeout
+        ),
+        "header_timeout": Key(
+            "number", "Seconds for a new connection's first request head.", d.header_timeout
+        ),
+        "body_timeout": Key(
+            "number", "Seconds for a request body once its head has arrived.", d.body_timeout
+        ),
+    }
+
+
+def _backend_limits() -> dict[str, Key]:
+    d = BackendLimits()
+    return {
+        "max_connections": Key(
+            "count", "Open connections to this backend.", d.max_connections, minimum=1
+        ),
+        "idle_timeout": Key(
+            "number", "Seconds before an idle pooled connection is closed.", d.idle_timeout
+        ),
+        "max_reply_bytes": Key(
+            "count", "A JSON reply, or all events of one SSE reply.", d.max_reply_bytes, minimum=1
+        ),
+        "max_event_bytes": Key("count", "One SSE event.", d.max_event_bytes, minimum=1),
+        "max_header_bytes": Key("count", "One reply header line.", d.max_header_bytes, minimum=256),
+        "max_headers": Key("count", "Header fields per reply.", d.max_headers, minimum=8),
+    }
+
+
+_PEM = "A PEM file, relative to the config file."
+
+SECTIONS: dict[str, dict[str, Key]] = {
+    "config": {
+        "listen": Key(
+            "section", "The front ends: http, stdio or both, and admin.", section="listen"
+        ),
+        "backends": Key(
+            "sections", "The MCP servers behind the gateway, by name.", section="backend"
+        ),
+        "backends_from": Key(
+            "string", "An mcp.json (mcpServers) whose servers are added as backends."
+        ),
+        "namespacing": Key("section", "How merged names are prefixed.", section="namespacing"),
+        "fan_out": Key(
+            "section", "What a merged list does when a backend fails.", section="fan_out"
+        ),
+        "tap": Key("section", "Record every JSON-RPC message to a JSON-lines file.", section="tap"),
+        "telemetry": Key("section", "Traces, access log and service name.", section="telemetry"),
+    },
+    "listen": {
+        "http": Key("section", "The Streamable HTTP front end.", section="listen_http"),
+        "stdio": Key("boolean", "Serve MCP on stdin/stdout.", False),
+        "admin": Key(
+            "section", "/metrics and health on a port of their own (no MCP).", section="admin"
+        ),
+    },
+    "listen_http": {
+        "host": Key("string", "Address to bind; loopback checks Host headers.", DEFAULT_HTTP_HOST),
+        "port": Key("port", "0 picks a free port.", DEFAULT_HTTP_PORT),
+        "path": Key("string", "The MCP endpoint's path.", DEFAULT_HTTP_PATH, pattern="^/"),
+        "allowed_origins": Key("strings", "Browser Origins allowed besides loopback ones."),
+        "allowed_hosts": Key("strings", "Extra Host names accepted while bound to loopback."),
+        "max_body_bytes": Key("count", "Older spelling of limits.max_body_bytes.", minimum=1),
+        "session_idle_timeout": Key(
+            "number",
+            "Seconds a legacy client's session may sit unused.",
+            DEFAULT_SESSION_IDLE_TIMEOUT,
+        ),
+        "limits": Key(
+            "section", "What one client may make the listener hold.", section="listener_limits"
+        ),
+        "tls": Key("section", "Serve https.", section="server_tls"),
+    },
+    "listener_limits": _listener_limits(),
+    "server_tls": {
+        "cert_file": Key("string", _PEM, required=True),
+        "key_file": Key("string", _PEM, required=True),
+    },
+    "admin": {
+        "host": Key("string", "Address to bind.", DEFAULT_HTTP_HOST),
+        "port": Key(
+            "port", "Must differ from listen.http.port on the same interface.", DEFAULT_ADMIN_PORT
+        ),
+    },
+    "backend": {
+        "stdio": Key("section", "A command the gateway starts.", section="stdio"),
+        "http": Key("section", "A Streamable HTTP server.", section="http_target"),
+        "sse": Key(
+            "section", "A 2024-11-05 HTTP+SSE server (its SSE endpoint).", section="http_target"
+        ),
+        "era": Key(
+            "string", "auto probes; modern or legacy pins the protocol era.", "auto", choices=ERAS
+        ),
+        "connect_timeout": Key(
+            "number",
+            "Seconds to connect and answer the first message (default 30 for stdio, 10 for HTTP).",
+        ),
+        "request_timeout": Key("number", "Seconds one request may take.", DEFAULT_REQUEST_TIMEOUT),
+        "namespace": Key(
+            "string", "Prefix of this backend's names (default: its name).", pattern=_NAME_PATTERN
+        ),
+        "tools": Key("section", "Which of the backend's tools are offered.", section="tools"),
+        "rename": Key("string_map", "Tool names, as the backend has them, to the names offered."),
+        "isolation": Key(
+            "string", "per_session: a stdio child per client.", "shared", choices=ISOLATIONS
+        ),
+        "child_idle_timeout": Key(
+            "number", "per_session: seconds before an idle child stops.", DEFAULT_CHILD_IDLE_TIMEOUT
+        ),
+        "max_children": Key(
+            "count", "per_session: children at most.", DEFAULT_MAX_CHILDREN, minimum=1
+        ),
+        "roots": Key("roots", "Roots told to a legacy backend when no client's can be asked."),
+    },
+    "stdio": {
+        "command": Key("string", "The program, looked up on PATH.", required=True),
+        "args": Key("strings", "Its arguments."),
+        "env": Key("string_map", "Variables set for the child."),
+        "cwd": Key("string", "Its working directory."),
+        "inherit_env": Key(
+            "boolean", "Pass the gateway's whole environment, not a safe short list.", False
+        ),
+    },
+    "http_target": {
+        "url": Key("string", "An http:// or https:// URL.", pattern=_URL, required=True),
+        "headers": Key("string_map", "Headers sent with every request."),
+        "tls": Key("section", "How the backend's certificate is checked.", section="client_tls"),
+        "limits": Key(
+            "section", "What this backend may make the gateway hold.", section="backend_limits"
+        ),
+    },
+    "client_tls": {
+        "ca_file": Key("string", _PEM + " Default: the system's trust store."),
+        "cert_file": Key("string", _PEM + " A client certificate."),
+        "key_file": Key("string", _PEM + " Its key (default: in cert_file)."),
+        "verify": Key("boolean", "false accepts any certificate (tests only).", True),
+    },
+    "backend_limits": _backend_limits(),
+    "tools": {
+        "allow": Key("strings", "Only these tools (names as the backend has them)."),
+        "deny": Key("strings", "All but these tools."),
+    },
+    "root": {
+        "uri": Key("string", "A file:// URI.", pattern="^file://", required=True),
+        "name": Key("string", "A display name."),
+    },
+    "namespacing": {
+        "prefix": Key(
+            "string",
+            "auto prefixes only when names collide.",
+            Namespacing.prefix,
+            choices=PREFIX_MODES,
+        ),
+        "separator": Key(
+            "string",
+            "Between namespace and name.",
+            Namespacing.separator,
+            pattern=r"^[A-Za-z0-9_.-]{1,3}$",
+        ),
+        "max_name_length": Key(
+            "number", "Longest name offered.", Namespacing.max_name_length, minimum=16, maximum=128
+        ),
+    },
+    "fan_out": {
+        "on_failure": Key(
+            "string",
+            "fail_open leaves a failed backend out of a merged list.",
+            "fail_open",
+            choices=FAILURE_POLICIES,
+        ),
+    },
+    "tap": {
+        "path": Key("string", "The JSON-lines file, relative to the config file.", required=True),
+        "redact": Key("strings", "Dotted paths into a message (`*` matches one level)."),
+        "redact_headers": Key("strings", "Headers redacted besides Authorization and Cookie."),
+        "max_bytes": Key("count", "A file rotates at this size.", DEFAULT_TAP_MAX_BYTES, minimum=1),
+        "backups": Key("count", "Old files kept.", DEFAULT_TAP_BACKUPS, minimum=0),
+        "max_message_bytes": Key(
+            "count",
+            "A larger message is recorded as its size only.",
+            DEFAULT_TAP_MAX_MESSAGE_BYTES,
+            minimum=1,
+        ),
+    },
+    "telemetry": {
+        "service_name": Key("string", "service.name on traces and metrics.", DEFAULT_SERVICE_NAME),
+        "otlp_endpoint": Key(
+            "string", "OTLP/HTTP endpoint for traces (off when absent).", pattern=_URL
+        ),
+        "record_payloads": Key(
+            "boolean", "Put message bodies on spans (they may hold secrets).", False
+        ),
+        "access_log": Key("string", f"{ACCESS_LOG_STDERR!r} or a file path (off when absent)."),
+    },
+}
+
+# A backend names exactly one of these (its transport).
+TRANSPORTS = ("stdio", "http", "sse")
+
+
+def names(section: str) -> set[str]:
+    """The keys a section accepts (the loader's unknown-key check)."""
+    return set(SECTIONS[section])
+
+
+def table(section: str) -> Mapping[str, Key]:
+    return SECTIONS[section]
