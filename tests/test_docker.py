@@ -541,10 +541,14 @@ def _host_port(docker: str, container: str, port: int) -> int:
     return int(number)
 
 
+# No proxy from the environment between the test and the container's published port.
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _post(url: str, message: dict[str, Any]) -> dict[str, Any]:
     req = urllib.request.Request(url, data=orjson.dumps(message), headers=mirrored_headers(message))
     try:
-        with urllib.request.urlopen(req, timeout=START_BOUND) as resp:
+        with DIRECT.open(req, timeout=START_BOUND) as resp:
             status, kind, body = resp.status, resp.headers.get_content_type(), resp.read()
     except urllib.error.HTTPError as exc:
         raise AssertionError(f"{exc.code}: {exc.read()[:500]!r}") from exc
@@ -602,7 +606,9 @@ def test_the_image_builds_and_serves() -> None:
             ]
         )
         try:
-            seen = events.wait_for(r"^(health_status: \w+|die)$", "stdout", timeout=60)
+            seen = events.wait_for(
+                r"^(health_status: (?:healthy|unhealthy)|die)$", "stdout", timeout=60
+            )
         finally:
             events.stop()
         logs = subprocess.run(
@@ -619,7 +625,7 @@ def test_the_image_builds_and_serves() -> None:
         assert reply["id"] == 1 and "error" not in reply, reply
         assert reply["result"]["content"][0]["text"] == "from the container"
         health = f"http://127.0.0.1:{_host_port(docker, container, 9464)}/healthz"
-        with urllib.request.urlopen(health, timeout=BOUND) as resp:
+        with DIRECT.open(health, timeout=BOUND) as resp:
             assert resp.status == 200
 
         node = _docker_run(docker, "exec", container, "node", "--version")
