@@ -1,5 +1,6 @@
 """The operator-facing observability assets: Grafana provisioning and dashboard, Prometheus and
-OpenTelemetry Collector configs, Dockerfile and docker-compose.yml.
+OpenTelemetry Collector configs, Dockerfile and docker-compose.yml (who can reach the stack and
+the image's pins, user and health check: tests/test_docker.py).
 
 Docker is not needed: the files are parsed and cross-checked (every metric the dashboard queries
 is one the gateway exports, every mounted file exists, ports agree). `promtool`, where installed
@@ -315,18 +316,14 @@ def test_otel_collector_sends_traces_to_jaeger_and_debug() -> None:
 
 
 def test_dockerfile_installs_the_project_and_runs_mcp_gateway() -> None:
+    """The rest of the image (pins, user, health check) is tests/test_docker.py's."""
     lines = [
         line.strip()
         for line in DOCKERFILE.read_text(encoding="utf-8").splitlines()
         if line.strip() and not line.lstrip().startswith("#")
     ]
-    assert lines[0] == "FROM python:3.11-slim"
     assert any(line.startswith("RUN pip install .") for line in lines)
-    assert 'ENTRYPOINT ["mcp-gateway"]' in lines
-    for line in lines:  # everything copied exists in the repository
-        if line.startswith("COPY "):
-            for source in line.split()[1:-1]:
-                assert (ROOT / source).exists(), line
+    assert 'ENTRYPOINT ["tini", "--", "mcp-gateway"]' in lines
 
 
 def _environment(service: dict[str, Any]) -> dict[str, str]:
@@ -344,7 +341,8 @@ def test_compose_services_images_and_ports() -> None:
         service = services[name]
         if image is not None:
             assert service["image"].split(":")[0] == image, name
-        assert ports <= {str(p) for p in service.get("ports", [])}, name
+        # container side only: which host address they bind is tests/test_docker.py's
+        assert ports <= {":".join(str(p).split(":")[-2:]) for p in service.get("ports", [])}, name
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
             if source.startswith("."):  # bind mounts name files of this repository
@@ -370,9 +368,7 @@ def test_compose_services_images_and_ports() -> None:
     mounts = {v.split(":")[0]: v.split(":")[1] for v in grafana["volumes"]}
     assert mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
     assert mounts["./grafana/dashboards"] == "/var/lib/grafana/dashboards"
-    grafana_env = _environment(grafana)
-    assert grafana_env["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
-    assert grafana_env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Admin"
+    assert _environment(grafana)["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"  # test_docker.py
 
     assert _environment(services["jaeger"]).get("COLLECTOR_OTLP_ENABLED", "true") == "true"
 
