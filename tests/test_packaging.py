@@ -35,7 +35,7 @@ INSTALL_BOUND = 300.0
 RUN_BOUND = 20.0
 # What the copy of the source tree leaves out: local state, not project files.
 NOT_SOURCE = shutil.ignore_patterns(
-    ".git", ".venv", "node_modules", "build", "dist", "*.egg-info", "__pycache__", ".*_cache"
+    ".git", ".venv", "node_modules", "build", "dist", "*.egg-info", "__pycache__", ".*cache"
 )
 
 
@@ -175,17 +175,32 @@ def test_installed_gateway_bridges_a_tool_call_to_the_bundled_demo(installed: In
     assert replies["echo"]["result"]["content"][0]["text"] == "from the wheel"
 
 
-@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
-def test_completion_script_from_clicks_variable(shell: str) -> None:
-    """`_{COMMAND}_COMPLETE={shell}_source COMMAND` prints the completion script README shows."""
-    var = f"_{COMMAND.replace('-', '_').upper()}_COMPLETE"
-    done = subprocess.run(
+COMPLETE_VAR = f"_{COMMAND.replace('-', '_').upper()}_COMPLETE"
+
+
+def _complete(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [str(Path(sys.executable).parent / COMMAND)],
         capture_output=True,
         text=True,
-        env={**os.environ, var: f"{shell}_source"},
+        env={**os.environ, **env},
         timeout=RUN_BOUND,
         check=False,
     )
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_script_from_clicks_variable(shell: str) -> None:
+    """`_{COMMAND}_COMPLETE={shell}_source COMMAND` prints the completion script README shows."""
+    done = _complete({COMPLETE_VAR: f"{shell}_source"})
     assert done.returncode == 0, done.stderr
-    assert var in done.stdout and COMMAND in done.stdout
+    assert COMPLETE_VAR in done.stdout and COMMAND in done.stdout
+
+
+def test_completion_completes_a_subcommand() -> None:
+    """What the bash script asks for a partial word: the subcommands it can become."""
+    done = _complete(
+        {COMPLETE_VAR: "bash_complete", "COMP_WORDS": f"{COMMAND} ch", "COMP_CWORD": "1"}
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["plain,check-config"]
