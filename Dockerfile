@@ -23,5 +23,5 @@ WORKDIR /home/gateway
 # 8080: Streamable HTTP front end; 9464: admin listener (/metrics), when the config enables it.
 EXPOSE 8080 9464
 
-ENTRYPOINT ["mcp-gateway"]
+ENTRYPOINT ["mcp-transparent-gateway"]
 CMD ["run", "--config", "/etc/mcp-gateway/config.yaml"]

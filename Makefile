@@ -21,7 +21,7 @@ $(DEV_STAMP): $(RUN_STAMP)
 install: $(DEV_STAMP)
 
 run: $(RUN_STAMP)
-	$(VENV)/bin/mcp-gateway run $(ARGS)
+	$(VENV)/bin/mcp-transparent-gateway run $(ARGS)
 
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check gateway tests bench

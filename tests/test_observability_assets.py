@@ -322,7 +322,7 @@ def test_dockerfile_installs_the_project_and_runs_mcp_gateway() -> None:
     ]
     assert lines[0] == "FROM python:3.11-slim"
     assert any(line.startswith("RUN pip install .") for line in lines)
-    assert 'ENTRYPOINT ["mcp-gateway"]' in lines
+    assert 'ENTRYPOINT ["mcp-transparent-gateway"]' in lines
     for line in lines:  # everything copied exists in the repository
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:
