@@ -71,5 +71,5 @@ ENV MCP_GATEWAY_HEALTH_URL=http://127.0.0.1:9464/healthz
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request as u; u.build_opener(u.ProxyHandler({})).open(os.environ['MCP_GATEWAY_HEALTH_URL'], timeout=4)"]
 
-ENTRYPOINT ["tini", "--", "mcp-gateway"]
+ENTRYPOINT ["tini", "--", "mcp-transparent-gateway"]
 CMD ["run", "--config", "/etc/mcp-gateway/config.yaml"]

@@ -1,29 +1,36 @@
 # One venv, made from the project's own files: `make run` and `make test` work on a fresh clone.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# Two stamps: `make run` needs the runtime only (the package and its dependencies); lint,
+# typecheck and the tests add the dev tools of the `test` extra on top, once.
+RUN_STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: install run test lint typecheck pytest clean ci-deps npm-deps bench schema
 
-$(STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $(RUN_STAMP)
+
+$(DEV_STAMP): $(RUN_STAMP)
 	$(PY) -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $(DEV_STAMP)
 
-install: $(STAMP)
+install: $(DEV_STAMP)
 
-run: install
-	$(VENV)/bin/mcp-gateway run $(ARGS)
+run: $(RUN_STAMP)
+	$(VENV)/bin/mcp-transparent-gateway run $(ARGS)
 
-lint: install
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check gateway tests bench
 	$(VENV)/bin/ruff format --check gateway tests bench
 
-typecheck: install
+typecheck: $(DEV_STAMP)
 	$(VENV)/bin/mypy
 
-pytest: install npm-deps
+pytest: $(DEV_STAMP) npm-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # npm tools the tests use (tests/npm/package.json, exact versions in its package-lock.json):
@@ -64,7 +71,7 @@ ci-deps:
 	  || echo "ci-deps: could not install prometheus with apt; its tests will skip" >&2; }
 
 # The benchmark (bench/README.md); e.g. `make bench ARGS="--quick --no-proxies"`.
-bench: install
+bench: $(RUN_STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) -m bench $(ARGS)
 

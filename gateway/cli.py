@@ -1,4 +1,4 @@
-"""The `mcp-gateway` command line: loads or builds a config and hands it to `app.run`."""
+"""The `mcp-transparent-gateway` command line: loads or builds a config, hands it to `app.run`."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ log_level = click.option(
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="mcp-gateway")
+@click.version_option(__version__, prog_name="mcp-transparent-gateway")
 def main() -> None:
     """A transparent gateway for the Model Context Protocol (revision 2026-07-28).
 
@@ -152,7 +152,7 @@ def connect(url: str, headers: dict[str, str], request_timeout: float, log_level
     """Serve one remote Streamable HTTP server on stdio.
 
     What a desktop host spawns to reach a remote server, e.g.
-    mcp-gateway connect https://example.com/mcp -H 'Authorization: Bearer TOKEN'
+    mcp-transparent-gateway connect https://example.com/mcp -H 'Authorization: Bearer TOKEN'
     """
     _setup_logging(log_level)
     backend = BackendConfig(
@@ -204,7 +204,7 @@ def expose(
     """Serve one stdio server over Streamable HTTP.
 
     Put the server's command after `--`, e.g.
-    mcp-gateway expose --port 8080 --env API_KEY=... -- python -m my_server --flag
+    mcp-transparent-gateway expose --port 8080 --env API_KEY=... -- python -m my_server --flag
 
     The server inherits this command's environment, as it would when run from the same shell.
     """

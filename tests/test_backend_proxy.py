@@ -137,8 +137,8 @@ async def test_a_proxy_that_cannot_be_reached_makes_the_backend_unavailable(
 async def test_the_gateway_process_honours_the_proxy_environment(
     environ: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """`mcp-gateway run` as a real process: its HTTP backend is reached through HTTP_PROXY, and
-    directly once NO_PROXY names the backend's host."""
+    """`mcp-transparent-gateway run` as a real process: its HTTP backend is reached through
+    HTTP_PROXY, and directly once NO_PROXY names the backend's host."""
     async with ForwardProxy() as proxy, Server(modern) as server:
         config = write_config(tmp_path, {"b": {"http": {"url": server.url()}}}, http=True)
         for no_proxy, through in (("", True), ("127.0.0.1", False)):

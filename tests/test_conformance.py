@@ -5,7 +5,7 @@ handshake, 2026-07-28 stateless) against tests/servers/conformance_server.py, a 
 server, directly and through the gateway HTTP->HTTP and HTTP->stdio. Client leg: every
 client scenario without `auth/` against the suite's mock servers, the SDK client of
 tests/servers/conformance_client.py reaching each mock directly, through an HTTP gateway
-(HTTP->HTTP) and through `mcp-gateway connect` (stdio->HTTP).
+(HTTP->HTTP) and through `mcp-transparent-gateway connect` (stdio->HTTP).
 
 What must hold: directly, every scored scenario passes (the fixtures are right); through
 the gateway, every scored scenario passes and no scenario that passes directly fails,

@@ -189,7 +189,7 @@ async def _ignore(_: dict[str, Any]) -> None:
 
 
 async def test_run_serves_the_servers_of_a_host_mcp_json(tmp_path: Path) -> None:
-    """`mcp-gateway run --mcp-json FILE`: the mcpServers a desktop host already has."""
+    """`mcp-transparent-gateway run --mcp-json FILE`: the mcpServers a desktop host already has."""
     mcp_json = tmp_path / "mcp.json"
     command = sdk_stdio_command("--label", "from-json")
     servers = {

@@ -323,7 +323,12 @@ def test_dockerfile_installs_the_project_and_runs_mcp_gateway() -> None:
         if line.strip() and not line.lstrip().startswith("#")
     ]
     assert any(line.startswith("RUN pip install .") for line in lines)
-    assert 'ENTRYPOINT ["tini", "--", "mcp-gateway"]' in lines
+    assert 'ENTRYPOINT ["tini", "--", "mcp-transparent-gateway"]' in lines
+    for line in lines:  # everything copied from the build context exists in the repository
+        if line.startswith("COPY ") and "--from=" not in line:
+            for source in line.split()[1:-1]:
+                if not source.startswith("--"):
+                    assert (ROOT / source).exists(), line
 
 
 def _environment(service: dict[str, Any]) -> dict[str, str]:

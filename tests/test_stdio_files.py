@@ -1,6 +1,6 @@
 """The stdio front end when stdin or stdout is a regular file or /dev/null, not a pipe
-(basic/transports/stdio): `mcp-gateway run < requests.jsonl > replies.jsonl` answers every
-request and exits 0 at the end of input, on uvloop and on asyncio's own loop.
+(basic/transports/stdio): `mcp-transparent-gateway run < requests.jsonl > replies.jsonl` answers
+every request and exits 0 at the end of input, on uvloop and on asyncio's own loop.
 
 Those descriptors cannot be watched by epoll; uvloop used to hand them to libuv, which aborted
 the process (SIGABRT, exit 134) before a single line was read.

@@ -1,8 +1,9 @@
 """The traffic tap: every JSON-RPC message on both hops, as JSON lines, and a summary of them.
 
 `Tap.record` is called on the hot path from the event loop, so it does one `write(2)` of one
-complete line and never fsyncs: the line reaches the page cache at once (so `mcp-gateway tap
---follow` sees calls live) without waiting for the disk, and a crash never leaves half a line.
+complete line and never fsyncs: the line reaches the page cache at once (so
+`mcp-transparent-gateway tap --follow` sees calls live) without waiting for the disk, and a crash
+never leaves half a line.
 
 `summarize` and the `Summarizer` behind it are pure: they read lines, never the file.
 """

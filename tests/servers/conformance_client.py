@@ -12,9 +12,9 @@ against each mock server is generic: list everything, call every tool it kept.
 
 `--via` says how the client reaches the mock server:
 - `direct`: itself, as the suite intends;
-- `http`: through a gateway (`mcp-gateway run`, one HTTP backend: the mock server) over
+- `http`: through a gateway (`mcp-transparent-gateway run`, one HTTP backend: the mock server) over
   HTTP, the gateway being the HTTP client the mock server judges;
-- `stdio`: through `mcp-gateway connect URL`, the stdio bridge, spoken to over stdio.
+- `stdio`: through `mcp-transparent-gateway connect URL`, the stdio bridge, spoken to over stdio.
 """
 
 from __future__ import annotations
