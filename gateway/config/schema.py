@@ -1,7 +1,7 @@
 """The config's JSON Schema (Draft 2020-12), made from the loader's own key table (keys.py).
 
-`mcp-gateway schema` prints it; gateway/config/schema.json is the same text shipped in the
-package (`make schema` writes it; a test fails when the two differ). `${VAR}` is substituted in
+`mcp-transparent-gateway schema` prints it; gateway/config/schema.json is the same text shipped in
+the package (`make schema` writes it; a test fails when the two differ). `${VAR}` is substituted in
 string values only, and the loader reads a substituted value as a string, so a number or
 boolean key takes no `${VAR}`: the schema says the same. A string key with a pattern or a fixed
 set of values also accepts any string holding a `${VAR}`, whose value is only known at load
@@ -108,7 +108,7 @@ def schema() -> dict[str, Any]:
     return {
         "$schema": DRAFT,
         "title": "mcp-gateway config",
-        "description": "`mcp-gateway check-config` also checks the rules across keys.",
+        "description": "`mcp-transparent-gateway check-config` also checks the rules across keys.",
         "$ref": "#/$defs/config",
         "$defs": {name: _section(name, table) for name, table in SECTIONS.items()},
     }
