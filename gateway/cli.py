@@ -27,6 +27,7 @@ from gateway.config import (
     load,
     load_mcp_json,
 )
+from gateway.config.naming import backend_name
 from gateway.telemetry.tap import DEFAULT_TOP, Summarizer, follow, format_call, format_summary
 
 PYTHON_VAR = "MCP_GATEWAY_PYTHON"
@@ -206,14 +207,15 @@ def expose(
     mcp-gateway expose --port 8080 --env API_KEY=... -- python -m my_server --flag
 
     The server inherits this command's environment, as it would when run from the same shell.
+    Its backend is named after the server, not the launcher (`npx -y @scope/server-x` is
+    `server-x`, `python server.py` is `server`).
     """
     _setup_logging(log_level)
     target = StdioTarget(
         command=command[0], args=tuple(command[1:]), env=env, cwd=cwd, inherit_env=True
     )
-    name = Path(command[0]).name or "server"
     backend = BackendConfig(
-        name=name,
+        name=backend_name(command),
         target=target,
         request_timeout=request_timeout,
         connect_timeout=default_connect_timeout(target),
