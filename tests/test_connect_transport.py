@@ -72,6 +72,13 @@ async def test_auto_keeps_streamable_http_for_the_sdks_http_server(
     assert sum("transport: Streamable HTTP" in r.message for r in caplog.records) == 1
 
 
+async def test_auto_keeps_streamable_http_for_a_2025_era_http_server(sdk_legacy_http: str) -> None:
+    """A legacy-era Streamable HTTP server refuses `server/discover` with a JSON-RPC error: it
+    is still Streamable HTTP (its era is the era layer's business)."""
+    settled = await fallback.settle(remote(sdk_legacy_http))
+    assert isinstance(settled.target, HttpTarget) and settled.era == "auto"
+
+
 async def test_a_modern_404_for_an_unknown_method_never_tries_sse() -> None:
     seen: list[str] = []
 
@@ -84,6 +91,20 @@ async def test_a_modern_404_for_an_unknown_method_never_tries_sse() -> None:
         settled = await fallback.settle(remote(f"{base}/mcp"))
     assert isinstance(settled.target, HttpTarget)
     assert seen == ["POST"]  # no GET for an SSE stream
+
+
+async def test_a_redirect_is_not_followed() -> None:
+    """Followed, it would reach a 404 elsewhere and be taken for HTTP+SSE (THREAT_MODEL.md)."""
+    seen: list[str] = []
+
+    async def moved(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        raise web.HTTPTemporaryRedirect("/elsewhere")
+
+    async with serve_http(moved) as base:
+        settled = await fallback.settle(remote(f"{base}/mcp"))
+    assert isinstance(settled.target, HttpTarget)
+    assert seen == ["/mcp"]
 
 
 async def test_a_server_not_reached_stays_streamable_http(

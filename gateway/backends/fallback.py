@@ -79,17 +79,23 @@ async def settle(config: BackendConfig) -> BackendConfig:
                 tls=tls,
                 proxy=web.env_proxy(config, url),
             ) as session,
-            session.post(url, data=jsonrpc.encode(PROBE), headers=sent) as resp,
+            session.post(
+                url, data=jsonrpc.encode(PROBE), headers=sent, allow_redirects=False
+            ) as resp,
         ):
             status = resp.status
-            body = await resp.content.read(MAX_PROBE_BODY)
+            body = bytearray()
+            while len(body) < MAX_PROBE_BODY and (
+                chunk := await resp.content.read(MAX_PROBE_BODY - len(body))
+            ):
+                body += chunk
     except (aiohttp.ClientError, TimeoutError) as exc:
         reason = web.failure(config.name, exc, within)
         log.warning(
             "backend %s: transport: Streamable HTTP (%s not reached: %s)", config.name, url, reason
         )
         return config
-    if is_legacy_refusal(status, body):
+    if is_legacy_refusal(status, bytes(body)):
         log.info(
             "backend %s: transport: HTTP+SSE (2024-11-05); the POST to %s was answered HTTP %d",
             config.name,
