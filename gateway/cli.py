@@ -14,6 +14,7 @@ import anyio
 import click
 
 from gateway import __version__, app
+from gateway.backends import fallback
 from gateway.config import (
     BackendConfig,
     Config,
@@ -27,6 +28,7 @@ from gateway.config import (
     load,
     load_mcp_json,
 )
+from gateway.config.naming import backend_name
 from gateway.config.schema import schema_text
 from gateway.telemetry.tap import DEFAULT_TOP, Summarizer, follow, format_call, format_summary
 
@@ -147,9 +149,20 @@ def _parse_header(_: click.Context, __: click.Parameter, values: tuple[str, ...]
     help="Extra header for every request to the server, as 'Name: value' (repeatable).",
 )
 @click.option("--request-timeout", type=float, default=300.0, show_default=True, help="Seconds.")
+@click.option(
+    "--transport",
+    type=click.Choice(["auto", "http", "sse"]),
+    default="auto",
+    show_default=True,
+    help="http: Streamable HTTP; sse: the 2024-11-05 HTTP+SSE transport (URL: its SSE "
+    "endpoint); auto: Streamable HTTP, or HTTP+SSE if the server answers the first POST with "
+    "404 or 405.",
+)
 @log_level
-def connect(url: str, headers: dict[str, str], request_timeout: float, log_level: str) -> None:
-    """Serve one remote Streamable HTTP server on stdio.
+def connect(
+    url: str, headers: dict[str, str], request_timeout: float, transport: str, log_level: str
+) -> None:
+    """Serve one remote HTTP server on stdio.
 
     What a desktop host spawns to reach a remote server, e.g.
     mcp-transparent-gateway connect https://example.com/mcp -H 'Authorization: Bearer TOKEN'
@@ -158,6 +171,15 @@ def connect(url: str, headers: dict[str, str], request_timeout: float, log_level
     backend = BackendConfig(
         name="remote", target=HttpTarget(url=url, headers=headers), request_timeout=request_timeout
     )
+    try:
+        if transport == "sse":
+            backend = fallback.as_sse(backend)
+        elif transport == "auto":
+            backend = anyio.run(fallback.settle, backend)
+    except ConfigInvalid as exc:
+        for problem in exc.problems:
+            click.echo(f"error: {problem}", err=True)
+        sys.exit(2)
     _run(Config(listen=Listen(stdio=True), backends=(backend,), source="connect"))
 
 
@@ -207,14 +229,15 @@ def expose(
     mcp-transparent-gateway expose --port 8080 --env API_KEY=... -- python -m my_server --flag
 
     The server inherits this command's environment, as it would when run from the same shell.
+    Its backend is named after the server, not the launcher (`npx -y @scope/server-x` is
+    `server-x`, `python server.py` is `server`).
     """
     _setup_logging(log_level)
     target = StdioTarget(
         command=command[0], args=tuple(command[1:]), env=env, cwd=cwd, inherit_env=True
     )
-    name = Path(command[0]).name or "server"
     backend = BackendConfig(
-        name=name,
+        name=backend_name(command),
         target=target,
         request_timeout=request_timeout,
         connect_timeout=default_connect_timeout(target),

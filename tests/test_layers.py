@@ -102,6 +102,7 @@ HTTP_MODULES = {
     "gateway.backends.http",
     "gateway.backends.sse",
     "gateway.backends.web",
+    "gateway.backends.fallback",
     "gateway.app",
 }
 

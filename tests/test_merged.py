@@ -190,3 +190,16 @@ async def test_discover_merges_capabilities_and_instructions(
         assert caps is not None and caps.completions is not None and caps.tools is not None
         assert client.server_info is not None and client.server_info.name == "mcp-gateway"
         assert client.protocol_version == "2026-07-28"
+        # Several backends: the gateway is the server, with each backend's instructions named.
+        assert client.instructions is not None and "`alpha`" in client.instructions
+
+
+async def test_a_legacy_client_of_several_backends_sees_the_gateways_server_info(
+    merged: StdioServerParameters | str,
+) -> None:
+    """InitializeResult (basic/lifecycle, Initialization) of the merged server: the gateway's."""
+    with anyio.fail_after(4 * BOUND):
+        async with Client(merged, mode="legacy") as client:
+            info = client.server_info
+            assert info is not None and info.name == "mcp-gateway"
+            assert client.instructions is not None and "`beta`" in client.instructions

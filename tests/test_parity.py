@@ -29,6 +29,7 @@ from mcp_types import (
 )
 
 from tests.conftest import Target
+from tests.servers.sdk_server import INSTRUCTIONS
 from tests.support import BOUND
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -68,8 +69,10 @@ async def test_discover_reports_version_and_capabilities(target: Target) -> None
         assert caps is not None
         assert caps.tools is not None and caps.resources is not None and caps.prompts is not None
         assert caps.completions is not None
-        expected = "mcp-gateway" if target.through_gateway else "sdk-test-server"
-        assert client.server_info is not None and client.server_info.name == expected
+        # Through the gateway too: one backend is shown as itself (single-backend transparency).
+        info = client.server_info
+        assert info is not None and (info.name, info.version) == ("sdk-test-server", "1.0.0")
+        assert client.instructions == INSTRUCTIONS
 
 
 async def test_tools_list_paginates_to_the_full_catalog(target: Target) -> None:

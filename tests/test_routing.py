@@ -728,3 +728,35 @@ def test_expose_content_uris_ignores_non_lists() -> None:
     block = {"type": "resource_link", "uri": "file:///a"}
     table.expose_content_uris(n, Exposure("b", "ns"), block)
     assert block == {"type": "resource_link", "uri": "file:///a"}
+
+
+OWN_INFO = {"name": "weather-server", "version": "2.1"}
+
+
+def test_a_single_unprefixed_backend_is_shown_under_its_own_server_info() -> None:
+    """Single-backend transparency (README): a client sees the backend's serverInfo."""
+    parts = [("only", {"capabilities": {}, "_meta": {meta.SERVER_INFO: OWN_INFO}})]
+    result = merge.discover_result(parts, prefixed=False, server=SERVER)
+    assert result["_meta"] == {meta.SERVER_INFO: OWN_INFO}
+
+
+@pytest.mark.parametrize(
+    ("prefixed", "alone"),
+    [(True, True), (False, False)],
+    ids=["prefixed", "one-of-several-answered"],
+)
+def test_the_gateway_keeps_its_own_server_info_unless_it_serves_one_backend_unprefixed(
+    prefixed: bool, alone: bool
+) -> None:
+    parts = [
+        ("only", {"capabilities": {}, "instructions": "Hi.", "_meta": {meta.SERVER_INFO: OWN_INFO}})
+    ]
+    result = merge.discover_result(parts, prefixed=prefixed, server=SERVER, alone=alone)
+    assert result["_meta"] == {meta.SERVER_INFO: SERVER}
+    assert result["instructions"] != "Hi."
+
+
+def test_a_backend_without_a_usable_server_info_leaves_the_gateways() -> None:
+    parts = [("only", {"capabilities": {}, "_meta": {meta.SERVER_INFO: {"version": "1"}}})]
+    result = merge.discover_result(parts, prefixed=False, server=SERVER)
+    assert result["_meta"] == {meta.SERVER_INFO: SERVER}

@@ -3,7 +3,8 @@
 One table, read by both: the loader takes each section's key set (unknown keys) and each plain
 scalar's kind, default and bounds from here (`_Check.field`), and `gateway.config.schema` turns
 the same table into the schema that `mcp-transparent-gateway schema` prints. A key added here is
-therefore known to both; a key read by the loader but missing here is an "unknown key" error in every test.
+therefore known to both; a key read by the loader but missing here is an "unknown key" error in
+every test.
 Rules across keys (exactly one transport, `per_session` only for stdio, a fixed admin port that
 clashes) stay in the loader: the schema is an editor's aid, `check-config` the judge.
 """

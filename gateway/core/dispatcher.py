@@ -323,7 +323,10 @@ class Dispatcher:
         parts = await self._fan_out(calls, fail_open=True)
         pairs = [(self._exposures[b].namespace, r) for b, r in parts]
         result = merge.discover_result(
-            pairs, prefixed=self._naming.prefixed, server=self._info.as_implementation()
+            pairs,
+            prefixed=self._naming.prefixed,
+            server=self._info.as_implementation(),
+            alone=len(self._order) == 1,
         )
         return jsonrpc.result(msg["id"], result)
 

@@ -78,9 +78,14 @@ def _union(a: Result, b: Result) -> Result:
 
 
 def discover_result(
-    parts: Sequence[tuple[str, Result]], *, prefixed: bool, server: Result
+    parts: Sequence[tuple[str, Result]], *, prefixed: bool, server: Result, alone: bool = True
 ) -> Result:
-    """One discovery result for the merged server, from (namespace, backend result) pairs."""
+    """One discovery result for the merged server, from (namespace, backend result) pairs.
+
+    `alone`: the gateway serves this one backend only. Unprefixed, it is then that server to a
+    client, as if reached directly: its own serverInfo and instructions (README, single-backend
+    transparency). Otherwise the gateway is the server a client sees, under `server`."""
+    transparent = alone and len(parts) == 1 and not prefixed
     results = [r for _, r in parts]
     caps = [r["capabilities"] for r in results if isinstance(r.get("capabilities"), dict)]
     result: Result = {
@@ -88,10 +93,10 @@ def discover_result(
         "supportedVersions": list(meta.SUPPORTED_VERSIONS),
         "capabilities": capabilities(caps, keep_extensions=len(parts) == 1),
         **cache_hints(results),
-        "_meta": {meta.SERVER_INFO: server},
+        "_meta": {meta.SERVER_INFO: (transparent and _server_info(results[0])) or server},
     }
     texts = [(ns, r["instructions"]) for ns, r in parts if isinstance(r.get("instructions"), str)]
-    if len(parts) == 1 and not prefixed and texts:
+    if transparent and texts:
         result["instructions"] = texts[0][1]
     elif texts:
         result["instructions"] = "\n\n".join(
@@ -99,3 +104,9 @@ def discover_result(
             for ns, text in texts
         )
     return result
+
+
+def _server_info(result: Result) -> Result | None:
+    found = result.get("_meta")
+    info = found.get(meta.SERVER_INFO) if isinstance(found, dict) else None
+    return info if isinstance(info, dict) and isinstance(info.get("name"), str) else None

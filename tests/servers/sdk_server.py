@@ -70,6 +70,9 @@ from pydantic import BaseModel, Field
 warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
 
 EXTRA_TOOLS = 30
+# What a client sees through a gateway that serves this server alone (single-backend
+# transparency), as it would directly.
+INSTRUCTIONS = "The SDK test server: echo, add and friends, for the gateway's tests."
 
 
 # Paginated list methods and the key holding each one's items.
@@ -203,6 +206,7 @@ def build_server(
     mcp = MCPServer(
         "sdk-test-server",
         version="1.0.0",
+        instructions=INSTRUCTIONS,
         log_level="WARNING",
         middleware=middleware,
         subscriptions=bus,
