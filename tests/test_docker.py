@@ -400,7 +400,7 @@ def test_the_image_serves_its_config_and_checks_its_health() -> None:
     url = env_of(final)["MCP_GATEWAY_HEALTH_URL"]
     assert url == f"http://127.0.0.1:{_admin_port()}/healthz"
     entry = exec_form(next(rest for keyword, rest in final if keyword == "ENTRYPOINT"))
-    assert entry == ["tini", "--", "mcp-gateway"]
+    assert entry == ["tini", "--", "mcp-transparent-gateway"]
     cmd = exec_form(next(rest for keyword, rest in final if keyword == "CMD"))
     assert cmd == ["run", "--config", IMAGE_CONFIG]
     assert ("COPY", f"deploy/container.yaml {IMAGE_CONFIG}") in final
