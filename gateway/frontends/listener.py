@@ -360,14 +360,6 @@ class Listener:
             self._held.set()
 
     async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
-        if self._held is not None and not self._held.is_set():
-            await self._held.wait()
-            if self.closing:  # the start failed: nothing was ever served here
-                refusal = web.Response(
-                    status=503, body=_NOT_STARTED, content_type="application/json"
-                )
-                refusal.force_close()
-                return refusal
         if request.method == hdrs.METH_CONNECT:
             # A tunnel is never made: what follows the head is not for us to parse either.
             refusal = web.Response(status=501, body=_NO_TUNNEL, content_type="application/json")
@@ -383,6 +375,14 @@ class Listener:
                 request[CLOSE] = True
             gate.current = request
         try:
+            if self._held is not None and not self._held.is_set():
+                await self._held.wait()
+                if self.closing:  # the start failed: nothing was ever served here
+                    refusal = web.Response(
+                        status=503, body=_NOT_STARTED, content_type="application/json"
+                    )
+                    refusal.force_close()
+                    return refusal
             response = await self._handler(request)
         finally:
             if gate is not None:
