@@ -267,7 +267,11 @@ def check_config(path: Path | None, config_path: Path | None, mcp_json: Path | N
         else:
             config_path = path
     config = _load_or_exit(*_inputs(config_path, mcp_json))
-    click.echo(describe(config))
+    summary = describe(config)
+    if config_path is None and mcp_json is not None:  # not the bundled listen-only file's name
+        _, _, rest = summary.partition("\n")
+        summary = f"mcp.json {mcp_json}: OK\n{rest}"
+    click.echo(summary)
     for warning in missing_commands(config, _config_env()):
         click.echo(f"warning: {warning}", err=True)
 

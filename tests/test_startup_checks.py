@@ -144,6 +144,7 @@ def test_check_config_accepts_the_mcp_json_run_accepts(mcp_json: Path, form: str
     done = gateway("check-config", *args)
     assert done.returncode == 0, done.stderr
     assert "backend py: stdio" in done.stdout and "backend remote: http" in done.stdout
+    assert done.stdout.startswith(f"mcp.json {mcp_json}: OK\n")
     assert "listen http" in done.stdout  # where `run --mcp-json` alone serves them
     assert done.stderr == ""  # its command exists: no warning
 
