@@ -57,7 +57,8 @@ ADMIN_LIMITS = ListenerLimits()
 
 
 class StartupError(Exception):
-    """The configured backends cannot be served together (e.g. a name collision under `never`)."""
+    """The gateway cannot start as configured: an address it cannot listen on, a file it cannot
+    open, backends that cannot be served together (a name collision under `never`)."""
 
 
 def make_backend(
@@ -129,9 +130,12 @@ def access_logger(config: Config) -> logging.Logger | None:
     logger = logging.getLogger("gateway.access")
     logger.propagate = False  # one JSON line per request, not wrapped by the text log format
     logger.setLevel(logging.INFO)
-    handler: logging.Handler = (
-        logging.StreamHandler(sys.stderr) if target == "stderr" else logging.FileHandler(target)
-    )
+    try:
+        handler: logging.Handler = (
+            logging.StreamHandler(sys.stderr) if target == "stderr" else logging.FileHandler(target)
+        )
+    except OSError as exc:
+        raise StartupError(f"telemetry.access_log: cannot open {target}: {exc.strerror}") from None
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger.handlers = [handler]
     return logger

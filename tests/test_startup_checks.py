@@ -206,3 +206,13 @@ def test_a_json_syntax_error_names_file_line_and_column(tmp_path: Path, command:
     path.write_text('{\n  "mcpServers": {\n    "a": {"command": "x",}\n  }\n}\n')
     line = one_line(gateway(command, "--mcp-json", str(path)))
     assert line.startswith(f"error: {path}:3:")
+
+
+def test_an_access_log_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None:
+    marker = tmp_path / "backend-started"
+    config = config_file(tmp_path, {"http": {"host": "127.0.0.1", "port": 0}}, marker)
+    text = config.read_text() + f"telemetry: {{access_log: {tmp_path / 'no-such-dir' / 'a.log'}}}\n"
+    config.write_text(text)
+    line = one_line(gateway("run", "--config", str(config)))
+    assert line.startswith("error: telemetry.access_log: ")
+    assert not marker.exists()
