@@ -37,7 +37,7 @@ from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.instrument import InstrumentedBackend
 from gateway.frontends import guard
 from gateway.frontends import http as http_frontend
-from gateway.frontends.listener import Listener
+from gateway.frontends.listener import BindError, Listener
 from gateway.frontends.ops import Operations, admin_handler
 from gateway.frontends.stdio import StdioFrontend, open_process_stdio
 from gateway.routing.names import Naming, PrefixMode
@@ -57,7 +57,8 @@ ADMIN_LIMITS = ListenerLimits()
 
 
 class StartupError(Exception):
-    """The configured backends cannot be served together (e.g. a name collision under `never`)."""
+    """The gateway cannot start as configured: an address it cannot listen on, a file it cannot
+    open, backends that cannot be served together (a name collision under `never`)."""
 
 
 def make_backend(
@@ -129,9 +130,12 @@ def access_logger(config: Config) -> logging.Logger | None:
     logger = logging.getLogger("gateway.access")
     logger.propagate = False  # one JSON line per request, not wrapped by the text log format
     logger.setLevel(logging.INFO)
-    handler: logging.Handler = (
-        logging.StreamHandler(sys.stderr) if target == "stderr" else logging.FileHandler(target)
-    )
+    try:
+        handler: logging.Handler = (
+            logging.StreamHandler(sys.stderr) if target == "stderr" else logging.FileHandler(target)
+        )
+    except OSError as exc:
+        raise StartupError(f"telemetry.access_log: cannot open {target}: {exc.strerror}") from None
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger.handlers = [handler]
     return logger
@@ -234,10 +238,14 @@ class Gateway:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self.dispatcher.catalogs.spawn = self._tg.start_soon
-        for backend in self.backends:
-            self._tg.start_soon(backend.run, name=f"backend {backend.name}")
         try:
+            # The addresses are taken before any backend starts: one that cannot be had stops
+            # the start with one line, before a child has been spawned for nothing.
             await self._start_admin()
+            if self.config.listen.http is not None:
+                await self._start_http()
+            for backend in self.backends:
+                self._tg.start_soon(backend.run, name=f"backend {backend.name}")
             if self.config.namespacing.prefix == "never":
                 # Unprefixed names collide only once both lists are known: a collision must
                 # stop the start before anyone is served under it, so this mode waits.
@@ -246,9 +254,10 @@ class Gateway:
                 # Clients are served while slow backends start: a list waits for a starting
                 # backend (or skips one that is down), a call to a ready one goes through.
                 self._tg.start_soon(self._load_catalogs, name="catalogs")
-            if self.config.listen.http is not None:
-                await self._start_http()
             self._serving = True
+            if self._http is not None:
+                self._http.release()
+                log.info("listening on %s", self.http_url)
         except BaseException:
             await self.__aexit__(None, None, None)
             raise
@@ -299,7 +308,10 @@ class Gateway:
             return
         handler = admin_handler(self.operations, loopback=guard.is_loopback(admin.host))
         self._admin = Listener(handler, ADMIN_LIMITS, stats=self.telemetry.stats)
-        port = await self._admin.start(admin.host, admin.port)
+        try:
+            port = await self._admin.start(admin.host, admin.port)
+        except BindError as exc:
+            raise StartupError(f"listen.admin: {exc}") from None
         self.admin_url = f"http://{admin.host}:{port}"
         log.info("admin listener (metrics, health) on %s", self.admin_url)
 
@@ -320,13 +332,17 @@ class Gateway:
         self._http = Listener(
             self._endpoint.handle, listen.limits, tls=listen.tls, stats=self.telemetry.stats
         )
+        # Requests wait until the backends are started (and, under prefix `never`, their
+        # catalogs known): only the address is taken now.
+        self._http.hold()
         try:
             port = await self._http.start(listen.host, listen.port)
         except ssl.SSLError as exc:  # a key that does not match its certificate, say
             raise StartupError(f"listen.http.tls: cannot use the certificate: {exc}") from None
+        except BindError as exc:
+            raise StartupError(f"listen.http: {exc}") from None
         host = f"[{listen.host}]" if ":" in listen.host else listen.host
         self.http_url = f"{listen.scheme}://{host}:{port}{listen.path}"
-        log.info("listening on %s", self.http_url)
 
     async def __aexit__(
         self,

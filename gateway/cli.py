@@ -12,6 +12,7 @@ from pathlib import Path
 
 import anyio
 import click
+import orjson
 
 from gateway import __version__, app
 from gateway.backends import fallback
@@ -27,6 +28,7 @@ from gateway.config import (
     describe,
     load,
     load_mcp_json,
+    missing_commands,
 )
 from gateway.config.naming import backend_name
 from gateway.config.schema import schema_text
@@ -101,19 +103,31 @@ def main() -> None:
     """
 
 
-@main.command()
-@click.option(
+# (No click file checks on these: an unreadable file is one line of the loader's, exit 2.)
+config_option = click.option(
     "--config",
     "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
     help="YAML config file. Without it, the bundled demo config (HTTP on 127.0.0.1:8080/mcp).",
 )
-@click.option(
+mcp_json_option = click.option(
     "--mcp-json",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
     help="Also serve the servers of a host's mcp.json ('mcpServers': command/args/env or "
     "url/headers). With it and no --config, only those servers, on 127.0.0.1:8080/mcp.",
 )
+
+
+def _inputs(config_path: Path | None, mcp_json: Path | None) -> tuple[Path, Path | None]:
+    """The config file `run` loads for these options, and the mcp.json beside it."""
+    if config_path is None:
+        config_path = listen_only_config_path() if mcp_json is not None else demo_config_path()
+    return config_path, mcp_json
+
+
+@main.command()
+@config_option
+@mcp_json_option
 @log_level
 def run(config_path: Path | None, mcp_json: Path | None, log_level: str) -> None:
     """Run the front ends and backends a config names, until SIGINT/SIGTERM.
@@ -123,9 +137,7 @@ def run(config_path: Path | None, mcp_json: Path | None, log_level: str) -> None
     `namespacing` section.
     """
     _setup_logging(log_level)
-    if config_path is None and mcp_json is not None:
-        config_path = listen_only_config_path()
-    _run(_load_or_exit(config_path or demo_config_path(), mcp_json))
+    _run(_load_or_exit(*_inputs(config_path, mcp_json)))
 
 
 def _parse_header(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
@@ -246,11 +258,46 @@ def expose(
     _run(Config(listen=listen, backends=(backend,), source="expose"))
 
 
+def _is_mcp_json(path: Path) -> bool:
+    """A host's mcp.json given where a config file is expected: its servers and nothing of a
+    gateway config (which may be written as JSON too)."""
+    if path.suffix != ".json":
+        return False
+    try:
+        data = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return False  # the loader says what is wrong with it
+    gateway_keys = {"listen", "backends", "backends_from"}
+    return (
+        isinstance(data, dict)
+        and bool({"mcpServers", "servers"} & data.keys())
+        and not (gateway_keys & data.keys())
+    )
+
+
 @main.command("check-config")
-@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
-def check_config(path: Path) -> None:
-    """Validate a config file and print what `run` would start (exit 2 on errors)."""
-    click.echo(describe(_load_or_exit(path)))
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+@config_option
+@mcp_json_option
+def check_config(path: Path | None, config_path: Path | None, mcp_json: Path | None) -> None:
+    """Validate what `run` would load from the same --config and --mcp-json (or FILE, a config
+    or an mcp.json) and print what it would start: exit 2 on errors. A stdio command not found
+    here is a warning (exit 0): it may exist where the gateway runs."""
+    if path is not None:
+        if config_path is not None:
+            raise click.UsageError("give the config as FILE or as --config, not both")
+        if mcp_json is None and _is_mcp_json(path):
+            mcp_json = path
+        else:
+            config_path = path
+    config = _load_or_exit(*_inputs(config_path, mcp_json))
+    summary = describe(config)
+    if config_path is None and mcp_json is not None:  # not the bundled listen-only file's name
+        _, _, rest = summary.partition("\n")
+        summary = f"mcp.json {mcp_json}: OK\n{rest}"
+    click.echo(summary)
+    for warning in missing_commands(config, _config_env()):
+        click.echo(f"warning: {warning}", err=True)
 
 
 @main.command("schema")

@@ -997,3 +997,47 @@ async def test_close_cancels_what_outlives_the_grace() -> None:
         assert cancelled.is_set()
         assert await client.closed_by_server()
         assert srv.listener.open == 0
+
+
+def _held_request(srv: Serving) -> bool:
+    assert srv.listener is not None
+    return any(gate.current is not None for gate in srv.listener.gates.values())
+
+
+async def test_a_held_listener_answers_a_request_once_released() -> None:
+    """The gateway takes its address before its backends start (app.py) and holds what arrives
+    meanwhile: a request waits, then is answered, not refused."""
+    answered = asyncio.Event()
+
+    async def handler(req: web.BaseRequest) -> web.StreamResponse:
+        answered.set()
+        return web.Response(text="served")
+
+    async with listening(handler) as srv:
+        assert srv.listener is not None
+        srv.listener.hold()
+        client = await srv.connect()
+        await client.send(request(b"{}"))
+        await until(lambda: _held_request(srv))
+        assert not answered.is_set()
+        srv.listener.release()
+        resp = await client.response()
+        assert (resp.status, resp.body) == (200, b"served")
+
+
+async def test_a_held_request_is_refused_at_once_when_the_start_fails() -> None:
+    async def handler(req: web.BaseRequest) -> web.StreamResponse:
+        raise AssertionError("a held request reached the handler of a failed start")
+
+    async with listening(handler) as srv:
+        assert srv.listener is not None
+        srv.listener.hold()
+        client = await srv.connect()
+        await client.send(request(b"{}"))
+        await until(lambda: _held_request(srv))
+        with anyio.fail_after(BOUND):  # not after the shutdown grace
+            closing = asyncio.ensure_future(srv.listener.close(30))
+            resp = await client.response()
+            await closing
+        assert resp.status == 503
+        assert resp.json()["error"]["code"] == -31006  # GATEWAY_SHUTTING_DOWN

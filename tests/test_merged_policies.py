@@ -236,6 +236,7 @@ async def test_catalog_is_reused_while_fresh_and_refetched_when_stale(
     with anyio.fail_after(START_BOUND):
         async with Gateway(parse(config_text(backends))) as gw:
             catalogs = gw.dispatcher.catalogs
+            await gw.catalogs_loaded.wait()  # (served while they load: prefix mode auto)
             assert catalogs.refreshes == {"demo": 1, "sdk": 1}
             reply = await gw.dispatcher.handle(unknown, _ignore)
             assert reply["error"]["code"] == -32602

@@ -17,6 +17,7 @@ import yaml
 from gateway.config import http as http_sections
 from gateway.config import keys
 from gateway.config import roots as root_sections
+from gateway.config.checks import missing_commands
 from gateway.config.mcpjson import load_mcp_json
 from gateway.config.model import (
     _HEADER_NAME,
@@ -210,9 +211,7 @@ def parse(
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 1
-        raise ConfigInvalid([f"{source}:{line}: not valid YAML: {exc}"]) from None
+        raise ConfigInvalid([yaml_syntax_error(source, exc)]) from None
     raw = reader.value(node, ()) if node is not None else {}
     check = _Check(reader)
     top = check.mapping(raw, (), keys.names("config"))
@@ -246,6 +245,19 @@ def parse(
     if reader.problems:
         raise ConfigInvalid(reader.problems)
     return config
+
+
+def yaml_syntax_error(source: str, exc: yaml.YAMLError) -> str:
+    """One line naming the file, line and column (PyYAML's own text names `<unicode string>`
+    and spans several lines, quoting the source)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    context_mark = getattr(exc, "context_mark", None)
+    if context and context_mark is not None and context_mark is not mark:
+        problem += f" ({context} that starts at {context_mark.line + 1}:{context_mark.column + 1})"
+    return f"{where}: not valid YAML: {problem}"
 
 
 def _beside(source: str, relative: str) -> Path:
@@ -353,7 +365,10 @@ def load(
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigInvalid([f"{p}: cannot read: {exc.strerror}"]) from None
+        raise ConfigInvalid([f"{p}: cannot read the config file: {exc.strerror}"]) from None
+    except UnicodeDecodeError as exc:
+        at = f"byte {exc.start + 1}"
+        raise ConfigInvalid([f"{p}: not a UTF-8 text file ({at}); save it as UTF-8"]) from None
     return parse(text, str(p), env, extra_backends)
 
 
@@ -449,5 +464,6 @@ __all__ = [
     "describe",
     "load",
     "load_mcp_json",
+    "missing_commands",
     "parse",
 ]

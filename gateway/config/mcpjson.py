@@ -31,9 +31,11 @@ def load_mcp_json(path: Path) -> tuple[BackendConfig, ...]:
     try:
         data = orjson.loads(path.read_bytes())
     except OSError as exc:
-        raise ConfigInvalid([f"{path}: cannot read: {exc.strerror}"]) from None
+        raise ConfigInvalid([f"{path}: cannot read the mcp.json file: {exc.strerror}"]) from None
     except orjson.JSONDecodeError as exc:
-        raise ConfigInvalid([f"{path}: not valid JSON: {exc}"]) from None
+        # (orjson's message ends with its own "line L column C (char N)")
+        where = f"{path}:{exc.lineno}:{exc.colno}"
+        raise ConfigInvalid([f"{where}: not valid JSON: {exc.msg}"]) from None
     servers = data.get("mcpServers", data.get("servers")) if isinstance(data, dict) else None
     if not isinstance(servers, dict):
         raise ConfigInvalid([f"{path}: no 'mcpServers' object"])

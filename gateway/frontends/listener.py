@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast
@@ -56,6 +58,9 @@ REFUSALS_LOG_INTERVAL = 10.0
 # router writes it; the low-level server leaves expectations to its handler.
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NO_TUNNEL = jsonrpc.encode(jsonrpc.error(None, codes.INVALID_REQUEST, "CONNECT is not served"))
+_NOT_STARTED = jsonrpc.encode(
+    jsonrpc.error(None, codes.GATEWAY_SHUTTING_DOWN, "The gateway stopped before it started")
+)
 
 
 def must_close(request: web.BaseRequest) -> bool:
@@ -125,6 +130,42 @@ def tls_context(tls: ServerTls) -> ssl.SSLContext:
     context.load_cert_chain(tls.cert_file, tls.key_file)
     context.set_alpn_protocols(["http/1.1"])
     return context
+
+
+class BindError(Exception):
+    """The listening address cannot be taken; the message names it and what to do."""
+
+
+# Ports below this need root (or CAP_NET_BIND_SERVICE) on Linux and macOS.
+PRIVILEGED_PORTS = 1024
+
+
+def bind_failure(host: str, port: int, exc: OSError) -> str:
+    """One line for a newcomer: which address could not be taken, why, and what to do."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if isinstance(exc, socket.gaierror):
+        return (
+            f"cannot resolve host {host!r} ({exc.strerror}): use an IP address such as "
+            "127.0.0.1 or a name this machine resolves"
+        )
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"{where} is already in use: stop what listens there (another gateway?) "
+            "or choose another port (0 picks a free one)"
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        if 0 < port < PRIVILEGED_PORTS:
+            return (
+                f"no permission to listen on {where}: ports below {PRIVILEGED_PORTS} need root "
+                f"or CAP_NET_BIND_SERVICE; choose a port of {PRIVILEGED_PORTS} or above"
+            )
+        return f"no permission to listen on {where}: {exc.strerror}"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"cannot listen on {where}: {host} is not an address of this machine; use "
+            "127.0.0.1, 0.0.0.0 or an address of one of its interfaces"
+        )
+    return f"cannot listen on {where}: {exc.strerror or exc}"
 
 
 # Exceptions that mean the client sent something wrong, or went away mid-response.
@@ -286,23 +327,37 @@ class Listener:
             auto_decompress=False,  # bodies are inflated by read_body
         )
         self._server: asyncio.Server | None = None
+        self._held: asyncio.Event | None = None
         self._refused = 0
         self._refusals_logged = -REFUSALS_LOG_INTERVAL
 
     async def start(self, host: str, port: int) -> int:
-        """Listen; the port bound (useful with port 0)."""
+        """Listen; the port bound (useful with port 0). Raises BindError when the address
+        cannot be taken, ssl.SSLError when the TLS chain cannot be used."""
         loop = asyncio.get_running_loop()
         context = tls_context(self._tls) if self._tls is not None else None
-        self._server = await loop.create_server(
-            lambda: _Gate(self),
-            host,
-            port,
-            reuse_address=True,
-            ssl=context,
-            # a TLS handshake is part of what a new connection must finish in time
-            ssl_handshake_timeout=self.limits.header_timeout if context else None,
-        )
+        try:
+            self._server = await loop.create_server(
+                lambda: _Gate(self),
+                host,
+                port,
+                reuse_address=True,
+                ssl=context,
+                # a TLS handshake is part of what a new connection must finish in time
+                ssl_handshake_timeout=self.limits.header_timeout if context else None,
+            )
+        except OSError as exc:
+            raise BindError(bind_failure(host, port, exc)) from None
         return int(self._server.sockets[0].getsockname()[1])
+
+    def hold(self) -> None:
+        """Requests that arrive from now on wait for `release` (their connections are accepted):
+        the address is taken before the gateway is ready to answer on it."""
+        self._held = asyncio.Event()
+
+    def release(self) -> None:
+        if self._held is not None:
+            self._held.set()
 
     async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.method == hdrs.METH_CONNECT:
@@ -320,6 +375,14 @@ class Listener:
                 request[CLOSE] = True
             gate.current = request
         try:
+            if self._held is not None and not self._held.is_set():
+                await self._held.wait()
+                if self.closing:  # the start failed: nothing was ever served here
+                    refusal = web.Response(
+                        status=503, body=_NOT_STARTED, content_type="application/json"
+                    )
+                    refusal.force_close()
+                    return refusal
             response = await self._handler(request)
         finally:
             if gate is not None:
@@ -347,6 +410,7 @@ class Listener:
         cut (marked CUT and cancelled, so that its handler can still answer within LAST_WORDS)
         and every connection closed."""
         self.closing = True
+        self.release()
         if self._server is not None:
             self._server.close()
         for gate in self.gates.values():
