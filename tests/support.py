@@ -152,6 +152,12 @@ def sdk_stdio_command(*extra: str) -> list[str]:
     return [PYTHON, SDK_SERVER, "stdio", *extra]
 
 
+# The bundled demo server as a stdio backend, run by the gateway's own interpreter.
+DEMO_BACKEND: dict[str, object] = {
+    "stdio": {"command": "${MCP_GATEWAY_PYTHON}", "args": ["-m", "gateway.demo.server"]}
+}
+
+
 def stdio_backend(command: Sequence[str], **extra: object) -> dict[str, object]:
     return {"stdio": {"command": command[0], "args": list(command[1:])}, **extra}
 

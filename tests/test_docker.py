@@ -31,6 +31,7 @@ import yaml
 from gateway.config import parse
 from tests.support import (
     BOUND,
+    DEMO_BACKEND,
     IN_CI,
     PYTHON,
     START_BOUND,
@@ -447,14 +448,7 @@ def test_the_healthcheck_command_asks_the_admin_listener(tmp_path: Path) -> None
                     "http": {"host": "127.0.0.1", "port": 0, "path": "/mcp"},
                     "admin": {"host": "127.0.0.1", "port": 0},
                 },
-                "backends": {
-                    "demo": {
-                        "stdio": {
-                            "command": "${MCP_GATEWAY_PYTHON}",
-                            "args": ["-m", "gateway.demo.server"],
-                        }
-                    }
-                },
+                "backends": {"demo": DEMO_BACKEND},
             }
         ),
         encoding="utf-8",

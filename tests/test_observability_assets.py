@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from gateway.config import parse
-from tests.support import BOUND, META, START_BOUND, Proc, gateway_command, missing
+from tests.support import BOUND, DEMO_BACKEND, META, START_BOUND, Proc, gateway_command, missing
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "grafana" / "dashboards" / "mcp-gateway.json"
@@ -431,14 +431,7 @@ def test_live_metrics_match_the_dashboard(tmp_path: Path) -> None:
         yaml.safe_dump(
             {
                 "listen": {"http": {"host": "127.0.0.1", "port": 0, "path": "/mcp"}},
-                "backends": {
-                    "demo": {
-                        "stdio": {
-                            "command": "${MCP_GATEWAY_PYTHON}",
-                            "args": ["-m", "gateway.demo.server"],
-                        }
-                    }
-                },
+                "backends": {"demo": DEMO_BACKEND},
             }
         ),
         encoding="utf-8",
