@@ -4,9 +4,14 @@ Origin and request-target values (streamable-http, Security & Endpoint; RFC 9110
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
-from gateway.frontends import guard
+from gateway.config import HttpListen
+from gateway.frontends import guard, http
+
+ACCEPT = "application/json, text/event-stream"
 
 
 @pytest.mark.parametrize(
@@ -120,3 +125,18 @@ def test_the_verdict_of_a_request() -> None:
     # a listener off loopback checks no Host (a rebound name cannot reach it as loopback)
     assert verdict(host="evil.example", loopback=False) is None
     assert verdict(origin="http://evil.example", loopback=False) == "origin"
+
+
+def test_a_listener_off_loopback_checks_host_once_allowed_hosts_are_named() -> None:
+    """A listener on all interfaces (a container's) is reachable on loopback too, so a rebound
+    name reaches it from the same machine's browser: with `allowed_hosts` it answers only those
+    and loopback names (streamable-http, Security: validate Host against DNS rebinding)."""
+    assert not guard.checks_host("0.0.0.0", ())
+    assert guard.checks_host("0.0.0.0", ("mcp.example.com",))
+    assert guard.checks_host("127.0.0.1", ())
+    listen = HttpListen(host="0.0.0.0", allowed_hosts=("mcp.example.com",))
+    screen = functools.partial(http._screen, listen, None, target_host=None)
+    ok = screen("mcp.example.com", content_type="application/json", accept=ACCEPT)
+    rebound = screen("evil.example", content_type="application/json", accept=ACCEPT)
+    assert ok[0] is None and ok[1] is None
+    assert rebound[0] is not None

@@ -3,10 +3,11 @@ listener answers. Pure functions over header values, so the front end can cache 
 
 A browser tricked by DNS rebinding sends the attacker's name in Host (and its page's origin in
 Origin) to a server on loopback. So a loopback listener answers only loopback names and the
-configured `allowed_hosts`, and any listener refuses an Origin that is neither loopback nor in
-`allowed_origins`. Host values are parsed as RFC 9110 7.2 defines them (`uri-host [":" port]`,
-no userinfo), so `evil.example@127.0.0.1` is not taken for 127.0.0.1; an absolute-form request
-target (RFC 9112 3.2.2) names the host itself and is checked instead of the Host field.
+configured `allowed_hosts` (any listener with `allowed_hosts` does so too), and any listener
+refuses an Origin that is neither loopback nor in `allowed_origins`. Host values are parsed as
+RFC 9110 7.2 defines them (`uri-host [":" port]`, no userinfo), so `evil.example@127.0.0.1` is
+not taken for 127.0.0.1; an absolute-form request target (RFC 9112 3.2.2) names the host itself
+and is checked instead of the Host field.
 """
 
 from __future__ import annotations
@@ -94,6 +95,14 @@ def origin_allowed(origin: str, allowed: Collection[str]) -> bool:
 def host_allowed(host: str, allowed: Collection[str]) -> bool:
     """A host (already parsed) that a loopback listener answers: loopback, or in `allowed`."""
     return is_loopback(host) or host in {a.lower() for a in allowed}
+
+
+def checks_host(bind_host: str, allowed_hosts: Collection[str]) -> bool:
+    """Whether a listener checks Host: on loopback always (a rebound name reaches it as its
+    own); elsewhere when the operator named the hosts it answers (`allowed_hosts`), since a
+    listener bound to all interfaces is also reachable on loopback, from the same machine's
+    browser (a container's published port)."""
+    return is_loopback(bind_host) or bool(allowed_hosts)
 
 
 def refusal(

@@ -84,7 +84,7 @@ def _screen(
         target_host,
         allowed_origins=listen.allowed_origins,
         allowed_hosts=listen.allowed_hosts,
-        check_host=guard.is_loopback(listen.host),
+        check_host=guard.checks_host(listen.host, listen.allowed_hosts),
     )
     media = None
     if content_type.split(";")[0].strip().lower() != JSON:
