@@ -18,6 +18,7 @@ import anyio
 import orjson
 import pytest
 import yaml
+from mcp import Client
 
 from gateway.app import Gateway
 from gateway.backends.base import NotificationSink
@@ -32,7 +33,9 @@ from gateway.routing.table import Exposure
 from gateway.telemetry.api import GATEWAY_ORIGIN, NO_OBSERVATION, SERVING, STDIO_ORIGIN, Origin
 from tests.support import PYTHON, ROOT, START_BOUND, gone, sdk_stdio_command
 from tests.test_http_transport_rules import call, post, send
+from tests.test_legacy_clients import model, user
 from tests.test_legacy_sessions import SESSION, legacy, open_session, result_of
+from tests.test_parity import text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -385,3 +388,29 @@ async def test_a_list_change_in_a_sessions_child_reaches_the_session() -> None:
                         break
         assert event["method"] == "notifications/tools/list_changed"
         assert gw.dispatcher.catalogs._entries["sdk"].fetched_at == -math.inf
+
+
+async def test_a_legacy_sessions_child_carries_the_servers_own_requests() -> None:
+    """client/sampling and client/elicitation, 2025-11-25: a legacy session's child of a
+    dual-era server is opened in the legacy era (`initialize` first: the SDK settles a stdio
+    connection's era on its first request), so the tool's own requests mid-call reach that
+    client, as directly; a modern caller's child stays modern."""
+    command = sdk_stdio_command()
+    sdk = {"stdio": {"command": command[0], "args": command[1:]}, "isolation": "per_session"}
+    text = yaml.safe_dump(
+        {"listen": {"http": {"host": "127.0.0.1", "port": 0}}, "backends": {"sdk": sdk}}
+    )
+    async with Gateway(parse(text)) as gw:
+        assert gw.http_url is not None
+        with anyio.fail_after(3 * START_BOUND):
+            async with Client(
+                gw.http_url, mode="legacy", sampling_callback=model, elicitation_callback=user
+            ) as client:
+                sampled = await client.call_tool("sample", {"prompt": "hi"})
+                assert text_of(sampled) == "sampled: model says hi"
+                confirmed = await client.call_tool("confirm", {"question": "ok?"})
+                assert text_of(confirmed) == "confirmed: yes"
+            async with Client(gw.http_url) as modern:
+                assert text_of(await modern.call_tool("echo", {"text": "modern"})) == "modern"
+        eras = {child.era.era for child in isolated(gw)._children.values()}
+        assert "modern" in eras  # the catalog's and the modern caller's children

@@ -93,6 +93,8 @@ class EraBackend:
         inner: Link,
         config: BackendConfig,
         lane: Callable[[], Link] | None = None,
+        *,
+        legacy_first: bool = False,
     ) -> None:
         """`lane` makes another link to the same server for a legacy session of its own: a
         view of the HTTP transport, or a second stdio child (dual.py)."""
@@ -100,6 +102,11 @@ class EraBackend:
         self.name = inner.name
         self.transport = inner.transport
         self._pinned = config.era != "auto"
+        # A child serving one legacy client (isolation: per_session) opens with `initialize`
+        # instead of the probe: a stdio server of both eras settles a connection's era on its
+        # first request, and in the legacy era its own requests during a call reach that client;
+        # a modern-only server's error to it proves it modern (basic/versioning).
+        self._legacy_first = legacy_first and config.era == "auto"
         self.roots = config.roots
         self.era: str | None = None if config.era == "auto" else config.era
         # stdio and HTTP+SSE open once per connection (on_start); HTTP on first use.
@@ -226,7 +233,7 @@ class EraBackend:
             self.era = None  # the era is the server process's: a new one is asked again
         if self.era == "modern":
             return
-        if self.era is None:
+        if self.era is None and not self._legacy_first:
             self.era = await self._probe()
             if self.era == "modern":
                 log.info("backend %s: speaks the modern era", self.name)
@@ -237,6 +244,8 @@ class EraBackend:
             if not self._pinned:
                 self.era = None  # probe again next time: it may have changed
             raise
+        if self.era is None:
+            self.era = "legacy"  # (legacy first: a modern error would have made it modern)
 
     async def _settle(self) -> None:
         """HTTP: probe and open the session on first use (and after it has expired)."""

@@ -185,7 +185,8 @@ class IsolatedBackend:
             )
         stdio = StdioBackend(self._config, self._stats)
         stdio.tap = self.tap
-        era = EraBackend(stdio, self._config)
+        # A legacy session's child is opened in the legacy era where the server speaks it.
+        era = EraBackend(stdio, self._config, legacy_first=ended is not None)
         era.on_notification = self._relay
         child = _Child(
             next(self._numbers), kind, stdio, era, ended, asyncio.get_running_loop().time()
