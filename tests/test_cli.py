@@ -53,3 +53,14 @@ async def test_run_serves_the_bundled_demo(tmp_path: Path) -> None:
         assert await echo_through(url) == "through"
     finally:
         assert proc.stop() == 0, proc.output()
+
+
+def test_expose_names_its_backend_after_the_command() -> None:
+    """`expose -- python …/sdk_server.py stdio`: the backend (in logs, metrics and errors) is
+    `sdk_server`, the server's own name, not the launcher's."""
+    proc = Proc([PYTHON, "-m", "gateway", "expose", "--port", "0", "--", *sdk_stdio_command()])
+    try:
+        proc.wait_for(r"listening on http://")
+        proc.wait_for(r"backend sdk_server\b")
+    finally:
+        assert proc.stop() == 0, proc.output()
