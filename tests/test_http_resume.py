@@ -86,6 +86,20 @@ async def test_resumption_that_keeps_failing_gives_up_after_a_few_attempts() -> 
     assert posts(server) == 1
 
 
+async def test_the_resumption_limits_are_the_backends_limits() -> None:
+    """`limits.max_resumptions: 1` gives up after one empty reconnection; `max_resume_delay`
+    caps the server's `retry` (here 60 s asked, 0.05 s waited)."""
+    limits = {"max_resumptions": 1, "max_resume_delay": 0.05}
+    async with (
+        unruly_http.serving(legacy=True) as (server, url),
+        running(backend_config(url, limits=limits)) as backend,
+    ):
+        with anyio.fail_after(BOUND), pytest.raises(errors.BackendConnectionLost) as caught:
+            await legacy(backend).request(call(1, "drop", retry=60_000, fail=True), ignore)
+    assert code_of(caught) == codes.BACKEND_CONNECTION_LOST
+    assert len(server.resumes) == 1 and posts(server) == 1
+
+
 async def test_a_refused_resumption_is_not_tried_again() -> None:
     """A 4xx to the resuming GET (here 404: the server forgot the stream) ends it at once."""
     async with (

@@ -201,7 +201,7 @@ class HttpBackend:
             return False
         failed = 0
         while failed < resume.MAX_ATTEMPTS and (last := resume.last_event_id(reading.decoder)):
-            await anyio.sleep(resume.delay(reading.decoder))
+            await anyio.sleep(resume.delay(reading.decoder, self._limits.max_resume_delay))
             reading.decoder = reading.decoder.resumed()
             before = reading.messages
             sent = legacy.stream_headers.copy()
@@ -527,7 +527,15 @@ class HttpBackend:
         async def attempt(last_id: str, remaining: float | None) -> Message | None:
             return await self._resume_once(legacy, last_id, remaining, reading, sent, sink)
 
-        return await resume.resume(self.name, reading, attempt, left)
+        limits = self._limits
+        return await resume.resume(
+            self.name,
+            reading,
+            attempt,
+            left,
+            attempts=limits.max_resumptions,
+            longest=limits.max_resume_delay,
+        )
 
     async def _resume_once(
         self,

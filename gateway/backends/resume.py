@@ -18,15 +18,17 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from gateway.backends import hop
+from gateway.config.model import DEFAULT_MAX_RESUME_DELAY, DEFAULT_MAX_RESUMPTIONS
 from gateway.errors import BackendConnectionLost, BackendTimeout, SessionExpired
 from gateway.protocol import sse
 from gateway.protocol.jsonrpc import Message
 
 LAST_EVENT_ID = "Last-Event-ID"
-# Reconnections in a row that bring no message before the stream is given up.
-MAX_ATTEMPTS = 3
-# The longest wait before a reconnection, whatever `retry` the server asked for (seconds).
-MAX_DELAY = 30.0
+# Reconnections in a row that bring no message before the stream is given up, and the longest
+# wait before one whatever `retry` the server asked for (seconds): the defaults of the
+# backend's `limits.max_resumptions` and `limits.max_resume_delay`.
+MAX_ATTEMPTS = DEFAULT_MAX_RESUMPTIONS
+MAX_DELAY = DEFAULT_MAX_RESUME_DELAY
 # The wait when the server gave no `retry` (the SSE standard leaves it to the client).
 DEFAULT_DELAY = 1.0
 # A refusal that another attempt will not change (408 and 429 are worth another try).
@@ -46,10 +48,10 @@ class Reading:
         self.strays = 0  # replies under an id that was not sent: the backend is out of step
 
 
-def delay(decoder: sse.Decoder) -> float:
+def delay(decoder: sse.Decoder, longest: float = MAX_DELAY) -> float:
     """How long to wait before reconnecting (seconds)."""
     retry = decoder.retry
-    return DEFAULT_DELAY if retry is None else min(retry / 1000, MAX_DELAY)
+    return min(DEFAULT_DELAY if retry is None else retry / 1000, longest)
 
 
 def last_event_id(decoder: sse.Decoder) -> str | None:
@@ -74,7 +76,15 @@ def final(status: int) -> bool:
     return status in _FINAL
 
 
-async def resume(name: str, reading: Reading, attempt: Attempt, within: float | None) -> Message:
+async def resume(
+    name: str,
+    reading: Reading,
+    attempt: Attempt,
+    within: float | None,
+    *,
+    attempts: int = MAX_ATTEMPTS,
+    longest: float = MAX_DELAY,
+) -> Message:
     """The response of a stream that ended early, from as many GETs as it takes (bounded)."""
     deadline = None if within is None else anyio.current_time() + within
     failed = 0
@@ -82,11 +92,11 @@ async def resume(name: str, reading: Reading, attempt: Attempt, within: float | 
         last = last_event_id(reading.decoder)
         if last is None:
             raise BackendConnectionLost(name, "the stream ended before the reply (no event id)")
-        if failed >= MAX_ATTEMPTS:
+        if failed >= attempts:
             raise BackendConnectionLost(
                 name, f"the stream ended before the reply and {failed} resumptions failed"
             )
-        wait = delay(reading.decoder)
+        wait = delay(reading.decoder, longest)
         left = None if deadline is None else deadline - anyio.current_time() - wait
         if left is not None and left <= 0:
             raise BackendTimeout(name, f"no reply within {within:g}s")

@@ -121,6 +121,17 @@ def _backend_limits() -> dict[str, Key]:
         "max_event_bytes": Key("count", "One SSE event.", d.max_event_bytes, minimum=1),
         "max_header_bytes": Key("count", "One reply header line.", d.max_header_bytes, minimum=256),
         "max_headers": Key("count", "Header fields per reply.", d.max_headers, minimum=8),
+        "max_resumptions": Key(
+            "count",
+            "Reconnections in a row that bring nothing before a dropped legacy stream is lost.",
+            d.max_resumptions,
+            minimum=0,
+        ),
+        "max_resume_delay": Key(
+            "number",
+            "The longest wait (seconds) before resuming a dropped legacy stream.",
+            d.max_resume_delay,
+        ),
     }
 
 

@@ -39,6 +39,10 @@ DEFAULT_BACKEND_IDLE_TIMEOUT = 4.0
 DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
 # One SSE event from a backend.
 DEFAULT_MAX_EVENT_BYTES = 16 * 1024 * 1024
+# A legacy reply stream that drops is resumed (GET with Last-Event-ID): at most this many
+# reconnections in a row that bring nothing, each after the server's `retry` capped at this.
+DEFAULT_MAX_RESUMPTIONS = 3
+DEFAULT_MAX_RESUME_DELAY = 30.0
 # A legacy client's HTTP session ends after this long without a request (seconds).
 DEFAULT_SESSION_IDLE_TIMEOUT = 1800.0
 # How long a backend may take to accept a connection (HTTP), or to answer its first message
@@ -196,6 +200,8 @@ class BackendLimits:
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     max_headers: int = DEFAULT_MAX_HEADERS
+    max_resumptions: int = DEFAULT_MAX_RESUMPTIONS
+    max_resume_delay: float = DEFAULT_MAX_RESUME_DELAY
 
 
 @dataclass(frozen=True)
