@@ -417,6 +417,57 @@ async def test_an_sse_event_over_max_event_bytes_drops_the_stream_and_it_is_made
             assert gw.transports[0].restarts >= 1  # type: ignore[union-attr]
 
 
+async def test_an_sse_stream_that_keeps_failing_is_logged_once_until_it_is_back() -> None:
+    """HTTP+SSE reconnects forever with backoff; the log says so once per loss (a warning) and
+    once when the stream is open again, not once per retry."""
+    refusals = 3
+    gets = 0
+    records: list[logging.LogRecord] = []
+    back = anyio.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+            if "stream open again" in record.getMessage():
+                back.set()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        nonlocal gets
+        if request.method == "POST":
+            body = orjson.loads(await request.read())
+            if "id" in body and "method" in body:
+                result = fake_legacy_result(body["method"], "ok", version="2024-11-05")
+                await stream.put({"jsonrpc": "2.0", "id": body["id"], "result": result})
+            return web.Response(status=202)
+        gets += 1
+        if gets <= refusals:
+            return web.Response(status=503)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"event: endpoint\ndata: /sse\n\n")
+        while True:
+            msg = await stream.get()
+            await resp.write(b"event: message\ndata: " + orjson.dumps(msg) + b"\n\n")
+
+    stream: asyncio.Queue[Message] = asyncio.Queue()
+    backend_log = logging.getLogger("gateway.backend")
+    seen = Seen(logging.DEBUG)
+    backend_log.addHandler(seen)
+    level = backend_log.level
+    backend_log.setLevel(logging.DEBUG)
+    try:
+        async with serve_http(handler, "/sse") as base, gateway({"sse": {"url": f"{base}/sse"}}):
+            with anyio.fail_after(BOUND):
+                await back.wait()
+    finally:
+        backend_log.removeHandler(seen)
+        backend_log.setLevel(level)
+    reconnecting = [r for r in records if "reconnecting in" in r.getMessage()]
+    assert len(reconnecting) >= refusals
+    assert [r.levelno for r in reconnecting].count(logging.WARNING) == 1
+    assert sum("stream open again" in r.getMessage() for r in records) == 1
+
+
 # --- pure parts ---------------------------------------------------------------------------
 
 

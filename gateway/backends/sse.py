@@ -62,6 +62,8 @@ class SseBackend(Channel):
         self._opener: asyncio.Task[None] | None = None
         self._sending: set[asyncio.Task[None]] = set()  # held so they are not collected
         self.restarts = 0
+        # The stream is being made again after a loss: logged once, retries at debug.
+        self._reconnecting = False
 
     @property
     def up(self) -> bool:
@@ -109,9 +111,12 @@ class SseBackend(Channel):
                 self._disconnected()
             if asyncio.get_running_loop().time() - started > STABLE_AFTER:
                 backoff = FIRST_BACKOFF
-            log.warning(
+            # The log says so once per loss, not once per retry (a dead server is retried forever).
+            report = log.debug if self._reconnecting else log.warning
+            report(
                 "backend %s: reconnecting in %.2fs (%s)", self.name, backoff, self._last_problem
             )
+            self._reconnecting = True
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
             self.restarts += 1
@@ -179,6 +184,9 @@ class SseBackend(Channel):
                 return  # requests keep failing until the stream is made again
         assert self._ready is not None
         self._ready.set()
+        if self._reconnecting:
+            self._reconnecting = False
+            log.info("backend %s: stream open again", self.name)
 
     # --- outbound ----------------------------------------------------------------------------
 
