@@ -113,9 +113,7 @@ class SseBackend(Channel):
                 backoff = FIRST_BACKOFF
             # The log says so once per loss, not once per retry (a dead server is retried forever).
             report = log.debug if self._reconnecting else log.warning
-            report(
-                "backend %s: reconnecting in %.2fs (%s)", self.name, backoff, self._last_problem
-            )
+            report("backend %s: reconnecting in %.2fs (%s)", self.name, backoff, self._last_problem)
             self._reconnecting = True
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
