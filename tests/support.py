@@ -152,6 +152,18 @@ def sdk_stdio_command(*extra: str) -> list[str]:
     return [PYTHON, SDK_SERVER, "stdio", *extra]
 
 
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m gateway ARGS` to its end, at the default log level (what a newcomer sees)."""
+    return subprocess.run(
+        [PYTHON, "-m", "gateway", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=START_BOUND,
+        check=False,
+    )
+
+
 # The bundled demo server as a stdio backend, run by the gateway's own interpreter.
 DEMO_BACKEND: dict[str, object] = {
     "stdio": {"command": "${MCP_GATEWAY_PYTHON}", "args": ["-m", "gateway.demo.server"]}

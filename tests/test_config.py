@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from gateway.config import (
     load_mcp_json,
     parse,
 )
-from tests.support import PYTHON, ROOT, START_BOUND
+from tests.support import ROOT, run_cli
 
 GOOD = """\
 listen:
@@ -128,17 +127,6 @@ def test_an_sse_backend_is_legacy_and_cannot_be_pinned_modern() -> None:
 def test_no_front_end_and_no_backend_are_errors() -> None:
     found = problems("listen: {}\n")
     assert len(found) == 2
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PYTHON, "-m", "gateway", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=START_BOUND,
-        check=False,
-    )
 
 
 def test_check_config_prints_what_would_run(tmp_path: Path) -> None:

@@ -15,22 +15,9 @@ import pytest
 import yaml
 
 from gateway.frontends.listener import bind_failure
-from tests.support import PYTHON, ROOT
-from tests.support import START_BOUND as BOUND
+from tests.support import PYTHON, run_cli
 
 pytestmark = pytest.mark.slow
-
-
-def gateway(*args: str) -> subprocess.CompletedProcess[str]:
-    # At the default log level: what a newcomer sees.
-    return subprocess.run(
-        [PYTHON, "-m", "gateway", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=BOUND,
-        check=False,
-    )
 
 
 def one_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -68,7 +55,7 @@ def test_a_port_in_use_stops_the_start_before_any_backend(
     marker = tmp_path / "backend-started"
     listen: dict[str, object] = {"http": {"host": "127.0.0.1", "port": 0}}
     listen[section] = {"host": "127.0.0.1", "port": taken_port}
-    line = one_line(gateway("run", "--config", str(config_file(tmp_path, listen, marker))))
+    line = one_line(run_cli("run", "--config", str(config_file(tmp_path, listen, marker))))
     assert line.startswith(f"error: listen.{section}: 127.0.0.1:{taken_port} ")
     assert "port" in line  # ... and what to do: another port
     assert not marker.exists()
@@ -77,7 +64,7 @@ def test_a_port_in_use_stops_the_start_before_any_backend(
 def test_an_unknown_host_stops_the_start_before_any_backend(tmp_path: Path) -> None:
     marker = tmp_path / "backend-started"
     listen = {"http": {"host": "no-such-host.invalid", "port": 0}}
-    line = one_line(gateway("run", "--config", str(config_file(tmp_path, listen, marker))))
+    line = one_line(run_cli("run", "--config", str(config_file(tmp_path, listen, marker))))
     assert line.startswith("error: listen.http: ") and "'no-such-host.invalid'" in line
     assert not marker.exists()
 
@@ -86,7 +73,7 @@ def test_an_unknown_host_stops_the_start_before_any_backend(tmp_path: Path) -> N
 def test_a_privileged_port_says_which_ports_need_root(tmp_path: Path) -> None:
     marker = tmp_path / "backend-started"
     listen = {"http": {"host": "127.0.0.1", "port": 80}}
-    line = one_line(gateway("run", "--config", str(config_file(tmp_path, listen, marker))))
+    line = one_line(run_cli("run", "--config", str(config_file(tmp_path, listen, marker))))
     assert "127.0.0.1:80" in line and "1024" in line
     assert not marker.exists()
 
@@ -111,14 +98,14 @@ def test_a_config_that_cannot_be_read_is_one_line(tmp_path: Path, command: str, 
         path.chmod(0)
     elif kind == "not text":
         path.write_bytes(b"listen: \xff\xfe\n")
-    line = one_line(gateway(command, "--config", str(path)))
+    line = one_line(run_cli(command, "--config", str(path)))
     assert line.startswith(f"error: {path}: ")
 
 
 def test_an_mcp_json_that_cannot_be_read_is_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "mcp.json"
     for command in ("run", "check-config"):
-        assert one_line(gateway(command, "--mcp-json", str(missing))).startswith(
+        assert one_line(run_cli(command, "--mcp-json", str(missing))).startswith(
             f"error: {missing}: "
         )
 
@@ -141,7 +128,7 @@ def mcp_json(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("form", ["--mcp-json", "FILE"])
 def test_check_config_accepts_the_mcp_json_run_accepts(mcp_json: Path, form: str) -> None:
     args = ["--mcp-json", str(mcp_json)] if form == "--mcp-json" else [str(mcp_json)]
-    done = gateway("check-config", *args)
+    done = run_cli("check-config", *args)
     assert done.returncode == 0, done.stderr
     assert "backend py: stdio" in done.stdout and "backend remote: http" in done.stdout
     assert done.stdout.startswith(f"mcp.json {mcp_json}: OK\n")
@@ -154,7 +141,7 @@ def test_check_config_takes_a_config_and_an_mcp_json_together(
 ) -> None:
     config = tmp_path / "gateway.yaml"
     config.write_text(yaml.safe_dump({"listen": {"stdio": True}, "backends": {}}))
-    done = gateway("check-config", "--config", str(config), "--mcp-json", str(mcp_json))
+    done = run_cli("check-config", "--config", str(config), "--mcp-json", str(mcp_json))
     assert done.returncode == 0, done.stderr
     assert "listen stdio" in done.stdout and "listen http" not in done.stdout
     assert "backend py: stdio" in done.stdout
@@ -169,7 +156,7 @@ def test_check_config_warns_of_a_command_not_found_here(tmp_path: Path) -> None:
         "python": {"stdio": {"command": PYTHON}},
     }
     config.write_text(yaml.safe_dump({"listen": {"stdio": True}, "backends": backends}))
-    done = gateway("check-config", str(config))
+    done = run_cli("check-config", str(config))
     assert done.returncode == 0, done.stderr  # only a warning: it may exist where it runs
     warnings = done.stderr.splitlines()
     assert len(warnings) == 2 and all(w.startswith("warning: backend ") for w in warnings)
@@ -187,7 +174,7 @@ def test_a_command_is_looked_up_on_the_path_its_child_gets(tmp_path: Path) -> No
     config.write_text(
         yaml.safe_dump({"listen": {"stdio": True}, "backends": {"a": {"stdio": target}}})
     )
-    done = gateway("check-config", str(config))
+    done = run_cli("check-config", str(config))
     assert done.returncode == 0 and done.stderr == "", done.stderr
 
 
@@ -195,7 +182,7 @@ def test_a_command_is_looked_up_on_the_path_its_child_gets(tmp_path: Path) -> No
 def test_a_yaml_syntax_error_names_file_line_and_column(tmp_path: Path, command: str) -> None:
     config = tmp_path / "gateway.yaml"
     config.write_text("listen:\n  stdio: true\nbackends:\n  a: {stdio: {command: [x}\n")
-    line = one_line(gateway(command, "--config", str(config)))
+    line = one_line(run_cli(command, "--config", str(config)))
     assert line.startswith(f"error: {config}:4:")
     assert "<unicode string>" not in line
 
@@ -204,7 +191,7 @@ def test_a_yaml_syntax_error_names_file_line_and_column(tmp_path: Path, command:
 def test_a_json_syntax_error_names_file_line_and_column(tmp_path: Path, command: str) -> None:
     path = tmp_path / "mcp.json"
     path.write_text('{\n  "mcpServers": {\n    "a": {"command": "x",}\n  }\n}\n')
-    line = one_line(gateway(command, "--mcp-json", str(path)))
+    line = one_line(run_cli(command, "--mcp-json", str(path)))
     assert line.startswith(f"error: {path}:3:")
 
 
@@ -213,6 +200,6 @@ def test_an_access_log_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None
     config = config_file(tmp_path, {"http": {"host": "127.0.0.1", "port": 0}}, marker)
     text = config.read_text() + f"telemetry: {{access_log: {tmp_path / 'no-such-dir' / 'a.log'}}}\n"
     config.write_text(text)
-    line = one_line(gateway("run", "--config", str(config)))
+    line = one_line(run_cli("run", "--config", str(config)))
     assert line.startswith("error: telemetry.access_log: ")
     assert not marker.exists()
