@@ -2,6 +2,8 @@
 
     GatewayError
     ├── Refused                  answered by the gateway itself (unknown name, bad cursor, ...)
+    │   ├── InsufficientScope    the caller's token lacks scopes the request needs (HTTP 403)
+    │   └── RateLimited          the caller is over a rate limit (HTTP 429)
     └── BackendError             a backend could not answer a request
         ├── BackendUnavailable   not running, crashed mid-call, connection refused
         │   └── BackendDown      known to be unreachable: failed at once, retried in the background
@@ -20,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
@@ -40,6 +42,31 @@ class Refused(GatewayError):
         super().__init__(message)
         self.code = code
         self.reason = reason
+
+
+class InsufficientScope(Refused):
+    """The policy allows the request only with scopes the caller's token lacks: the wire error
+    names them (`data.scope`, space-separated as in a challenge) so the HTTP front end can send
+    an `insufficient_scope` challenge and a client can step up."""
+
+    def __init__(self, scopes: frozenset[str], message: str) -> None:
+        super().__init__(codes.INSUFFICIENT_SCOPE, message, "insufficient_scope")
+        self.scopes = scopes
+
+    def data(self) -> dict[str, Any]:
+        return {"scope": " ".join(sorted(self.scopes))}
+
+
+class RateLimited(Refused):
+    """Over a rate limit: `retry_after` seconds until a retry can succeed (`data.retryAfter`;
+    HTTP: Retry-After, whole seconds rounded up)."""
+
+    def __init__(self, retry_after: float, message: str) -> None:
+        super().__init__(codes.RATE_LIMITED, message, "rate_limited")
+        self.retry_after = retry_after
+
+    def data(self) -> dict[str, Any]:
+        return {"retryAfter": self.retry_after}
 
 
 class BackendError(GatewayError):
@@ -86,6 +113,8 @@ class BackendOverloaded(BackendError):
 
 
 def to_wire(exc: Exception, id_: RequestId | None) -> Message:
+    if isinstance(exc, InsufficientScope | RateLimited):
+        return jsonrpc.error(id_, exc.code, str(exc), exc.data())
     if isinstance(exc, GatewayError):
         return jsonrpc.error(id_, exc.code, str(exc))
     log.exception("unexpected error while handling a request", exc_info=exc)
@@ -101,6 +130,10 @@ HTTP_STATUS: Final[Mapping[int, int]] = MappingProxyType(
         codes.MISSING_REQUIRED_CLIENT_CAPABILITY: 400,
         codes.UNSUPPORTED_PROTOCOL_VERSION: 400,
         codes.METHOD_NOT_FOUND: 404,
+        # These two carry what a client needs to act (a scope to step up to, a delay), which
+        # clients and intermediaries read from the status and its header (RFC 6750, RFC 6585).
+        codes.INSUFFICIENT_SCOPE: 403,
+        codes.RATE_LIMITED: 429,
     }
 )
 

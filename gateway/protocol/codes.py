@@ -21,3 +21,9 @@ BACKEND_CONNECTION_LOST = -31005
 # The gateway stopped (SIGINT/SIGTERM, or the end of stdin) while the request still ran, after
 # the drain that lets requests finish: its backend call is cancelled.
 GATEWAY_SHUTTING_DOWN = -31006
+# The caller's token lacks a scope the request needs (HTTP: 403 with an insufficient_scope
+# challenge naming the scopes, so a client can step up); `error.data.scope` names them.
+INSUFFICIENT_SCOPE = -31007
+# The caller is over a rate limit (HTTP: 429 with Retry-After); `error.data.retryAfter` is the
+# delay in seconds after which a retry can succeed.
+RATE_LIMITED = -31008

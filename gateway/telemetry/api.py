@@ -15,6 +15,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gateway.auth.identity import Identity
+
 Message = dict[str, Any]
 Sink = Callable[[Message], Awaitable[None]]
 TRACE_HEADERS = ("traceparent", "tracestate")
@@ -61,7 +63,7 @@ class LegacyClient:
 class Origin:
     """Where a client request came from. A plain class: one is made per request."""
 
-    __slots__ = ("frontend", "headers", "legacy", "peer", "session")
+    __slots__ = ("frontend", "headers", "identity", "legacy", "peer", "session")
 
     def __init__(
         self,
@@ -70,6 +72,7 @@ class Origin:
         headers: HeaderFields | None = None,
         session: ClientSession | None = None,
         legacy: LegacyClient | None = None,
+        identity: Identity | None = None,
     ) -> None:
         self.frontend = frontend  # "http" | "stdio" | "gateway" (its own requests)
         self.peer = peer
@@ -81,18 +84,24 @@ class Origin:
         # The same session as a backend speaking both eras sees it (core/legacy.py marks the
         # requests it forwards); None: a modern client, or the gateway's own request.
         self.legacy = legacy
+        # Who is calling, when the front end established it (auth on HTTP, a configured
+        # identity on stdio); None: no authentication configured.
+        self.identity = identity
 
     def within(self, session: ClientSession) -> Origin:
         """The same origin, as a request of a legacy client's session."""
-        return Origin(self.frontend, self.peer, self.headers, session, self.legacy)
+        return Origin(self.frontend, self.peer, self.headers, session, self.legacy, self.identity)
 
     def for_legacy(self, client: LegacyClient) -> Origin:
         """The same origin, marked as a request of the legacy session `client`."""
-        return Origin(self.frontend, self.peer, self.headers, self.session, client)
+        return Origin(self.frontend, self.peer, self.headers, self.session, client, self.identity)
 
     def caller(self) -> str:
-        """Who is asking, for binding state to them: the front end and a digest of the request's
-        credentials (stdio has one caller, its parent process)."""
+        """Who is asking, for binding state to them: the front end and the caller's identity
+        when one was established, else a digest of the request's credentials (stdio has one
+        caller, its parent process)."""
+        if self.identity is not None:
+            return f"{self.frontend}:{self.identity.key()}"
         authorization = None
         if self.headers is not None:
             fields = self.headers.items() if isinstance(self.headers, Mapping) else self.headers
