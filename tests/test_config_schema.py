@@ -141,7 +141,11 @@ def test_every_config_the_tests_hold_and_the_loader_accepts_validates(name: str,
 
 # Where each section of the table sits in a config that both accept (BASE).
 BASE: dict[str, Any] = {
-    "listen": {"http": {"port": 0, "limits": {}}, "admin": {"port": 0}},
+    "listen": {
+        "http": {"port": 0, "limits": {}},
+        "admin": {"port": 0},
+        "stdio": {"identity": {"subject": "me"}},
+    },
     "backends": {
         "b": {"stdio": {"command": "x"}, "tools": {}, "roots": [{"uri": "file:///srv"}]},
         "h": {"http": {"url": "http://127.0.0.1:1/mcp", "tls": {}, "limits": {}}},
@@ -150,6 +154,7 @@ BASE: dict[str, Any] = {
     "fan_out": {},
     "tap": {"path": "t.jsonl"},
     "telemetry": {},
+    "policy": {"rules": [{"allow": {"backends": ["b"]}, "when": {}}]},
 }
 WHERE: dict[str, tuple[str | int, ...]] = {
     "config": (),
@@ -168,6 +173,12 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "fan_out": ("fan_out",),
     "tap": ("tap",),
     "telemetry": ("telemetry",),
+    "listen_stdio": ("listen", "stdio"),
+    "stdio_identity": ("listen", "stdio", "identity"),
+    "policy": ("policy",),
+    "policy_rule": ("policy", "rules", 0),
+    "policy_target": ("policy", "rules", 0, "allow"),
+    "policy_when": ("policy", "rules", 0, "when"),
 }
 # A value of the wrong type for each kind of key.
 WRONG: dict[str, Any] = {
@@ -181,6 +192,8 @@ WRONG: dict[str, Any] = {
     "section": 5,
     "sections": 5,
     "roots": "file:///srv",
+    "section_list": {"allow": {}},
+    "switch": "yes",
 }
 
 

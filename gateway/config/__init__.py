@@ -16,6 +16,7 @@ import yaml
 
 from gateway.config import http as http_sections
 from gateway.config import keys
+from gateway.config import policy as policy_sections
 from gateway.config import roots as root_sections
 from gateway.config.checks import missing_commands
 from gateway.config.mcpjson import load_mcp_json
@@ -47,11 +48,16 @@ from gateway.config.model import (
     ClientTls,
     Config,
     ConfigInvalid,
+    ConfiguredIdentity,
     HttpListen,
     HttpTarget,
     Listen,
     ListenerLimits,
     Namespacing,
+    PolicyConfig,
+    PolicyRule,
+    PolicyTarget,
+    PolicyWhen,
     Root,
     ServerTls,
     SseTarget,
@@ -88,12 +94,12 @@ def _listen(c: _Check, raw: Any, base: Path) -> Listen:
                 h, path, "session_idle_timeout", t["session_idle_timeout"]
             ),
         )
-    stdio = c.field(body, ("listen",), "stdio", keys.table("listen")["stdio"])
+    stdio, identity = policy_sections.stdio(c, body.get("stdio"))
     admin = _admin(c, body.get("admin"), http)
     if http is None and not stdio:
         also = " (admin serves metrics and health, not MCP)" if admin is not None else ""
         c.r.problem(("listen",), f"name at least one front end: http, stdio or both{also}")
-    return Listen(http=http, stdio=stdio, admin=admin)
+    return Listen(http=http, stdio=stdio, admin=admin, stdio_identity=identity)
 
 
 def _same_interface(a: str, b: str) -> bool:
@@ -241,6 +247,7 @@ def parse(
         on_backend_failure=_failure_policy(check, top.get("fan_out")),
         tap=_tap(check, top.get("tap"), source),
         telemetry=_telemetry(check, top.get("telemetry"), source),
+        policy=policy_sections.policy(check, top.get("policy"), [b.name for b in backends]),
     )
     if reader.problems:
         raise ConfigInvalid(reader.problems)
@@ -379,7 +386,8 @@ def describe(config: Config) -> str:
         h = config.listen.http
         lines.append(f"  listen http  {h.scheme}://{h.host}:{h.port}{h.path}")
     if config.listen.stdio:
-        lines.append("  listen stdio")
+        who = config.listen.stdio_identity
+        lines.append("  listen stdio" + (f" (as {who.subject})" if who is not None else ""))
     if config.listen.admin is not None:
         a = config.listen.admin
         lines.append(f"  listen admin http://{a.host}:{a.port} (metrics and health)")
@@ -411,6 +419,9 @@ def describe(config: Config) -> str:
         f" access log={t.access_log or 'off'}"
         f" payloads on spans={'yes' if t.record_payloads else 'no'}"
     )
+    if config.policy is not None:
+        p = config.policy
+        lines.append(f"  policy       default {p.default}, {len(p.rules)} rules")
     if config.tap is not None:
         tap = config.tap
         lines.append(
@@ -448,11 +459,16 @@ __all__ = [
     "ClientTls",
     "Config",
     "ConfigInvalid",
+    "ConfiguredIdentity",
     "HttpListen",
     "HttpTarget",
     "Listen",
     "ListenerLimits",
     "Namespacing",
+    "PolicyConfig",
+    "PolicyRule",
+    "PolicyTarget",
+    "PolicyWhen",
     "Root",
     "ServerTls",
     "SseTarget",

@@ -32,7 +32,9 @@ from gateway.config.model import (
     ERAS,
     FAILURE_POLICIES,
     ISOLATIONS,
+    POLICY_DEFAULTS,
     PREFIX_MODES,
+    RULE_EFFECTS,
     BackendLimits,
     ListenerLimits,
     Namespacing,
@@ -41,7 +43,8 @@ from gateway.config.model import (
 # string: a string; number: a positive number; count: a whole number >= minimum; port: 0-65535;
 # boolean; strings: a list of scalars read as strings; string_map: names to scalars read as
 # strings; section: a mapping described by SECTIONS[section]; sections: names to such mappings;
-# roots: a list of file:// URIs or `root` sections.
+# roots: a list of file:// URIs or `root` sections; section_list: a list of such mappings;
+# switch: true, false, or such a mapping (meaning on).
 Kind = Literal[
     "string",
     "number",
@@ -53,6 +56,8 @@ Kind = Literal[
     "section",
     "sections",
     "roots",
+    "section_list",
+    "switch",
 ]
 
 
@@ -65,7 +70,7 @@ class Key:
     minimum: float | None = None  # count: the least whole number; number: the least value
     maximum: float | None = None
     pattern: str | None = None  # a string's regular expression (the loader checks it itself)
-    section: str | None = None  # section, sections: the name in SECTIONS
+    section: str | None = None  # section, sections, section_list, switch: the name in SECTIONS
     required: bool = False
 
 
@@ -154,13 +159,32 @@ SECTIONS: dict[str, dict[str, Key]] = {
         ),
         "tap": Key("section", "Record every JSON-RPC message to a JSON-lines file.", section="tap"),
         "telemetry": Key("section", "Traces, access log and service name.", section="telemetry"),
+        "policy": Key(
+            "section", "Who may see and call which tools, prompts and resources.", section="policy"
+        ),
     },
     "listen": {
         "http": Key("section", "The Streamable HTTP front end.", section="listen_http"),
-        "stdio": Key("boolean", "Serve MCP on stdin/stdout.", False),
+        "stdio": Key(
+            "switch",
+            "Serve MCP on stdin/stdout: true, or a mapping naming the caller's identity.",
+            False,
+            section="listen_stdio",
+        ),
         "admin": Key(
             "section", "/metrics and health on a port of their own (no MCP).", section="admin"
         ),
+    },
+    "listen_stdio": {
+        "identity": Key(
+            "section", "Who the stdio caller is, for the policy.", section="stdio_identity"
+        ),
+    },
+    "stdio_identity": {
+        "subject": Key("string", "The caller's subject (as a token's `sub`).", required=True),
+        "client_id": Key("string", "The caller's client id."),
+        "scopes": Key("strings", "The scopes the caller holds."),
+        "claims": Key("string_map", "Claims, for rules on claims."),
     },
     "listen_http": {
         "host": Key("string", "Address to bind; loopback checks Host headers.", DEFAULT_HTTP_HOST),
@@ -300,10 +324,58 @@ SECTIONS: dict[str, dict[str, Key]] = {
         ),
         "access_log": Key("string", f"{ACCESS_LOG_STDERR!r} or a file path (off when absent)."),
     },
+    "policy": {
+        "default": Key(
+            "string",
+            "What a tool, prompt or resource no rule decides gets.",
+            "allow",
+            choices=POLICY_DEFAULTS,
+        ),
+        "rules": Key(
+            "section_list",
+            "Each names one of allow, deny or require; deny wins.",
+            section="policy_rule",
+        ),
+    },
+    "policy_rule": {
+        "allow": Key(
+            "section", "What the rule lets its callers see and call.", section="policy_target"
+        ),
+        "deny": Key(
+            "section",
+            "What its callers never see, and get as unknown names.",
+            section="policy_target",
+        ),
+        "require": Key(
+            "section",
+            "What needs `scopes`: without them, a call gets insufficient_scope.",
+            section="policy_target",
+        ),
+        "scopes": Key("strings", "require: the scopes the caller must hold."),
+        "when": Key(
+            "section", "Which callers the rule is for (default: all).", section="policy_when"
+        ),
+    },
+    "policy_target": {
+        "backends": Key("strings", "Backends by name (default: all)."),
+        "tools": Key("strings", "Globs on tool names as the backend has them."),
+        "prompts": Key("strings", "Globs on prompt names as the backend has them."),
+        "resources": Key(
+            "strings", "Globs on resource URIs and templates as the backend has them."
+        ),
+    },
+    "policy_when": {
+        "scopes": Key("strings", "The caller holds all of these scopes."),
+        "subjects": Key("strings", "The caller's subject is one of these."),
+        "clients": Key("strings", "The caller's client id is one of these."),
+        "claims": Key("string_map", "Each claim has this value (or, a list claim, holds it)."),
+    },
 }
 
 # A backend names exactly one of these (its transport).
 TRANSPORTS = ("stdio", "http", "sse")
+# Sections whose mappings name exactly one of some keys (the schema's `oneOf`).
+ONE_OF: Mapping[str, tuple[str, ...]] = {"backend": TRANSPORTS, "policy_rule": RULE_EFFECTS}
 
 
 def names(section: str) -> set[str]:

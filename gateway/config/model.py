@@ -142,10 +142,22 @@ class AdminListen:
 
 
 @dataclass(frozen=True)
+class ConfiguredIdentity:
+    """Who the stdio front end's caller is (`listen.stdio.identity`): stdio has no credentials
+    (its caller is the parent process), so the policy judges this identity instead."""
+
+    subject: str
+    client_id: str | None = None
+    scopes: tuple[str, ...] = ()
+    claims: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Listen:
     http: HttpListen | None = None
     stdio: bool = False
     admin: AdminListen | None = None  # not a front end: it serves no MCP
+    stdio_identity: ConfiguredIdentity | None = None  # None: the stdio caller is anonymous
 
 
 @dataclass(frozen=True)
@@ -273,6 +285,48 @@ class BackendConfig:
         return self.namespace or self.name
 
 
+# `policy:`: what no rule decides, and what a rule does with what it matches.
+POLICY_DEFAULTS = ("allow", "deny")
+RULE_EFFECTS = ("allow", "deny", "require")
+
+
+@dataclass(frozen=True)
+class PolicyTarget:
+    """What a rule covers: backends by name (none: every backend) and globs on the backend's own
+    tool and prompt names and resource URIs. A target naming none of tools, prompts and
+    resources covers all three; one naming some covers only those."""
+
+    backends: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    prompts: tuple[str, ...] = ()
+    resources: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PolicyWhen:
+    """Which callers a rule is for; every condition given must hold. Scopes and claims: all of
+    them; subjects and clients: any of them."""
+
+    scopes: tuple[str, ...] = ()
+    subjects: tuple[str, ...] = ()
+    clients: tuple[str, ...] = ()
+    claims: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PolicyRule:
+    effect: str  # one of RULE_EFFECTS
+    target: PolicyTarget
+    when: PolicyWhen | None = None  # None: every caller, anonymous ones too
+    scopes: tuple[str, ...] = ()  # `require`: what the caller must hold
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    default: str = "allow"
+    rules: tuple[PolicyRule, ...] = ()
+
+
 PREFIX_MODES = ("auto", "always", "never")
 FAILURE_POLICIES = ("fail_open", "fail_closed")
 
@@ -293,3 +347,4 @@ class Config:
     on_backend_failure: str = "fail_open"
     tap: TapConfig | None = None
     telemetry: TelemetryConfig = TelemetryConfig()
+    policy: PolicyConfig | None = None  # None: every caller may see and call everything

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from gateway.config.keys import SECTIONS, TRANSPORTS, Key
+from gateway.config.keys import ONE_OF, SECTIONS, Key
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 # What the loader substitutes (model._ENV_REF), found anywhere in a string.
@@ -61,6 +61,10 @@ def _key(key: Key) -> dict[str, Any]:
         out = _ref(key.section)
     elif key.kind == "sections":
         out = {"type": "object", "additionalProperties": _ref(key.section)}
+    elif key.kind == "section_list":
+        out = {"type": "array", "items": _ref(key.section)}
+    elif key.kind == "switch":
+        out = {"anyOf": [{"type": "boolean"}, _ref(key.section)]}
     else:  # roots
         uri = {"type": "string", "pattern": "^file://"}
         out = {"type": "array", "items": {"anyOf": [uri, _ref("root")]}}
@@ -94,11 +98,13 @@ def _section(name: str, table: dict[str, Key]) -> dict[str, Any]:
     required = [k for k, v in table.items() if v.required]
     if required:
         out["required"] = required
-    if name == "backend":
-        # Exactly one transport: each alternative requires one and forbids the others.
+    exclusive = ONE_OF.get(name)
+    if exclusive is not None:
+        # Exactly one (a backend's transport, a rule's effect): each alternative requires one
+        # and forbids the others.
         out["oneOf"] = [
-            {"required": [t], "not": {"anyOf": [{"required": [o]} for o in TRANSPORTS if o != t]}}
-            for t in TRANSPORTS
+            {"required": [t], "not": {"anyOf": [{"required": [o]} for o in exclusive if o != t]}}
+            for t in exclusive
         ]
     return out
 
