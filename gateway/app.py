@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from gateway import __version__
+from gateway.auth.identity import CONFIGURED, Identity
 from gateway.backends.base import Backend
 from gateway.backends.era import EraBackend
 from gateway.backends.health import Guarded, Health
@@ -35,6 +36,7 @@ from gateway.backends.stdio import StdioBackend
 from gateway.config import BackendConfig, Config, ListenerLimits, SseTarget, StdioTarget, TapConfig
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.instrument import InstrumentedBackend
+from gateway.core.policy import Policy
 from gateway.frontends import guard
 from gateway.frontends import http as http_frontend
 from gateway.frontends.listener import BindError, Listener
@@ -42,7 +44,7 @@ from gateway.frontends.ops import Operations, admin_handler
 from gateway.frontends.stdio import StdioFrontend, open_process_stdio
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
-from gateway.telemetry.api import Stats
+from gateway.telemetry.api import STDIO_ORIGIN, Origin, Stats
 from gateway.telemetry.metrics import BackendState, GatewayCollector, Recorder
 from gateway.telemetry.otel import GatewayTelemetry
 from gateway.telemetry.tap import Tap
@@ -211,6 +213,7 @@ class Gateway:
             INFO,
             config.on_backend_failure,
             self.telemetry,
+            Policy(config.policy) if config.policy is not None else None,
         )
         for era in self.layers:
             era.on_notification = self.dispatcher.backend_notification
@@ -372,7 +375,22 @@ class Gateway:
     async def serve_stdio(
         self, inbound: anyio.abc.ByteReceiveStream, outbound: anyio.abc.ByteSendStream
     ) -> None:
-        await StdioFrontend(self.dispatcher, inbound, outbound).serve()
+        await StdioFrontend(self.dispatcher, inbound, outbound, stdio_origin(self.config)).serve()
+
+
+def stdio_origin(config: Config) -> Origin:
+    """The stdio front end's requests' origin: under the configured identity, if one is."""
+    who = config.listen.stdio_identity
+    if who is None:
+        return STDIO_ORIGIN
+    identity = Identity(
+        subject=who.subject,
+        client_id=who.client_id,
+        scopes=frozenset(who.scopes),
+        claims=dict(who.claims),
+        method=CONFIGURED,
+    )
+    return Origin("stdio", identity=identity)
 
 
 # Allocations between young-generation collections (CPython's default is 700).
@@ -398,7 +416,7 @@ async def run(config: Config) -> None:
         stdio: StdioFrontend | None = None
         if config.listen.stdio:
             inbound, outbound = await open_process_stdio()
-            stdio = StdioFrontend(gateway.dispatcher, inbound, outbound)
+            stdio = StdioFrontend(gateway.dispatcher, inbound, outbound, stdio_origin(config))
 
             async def serve_stdio(frontend: StdioFrontend) -> None:
                 await frontend.serve()

@@ -76,6 +76,11 @@ class Catalogs:
         caps = found.get("capabilities") if found else None
         return caps if isinstance(caps, dict) else None
 
+    def data(self, backend: str) -> CatalogData | None:
+        """What the backend lists, once its catalog has been loaded (None before)."""
+        entry = self._entries[backend]
+        return entry.data if entry.discover is not None else None
+
     def has_capability(self, backend: str, capability: str) -> bool:
         """Whether to ask a backend for a list; unknown capabilities count as present."""
         caps = self.capabilities(backend)

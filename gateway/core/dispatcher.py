@@ -17,7 +17,8 @@ from gateway import errors
 from gateway.backends.base import Backend, NotificationSink
 from gateway.core.catalog import Catalogs
 from gateway.core.listen import Subscriptions
-from gateway.errors import Refused
+from gateway.core.policy import PROMPT, RESOURCE, TEMPLATE, TOOL, Policy, View
+from gateway.errors import InsufficientScope, Refused
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
@@ -41,6 +42,13 @@ log = logging.getLogger("gateway")
 LOCAL_NOTIFICATIONS = frozenset({"notifications/cancelled"})
 FAIL_OPEN = "fail_open"
 Finder = Callable[[RouteTable, str], Route | None]
+# What the policy judges each list's items as, and by which of their fields.
+LIST_KINDS: dict[str, tuple[str, str]] = {
+    "tools": (TOOL, "name"),
+    "prompts": (PROMPT, "name"),
+    "resources": (RESOURCE, "uri"),
+    "resourceTemplates": (TEMPLATE, "uriTemplate"),
+}
 
 
 @dataclass(frozen=True)
@@ -61,8 +69,10 @@ class Dispatcher:
         info: GatewayInfo,
         on_failure: str = FAIL_OPEN,
         telemetry: Telemetry | None = None,
+        policy: Policy | None = None,
     ) -> None:
         self.telemetry: Telemetry = telemetry or NoTelemetry()
+        self._policy = policy  # None: every caller may see and call everything
         self.backends = {b.name: b for b in backends}
         self._order = [b.name for b in backends]
         self._exposures = {e.backend: e for e in exposures}
@@ -115,7 +125,7 @@ class Dispatcher:
                 telemetry.stats.rejections[_rejection_reason(reply)] += 1
             else:
                 try:
-                    reply = await self._dispatch(msg, sink)
+                    reply = await self._dispatch(msg, sink, origin)
                 except Exception as exc:
                     if isinstance(exc, Refused) and exc.reason is not None:
                         telemetry.stats.rejections[exc.reason] += 1
@@ -158,29 +168,37 @@ class Dispatcher:
 
     # --- dispatch ----------------------------------------------------------------------------
 
-    async def _dispatch(self, msg: Message, sink: NotificationSink) -> Message:
+    async def _dispatch(self, msg: Message, sink: NotificationSink, origin: Origin) -> Message:
         method = msg["method"]
         params = jsonrpc.params(msg)
+        # What this caller may see and call (None: no policy, everything).
+        view = self._policy.view(origin.identity) if self._policy is not None else None
         if method == "tools/call":
             name = params.get("name")
             # A known tool is found without a coroutine; only a miss may refresh catalogs.
             found = self.catalogs.table.tool(name) if isinstance(name, str) else None
             route = found or await self._route_name(RouteTable.tool, "tool", name)
+            self._permit(view, TOOL, route, name)
             return await self._forward(msg, params, sink, route, "name")
         if method == "server/discover":
-            return await self._discover(msg)
+            return await self._discover(msg, view)
         if method in merge.LIST_KEYS:
-            return await self._list(msg)
+            return await self._list(msg, view)
         if method == "prompts/get":
-            route = await self._route_name(RouteTable.prompt, "prompt", params.get("name"))
+            name = params.get("name")
+            route = await self._route_name(RouteTable.prompt, "prompt", name)
+            self._permit(view, PROMPT, route, name)
             return await self._forward(msg, params, sink, route, "name")
         if method == "resources/read":
-            route = await self._route_uri(params.get("uri"))
+            uri = params.get("uri")
+            route = await self._route_uri(uri)
+            self._permit(view, RESOURCE, route, uri)
             return await self._forward(msg, params, sink, route, "uri")
         if method == "completion/complete":
-            return await self._complete(msg, sink)
+            return await self._complete(msg, sink, view)
         if method == "subscriptions/listen":
-            return await self.subscriptions.listen(msg, sink)
+            readable = None if view is None else _readable(view)
+            return await self.subscriptions.listen(msg, sink, readable)
         only = self._only_backend()
         if only is None or method in meta.LEGACY_METHODS:
             raise Refused(codes.METHOD_NOT_FOUND, f"Method not found: {method}")
@@ -207,7 +225,26 @@ class Dispatcher:
         if only is not None and not self._naming.prefixed and self._passes_filters(kind, name):
             # One unprefixed backend: it answers for itself.
             return Route(only.name, name, listed=False)
-        raise Refused(codes.INVALID_PARAMS, f"Unknown {kind}: {name}", "unknown_name")
+        raise _unknown(kind, name)
+
+    def _permit(self, view: View | None, kind: str, route: Route, shown: object) -> None:
+        """Refuse what the policy does not let this caller call: a denied name exactly as an
+        unknown one (nothing tells the two apart), one that needs scopes the caller lacks with
+        those scopes, for a step-up."""
+        if view is None:
+            return
+        verdict = view.decide(kind, route.backend, route.name)
+        if verdict.allowed:
+            return
+        noun = "resource" if kind in (RESOURCE, TEMPLATE) else kind
+        stats = self.telemetry.stats
+        if verdict.needs:
+            stats.policy_denials["insufficient_scope"] += 1
+            needed = " ".join(sorted(verdict.needs))
+            raise InsufficientScope(verdict.needs, f"The {noun} {shown} needs scope {needed}")
+        stats.policy_denials["denied"] += 1
+        # No rejection reason: the rejection metric counts unknown names, and this one is not.
+        raise _unknown(noun, shown, reason=None)
 
     def _passes_filters(self, kind: str, name: str) -> bool:
         if kind != "tool":
@@ -220,7 +257,7 @@ class Dispatcher:
             raise Refused(codes.INVALID_PARAMS, "params.uri must be a string")
         route = await self._lookup(RouteTable.resource, uri)
         if route is None:
-            raise Refused(codes.INVALID_PARAMS, f"Unknown resource: {uri}", "unknown_name")
+            raise _unknown("resource", uri)
         return route
 
     async def _forward(
@@ -262,16 +299,18 @@ class Dispatcher:
                 if isinstance(item, dict) and isinstance(item.get("uri"), str):
                     item["uri"] = names.client_uri(self._naming, exposure.namespace, item["uri"])
 
-    async def _complete(self, msg: Message, sink: NotificationSink) -> Message:
+    async def _complete(self, msg: Message, sink: NotificationSink, view: View | None) -> Message:
         params = jsonrpc.params(msg)
         ref = params.get("ref")
         if not isinstance(ref, dict):
             raise Refused(codes.INVALID_PARAMS, "params.ref is required")
         if ref.get("type") == "ref/prompt":
             route = await self._route_name(RouteTable.prompt, "prompt", ref.get("name"))
+            self._permit(view, PROMPT, route, ref.get("name"))
             new_ref = {**ref, "name": route.name}
         else:
             route = await self._route_uri(ref.get("uri"))
+            self._permit(view, TEMPLATE, route, ref.get("uri"))
             new_ref = {**ref, "uri": route.name}
         out = {**msg, "params": {**params, "ref": new_ref}}
         return await self.backends[route.backend].request(out, sink)
@@ -316,11 +355,13 @@ class Dispatcher:
             raise failed[0]  # nothing answered: an empty result would hide the outage
         return out
 
-    async def _discover(self, msg: Message) -> Message:
+    async def _discover(self, msg: Message, view: View | None) -> Message:
         calls = [(name, msg) for name in self._order]
         # Discovery always answers with what the reachable backends declare: under fail_closed
         # too, a client must be able to connect and see that something is missing.
         parts = await self._fan_out(calls, fail_open=True)
+        if view is not None:
+            parts = self._as_seen(view, parts)
         pairs = [(self._exposures[b].namespace, r) for b, r in parts]
         result = merge.discover_result(
             pairs,
@@ -330,7 +371,41 @@ class Dispatcher:
         )
         return jsonrpc.result(msg["id"], result)
 
-    async def _list(self, msg: Message) -> Message:
+    def _as_seen(
+        self, view: View, parts: list[tuple[str, dict[str, Any]]]
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Discovery results as this caller sees them: a backend it can see nothing of is left
+        out (its capabilities and instructions too), and a capability whose every item is
+        hidden is not advertised. Judged on the loaded catalogs: a backend whose catalog is not
+        known yet is shown as it declares itself (its lists are filtered all the same)."""
+        out = []
+        for backend, result in parts:
+            data = self.catalogs.data(backend)
+            if data is None:
+                out.append((backend, result))
+                continue
+            lists = {
+                "tools": [(TOOL, i.get("name")) for i in data.tools],
+                "prompts": [(PROMPT, i.get("name")) for i in data.prompts],
+                "resources": [(RESOURCE, i.get("uri")) for i in data.resources]
+                + [(TEMPLATE, i.get("uriTemplate")) for i in data.templates],
+            }
+            hidden = {
+                capability
+                for capability, items in lists.items()
+                if items
+                and not any(isinstance(n, str) and view.visible(k, backend, n) for k, n in items)
+            }
+            if hidden and hidden == {c for c, items in lists.items() if items}:
+                continue  # nothing of it is visible
+            caps = result.get("capabilities")
+            if hidden and isinstance(caps, dict):
+                shown = {k: v for k, v in caps.items() if k not in hidden}
+                result = {**result, "capabilities": shown}
+            out.append((backend, result))
+        return out
+
+    async def _list(self, msg: Message, view: View | None) -> Message:
         method = msg["method"]
         key = merge.LIST_KEYS[method]
         params = jsonrpc.params(msg)
@@ -344,13 +419,19 @@ class Dispatcher:
         parts = await self._fan_out(calls)
         items: list[Any] = []
         following: list[cursors.Position] = []
+        kind, field = LIST_KINDS[key]
         for backend, result in parts:
             exposure = self._exposures[backend]
             for item in result.get(key) or ():
-                if isinstance(item, dict):
-                    shown = routes.expose(self._naming, exposure, key, item)
-                    if shown is not None:
-                        items.append(shown)
+                if not isinstance(item, dict):
+                    continue
+                if view is not None:
+                    own = item.get(field)
+                    if not isinstance(own, str) or not view.visible(kind, backend, own):
+                        continue  # hidden, not refused: not a denial
+                shown = routes.expose(self._naming, exposure, key, item)
+                if shown is not None:
+                    items.append(shown)
             if isinstance(result.get("nextCursor"), str):
                 following.append((backend, result["nextCursor"]))
         next_cursor = cursors.encode(following, self._cursor_key, method) if following else None
@@ -372,6 +453,21 @@ class Dispatcher:
 
 async def _ignore(_: Message) -> None:
     return None
+
+
+def _unknown(kind: str, name: object, reason: str | None = "unknown_name") -> Refused:
+    """The refusal of a name the gateway does not know (tools: server/tools, Error Handling);
+    a name the policy denies gets the very same."""
+    return Refused(codes.INVALID_PARAMS, f"Unknown {kind}: {name}", reason)
+
+
+def _readable(view: View) -> Callable[[str, str], bool]:
+    """Whether this caller may read a backend's resource: what it may subscribe to."""
+
+    def readable(backend: str, uri: str) -> bool:
+        return view.decide(RESOURCE, backend, uri).allowed
+
+    return readable
 
 
 def _rejection_reason(reply: Message) -> str:

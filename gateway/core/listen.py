@@ -36,6 +36,7 @@ ACK_TIMEOUT = 10.0
 FIRST_RETRY = 0.1
 MAX_RETRY = 10.0
 STABLE_AFTER = 30.0
+Readable = Callable[[str, str], bool]
 
 
 @dataclass
@@ -72,7 +73,9 @@ class Subscriptions:
         """End every listen with its graceful completion result (gateway shutdown)."""
         self._closing.set()
 
-    def _plan(self, wanted: Mapping[str, Any]) -> dict[str, _Plan]:
+    def _plan(
+        self, wanted: Mapping[str, Any], readable: Readable | None = None
+    ) -> dict[str, _Plan]:
         plans: dict[str, _Plan] = {}
         for backend in self._backends:
             caps = self._catalogs.capabilities(backend)
@@ -83,14 +86,20 @@ class Subscriptions:
             plans[backend] = plan
         for uri in wanted.get("resourceSubscriptions") or ():
             route = self._catalogs.table.resource(uri) if isinstance(uri, str) else None
-            if route is not None and _can_subscribe(self._catalogs.capabilities(route.backend)):
+            if route is None or (readable is not None and not readable(route.backend, route.name)):
+                continue  # a URI the caller may not read is left out like an unknown one
+            if _can_subscribe(self._catalogs.capabilities(route.backend)):
                 plans[route.backend].uris[route.name] = uri
         return {b: p for b, p in plans.items() if p.flags or p.uris}
 
-    async def listen(self, msg: Message, sink: NotificationSink) -> Message:
+    async def listen(
+        self, msg: Message, sink: NotificationSink, readable: Readable | None = None
+    ) -> Message:
+        """`readable(backend, uri)`: whether the caller may read a resource, so be told of its
+        updates (None: every resource)."""
         client_id = msg["id"]
         wanted = jsonrpc.params(msg).get("notifications")
-        plans = self._plan(wanted if isinstance(wanted, dict) else {})
+        plans = self._plan(wanted if isinstance(wanted, dict) else {}, readable)
         stream = _Stream(client_id, plans, sink, self._catalogs.invalidate)
         self.active += 1
         try:

@@ -29,6 +29,7 @@ from gateway.core.legacy import LegacyFront, Session, is_legacy_opening, is_mode
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.protocol.lines import LineSplitter
+from gateway.telemetry.api import STDIO_ORIGIN, Origin
 
 log = logging.getLogger("gateway.stdio")
 
@@ -49,8 +50,12 @@ class StdioFrontend:
         dispatcher: Dispatcher,
         inbound: anyio.abc.ByteReceiveStream,
         outbound: anyio.abc.ByteSendStream,
+        origin: Origin = STDIO_ORIGIN,
     ) -> None:
         self._dispatcher = dispatcher
+        # Every request's origin: stdio has one caller, the parent process, under the identity
+        # the config gives it (if any), so the policy judges its requests too.
+        self._origin = origin
         self._legacy = LegacyFront(dispatcher)
         self._session: Session | None = None  # set by a legacy client's `initialize`
         self._in = inbound
@@ -157,9 +162,9 @@ class StdioFrontend:
         try:
             session = self._session
             if session is None or is_modern(msg):
-                reply = await self._dispatcher.handle(msg, self._write)
+                reply = await self._dispatcher.handle(msg, self._write, self._origin)
             else:
-                reply = await self._legacy.handle(session, msg, self._write)
+                reply = await self._legacy.handle(session, msg, self._write, self._origin)
             replied = True
             await self._write(reply)
         except asyncio.CancelledError:

@@ -193,6 +193,14 @@ class GatewayCollector(Collector):
         for (hop, direction), count in sorted(self._stats.bytes.items()):
             traffic.add_metric([hop, direction], count)
         yield traffic
+        denials = CounterMetricFamily(
+            "mcp_gateway_policy_denials",
+            "Client requests the policy refused, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self._stats.policy_denials.items()):
+            denials.add_metric([reason], count)
+        yield denials
         yield GaugeMetricFamily(
             "mcp_gateway_listen_streams",
             "Open subscriptions/listen streams.",

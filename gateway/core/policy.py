@@ -1,0 +1,186 @@
+"""Who may see and call what (pure): the `policy:` rules, compiled once, judging one caller's
+access to one backend's tool, prompt, resource or resource template.
+
+Names are the backend's own (before namespacing and renames; URIs without the gateway's
+`mcp-gateway://` wrapper), so a rule means the same whatever the prefix mode or a rename does.
+A decision is one of: allowed; hidden and refused as if unknown (denied); or visible but
+callable only with scopes the caller lacks (`Verdict.needs`: a step-up challenge).
+
+Deny wins: a matching `deny` rule hides the item whatever else matches. Otherwise every
+matching `require` rule whose scopes the caller lacks makes it need those scopes (all the scopes
+of the matching `require` rules, so one challenge names everything the call needs); a matching
+`allow`, or a `require` that is satisfied, allows it; and what no rule matches gets `default`.
+
+It runs on every list item, so each caller maps to a `View` (cached by which rules apply to it,
+so callers alike share one) that caches its decisions.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gateway.auth.identity import Identity
+from gateway.config.model import PolicyConfig, PolicyRule, PolicyWhen
+
+TOOL: Final = "tool"
+PROMPT: Final = "prompt"
+RESOURCE: Final = "resource"
+TEMPLATE: Final = "template"  # a resource template, judged by its uriTemplate text
+# Which of a target's glob lists judges each kind.
+_GLOBS: Final[Mapping[str, str]] = {
+    TOOL: "tools",
+    PROMPT: "prompts",
+    RESOURCE: "resources",
+    TEMPLATE: "resources",
+}
+# Decisions kept per view, and views kept per policy, before the cache starts over: a cache,
+# not the truth (a backend with endless names cannot grow it without bound).
+MAX_DECISIONS = 50_000
+MAX_VIEWS = 1024
+
+_INACTIVE, _ACTIVE, _SATISFIED = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    allowed: bool
+    needs: frozenset[str] = frozenset()  # not allowed, but would be with these scopes
+
+    @property
+    def visible(self) -> bool:
+        """Shown in lists: allowed, or callable after a step-up (a call would name the scopes
+        anyway, so listing it tells nothing more)."""
+        return self.allowed or bool(self.needs)
+
+
+ALLOW: Final = Verdict(True)
+DENY: Final = Verdict(False)
+
+
+def _pattern(globs: Sequence[str]) -> re.Pattern[str]:
+    return re.compile("|".join(fnmatch.translate(g) for g in globs))
+
+
+class _Rule:
+    __slots__ = ("backends", "effect", "patterns", "scopes", "when")
+
+    def __init__(self, rule: PolicyRule) -> None:
+        self.effect = rule.effect
+        self.when = rule.when
+        self.scopes = frozenset(rule.scopes)
+        target = rule.target
+        self.backends = frozenset(target.backends) or None  # None: every backend
+        lists = {"tools": target.tools, "prompts": target.prompts, "resources": target.resources}
+        everything = not any(lists.values())
+        # Per kind: None when the target does not cover the kind, else the compiled globs
+        # (a target that names no kind at all covers every name of every kind).
+        self.patterns: dict[str, re.Pattern[str] | None] = {
+            kind: (_pattern(["*"]) if everything else _pattern(lists[key]) if lists[key] else None)
+            for kind, key in _GLOBS.items()
+        }
+
+    def covers(self, kind: str, backend: str, name: str) -> bool:
+        if self.backends is not None and backend not in self.backends:
+            return False
+        pattern = self.patterns[kind]
+        return pattern is not None and pattern.match(name) is not None
+
+    def state(self, identity: Identity | None) -> int:
+        if not holds(self.when, identity):
+            return _INACTIVE
+        if self.effect == "require" and identity is not None and identity.has_scopes(self.scopes):
+            return _SATISFIED
+        return _ACTIVE
+
+
+def holds(when: PolicyWhen | None, identity: Identity | None) -> bool:
+    """Whether a rule's `when` is for this caller; an anonymous caller meets no condition."""
+    if when is None:
+        return True
+    if identity is None:
+        return not (when.scopes or when.subjects or when.clients or when.claims)
+    if when.scopes and not identity.has_scopes(frozenset(when.scopes)):
+        return False
+    if when.subjects and identity.subject not in when.subjects:
+        return False
+    if when.clients and identity.client_id not in when.clients:
+        return False
+    return all(claim_matches(identity.claims.get(k), v) for k, v in when.claims.items())
+
+
+def claim_matches(value: Any, wanted: str) -> bool:
+    """A claim against a configured value (text, as YAML gave it): equal, or for a list claim
+    (groups, roles), holding it."""
+    if isinstance(value, list | tuple):
+        return any(claim_matches(v, wanted) for v in value if not isinstance(v, list | tuple))
+    if isinstance(value, bool):
+        return wanted == ("true" if value else "false")
+    if isinstance(value, str | int | float):
+        return str(value) == wanted
+    return False
+
+
+class View:
+    """The policy as one kind of caller meets it: the rules that apply, and their decisions."""
+
+    __slots__ = ("_decisions", "_default", "_rules")
+
+    def __init__(self, rules: Sequence[tuple[_Rule, int]], default: Verdict) -> None:
+        self._rules = rules
+        self._default = default
+        self._decisions: dict[tuple[str, str, str], Verdict] = {}
+
+    def decide(self, kind: str, backend: str, name: str) -> Verdict:
+        key = (kind, backend, name)
+        found = self._decisions.get(key)
+        if found is None:
+            if len(self._decisions) >= MAX_DECISIONS:
+                self._decisions.clear()
+            found = self._decisions[key] = self._judge(kind, backend, name)
+        return found
+
+    def visible(self, kind: str, backend: str, name: str) -> bool:
+        return self.decide(kind, backend, name).visible
+
+    def _judge(self, kind: str, backend: str, name: str) -> Verdict:
+        granted = False
+        missing = False
+        required: set[str] = set()
+        for rule, state in self._rules:
+            if not rule.covers(kind, backend, name):
+                continue
+            if rule.effect == "deny":
+                return DENY
+            if rule.effect == "require":
+                required |= rule.scopes
+                missing = missing or state != _SATISFIED
+            granted = True
+        if missing:
+            return Verdict(False, frozenset(required))
+        return ALLOW if granted else self._default
+
+
+class Policy:
+    def __init__(self, config: PolicyConfig) -> None:
+        self._rules = tuple(_Rule(r) for r in config.rules)
+        self._default = ALLOW if config.default == "allow" else DENY
+        self._views: dict[tuple[int, ...], View] = {}
+
+    def view(self, identity: Identity | None) -> View:
+        """The view of a caller (None: anonymous). Callers to whom the same rules apply, in the
+        same way, share one."""
+        states = tuple(rule.state(identity) for rule in self._rules)
+        found = self._views.get(states)
+        if found is None:
+            if len(self._views) >= MAX_VIEWS:
+                self._views.clear()
+            active = [(r, s) for r, s in zip(self._rules, states, strict=True) if s != _INACTIVE]
+            found = self._views[states] = View(active, self._default)
+        return found
+
+    def decide(self, identity: Identity | None, kind: str, backend: str, name: str) -> Verdict:
+        return self.view(identity).decide(kind, backend, name)
