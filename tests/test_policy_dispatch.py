@@ -439,3 +439,18 @@ async def test_a_legacy_subscription_to_a_resource_it_may_not_read_brings_no_upd
     if session.watcher is not None:
         with pytest.raises(asyncio.CancelledError):
             await session.watcher
+
+
+async def test_a_hidden_tools_header_annotations_are_not_given_out() -> None:
+    gh = github()
+    schema = {"type": "object", "properties": {"r": {"type": "string", "x-mcp-header": "R"}}}
+    for tool in gh.lists["tools/list"]:
+        tool["inputSchema"] = schema
+    d = await gateway([gh, hr()])
+    anyone = Identity("ann", None, None)
+    assert await d.param_headers("gh_search", anyone) is not None
+    assert await d.param_headers("gh_delete_repo", anyone) is None
+    route = d.catalogs.table.tool("gh_delete_repo")
+    assert route is not None and route.param_headers  # the table knows them; the caller won't
+    assert not d.shows_tool(route, anyone)
+    assert (await gateway([gh, hr()], None)).shows_tool(route, anyone)

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 
 from gateway import errors
+from gateway.auth.identity import Identity
 from gateway.backends.base import Backend, NotificationSink
 from gateway.core.catalog import Catalogs
 from gateway.core.listen import Subscriptions
@@ -160,11 +161,29 @@ class Dispatcher:
         if str(msg.get("method", "")).endswith("/list_changed"):
             self.catalogs.invalidate(backend)
 
-    async def param_headers(self, tool: str) -> tuple[ParamHeader, ...] | None:
+    async def param_headers(
+        self, tool: str, identity: Identity | None = None
+    ) -> tuple[ParamHeader, ...] | None:
         """The `x-mcp-header` annotations of a client-visible tool, if the tool is known (after
-        refreshing stale catalogs: callers look in `catalogs.table` first, without a coroutine)."""
+        refreshing stale catalogs: callers look in `catalogs.table` first, without a coroutine)
+        and the policy shows it to the caller."""
         route = await self._lookup(RouteTable.tool, tool)
-        return route.param_headers if route is not None else None
+        if route is None or not self.shows_tool(route, identity):
+            return None
+        return route.param_headers
+
+    @property
+    def policed(self) -> bool:
+        """Whether a policy decides what callers see and call."""
+        return self._policy is not None
+
+    def shows_tool(self, route: Route, identity: Identity | None) -> bool:
+        """Whether the policy shows the caller this tool. The HTTP front end checks a call's
+        Mcp-Param-* headers only against tools the caller may see: a hidden tool's annotations
+        must not make its refusal differ from an unknown tool's."""
+        if self._policy is None:
+            return True
+        return self._policy.view(identity).visible(TOOL, route.backend, route.name)
 
     # --- dispatch ----------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ import functools
 from aiohttp import HttpVersion11, hdrs, web
 
 from gateway import errors, timers
+from gateway.auth.identity import Identity
 from gateway.config import HttpListen
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.legacy import LEGACY_VERSIONS, LegacyFront, is_legacy_opening, is_modern
@@ -224,9 +225,11 @@ class Endpoint:
             return await self._not_a_request(msg, kind, fields)
         if is_legacy_opening(msg):
             return await self._open_session(request, msg)
-        specs = _param_specs(msg, dispatcher)
+        # (the caller matters here only when a policy may hide tools from it)
+        identity = _origin(request).identity if dispatcher.policed else None
+        specs = _param_specs(msg, dispatcher, identity)
         if isinstance(specs, str):  # a tool the table does not know (yet)
-            specs = await dispatcher.param_headers(specs)
+            specs = await dispatcher.param_headers(specs, identity)
         mismatch = headers.check(fields, msg, specs)
         if mismatch is not None:
             return self._reject(
@@ -430,17 +433,22 @@ def _origin(request: web.BaseRequest) -> Origin:
     return Origin("http", request.remote, request.headers)
 
 
-def _param_specs(msg: Message, dispatcher: Dispatcher) -> tuple[ParamHeader, ...] | str | None:
+def _param_specs(
+    msg: Message, dispatcher: Dispatcher, identity: Identity | None
+) -> tuple[ParamHeader, ...] | str | None:
     """The `x-mcp-header` annotations to check a request's Mcp-Param-* headers against: None
-    when there are none to check, or the tool's name when the route table must be refreshed to
-    know them (the common case is decided without a coroutine)."""
+    when there are none to check (or the policy hides the tool from the caller, whose call is
+    then refused as an unknown tool's), or the tool's name when the route table must be
+    refreshed to know them (the common case is decided without a coroutine)."""
     if msg["method"] != "tools/call":
         return None
     name = jsonrpc.params(msg).get("name")
     if not isinstance(name, str):
         return None
     route = dispatcher.catalogs.table.tool(name)
-    return route.param_headers if route is not None else name
+    if route is None:
+        return name
+    return route.param_headers if dispatcher.shows_tool(route, identity) else None
 
 
 class _Relay:
