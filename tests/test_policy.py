@@ -12,6 +12,7 @@ from gateway.auth.identity import CONFIGURED, Identity
 from gateway.config import ConfigInvalid, PolicyConfig, parse
 from gateway.core import policy as policies
 from gateway.core.policy import ALLOW, DENY, PROMPT, RESOURCE, TEMPLATE, TOOL, Policy, Verdict
+from tests.support import PYTHON, ROOT
 
 HEAD = (
     "listen: {stdio: true}\nbackends:\n  gh: {stdio: {command: x}}\n  docs: {stdio: {command: y}}\n"
@@ -249,3 +250,12 @@ def test_a_bad_stdio_identity_is_refused(stdio: str, where: str) -> None:
     with pytest.raises(ConfigInvalid) as caught:
         parse(f"listen:\n  stdio: {stdio}\nbackends: {{b: {{stdio: {{command: x}}}}}}\n")
     assert any(f": {where}:" in p for p in caught.value.problems)
+
+
+def test_the_commented_example_policy_in_config_example_yaml_loads() -> None:
+    text = (ROOT / "config.example.yaml").read_text(encoding="utf-8")
+    start = text.index("# policy:")
+    block = "\n".join(line.removeprefix("# ") for line in text[start:].splitlines())
+    config = parse(text[:start] + block, env={"MCP_GATEWAY_PYTHON": PYTHON})
+    assert config.policy is not None and len(config.policy.rules) == 3
+    assert [r.effect for r in config.policy.rules] == ["deny", "require", "allow"]
