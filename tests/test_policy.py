@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.auth.identity import CONFIGURED, Identity
-from gateway.config import ConfigInvalid, PolicyConfig, parse
+from gateway.config import ConfigInvalid, PolicyConfig, describe, parse
 from gateway.core import policy as policies
 from gateway.core.policy import ALLOW, DENY, PROMPT, RESOURCE, TEMPLATE, TOOL, Policy, Verdict
 from tests.support import PYTHON, ROOT
@@ -259,3 +259,13 @@ def test_the_commented_example_policy_in_config_example_yaml_loads() -> None:
     config = parse(text[:start] + block, env={"MCP_GATEWAY_PYTHON": PYTHON})
     assert config.policy is not None and len(config.policy.rules) == 3
     assert [r.effect for r in config.policy.rules] == ["deny", "require", "allow"]
+
+
+def test_check_config_describes_the_policy_and_the_stdio_identity() -> None:
+    config = parse(
+        "listen: {stdio: {identity: {subject: ci-bot}}}\nbackends: {b: {stdio: {command: x}}}\n"
+        "policy:\n  default: deny\n  rules:\n    - allow: {backends: [b]}\n"
+    )
+    text = describe(config)
+    assert "listen stdio (as ci-bot)" in text
+    assert "policy       default deny, rules: 1" in text

@@ -421,7 +421,7 @@ def describe(config: Config) -> str:
     )
     if config.policy is not None:
         p = config.policy
-        lines.append(f"  policy       default {p.default}, {len(p.rules)} rules")
+        lines.append(f"  policy       default {p.default}, rules: {len(p.rules)}")
     if config.tap is not None:
         tap = config.tap
         lines.append(

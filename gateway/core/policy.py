@@ -66,11 +66,12 @@ def _pattern(globs: Sequence[str]) -> re.Pattern[str]:
 
 
 class _Rule:
-    __slots__ = ("backends", "effect", "patterns", "scopes", "when")
+    __slots__ = ("backends", "effect", "patterns", "scopes", "when", "when_scopes")
 
     def __init__(self, rule: PolicyRule) -> None:
         self.effect = rule.effect
         self.when = rule.when
+        self.when_scopes = frozenset(rule.when.scopes) if rule.when is not None else frozenset()
         self.scopes = frozenset(rule.scopes)
         target = rule.target
         self.backends = frozenset(target.backends) or None  # None: every backend
@@ -90,20 +91,23 @@ class _Rule:
         return pattern is not None and pattern.match(name) is not None
 
     def state(self, identity: Identity | None) -> int:
-        if not holds(self.when, identity):
+        if not holds(self.when, identity, self.when_scopes):
             return _INACTIVE
         if self.effect == "require" and identity is not None and identity.has_scopes(self.scopes):
             return _SATISFIED
         return _ACTIVE
 
 
-def holds(when: PolicyWhen | None, identity: Identity | None) -> bool:
-    """Whether a rule's `when` is for this caller; an anonymous caller meets no condition."""
+def holds(
+    when: PolicyWhen | None, identity: Identity | None, scopes: frozenset[str] | None = None
+) -> bool:
+    """Whether a rule's `when` is for this caller; an anonymous caller meets no condition.
+    `scopes`: `when.scopes` as a set, when the caller has made it already."""
     if when is None:
         return True
     if identity is None:
         return not (when.scopes or when.subjects or when.clients or when.claims)
-    if when.scopes and not identity.has_scopes(frozenset(when.scopes)):
+    if when.scopes and not identity.has_scopes(scopes or frozenset(when.scopes)):
         return False
     if when.subjects and identity.subject not in when.subjects:
         return False
