@@ -454,3 +454,21 @@ async def test_a_hidden_tools_header_annotations_are_not_given_out() -> None:
     assert route is not None and route.param_headers  # the table knows them; the caller won't
     assert not d.shows_tool(route, anyone)
     assert (await gateway([gh, hr()], None)).shows_tool(route, anyone)
+
+
+async def test_rules_name_the_backends_own_names_whatever_the_client_sees() -> None:
+    """A rename (or the namespace prefix) changes what the client sees, not what a rule means."""
+    gh, other = github(), hr()
+    d = Dispatcher(
+        [gh, other],
+        [Exposure("gh", "g", rename={"delete_repo": "tidy"}), Exposure("hr", "hr")],
+        Naming(PrefixMode.AUTO, backends=2),
+        INFO,
+        policy=policy(POLICY, ["gh", "hr"]),
+    )
+    await d.catalogs.load_all()
+    names = await listed(d, "tools/list", caller("bob"), "name")
+    assert "g_tidy" not in names and "g_search" in names
+    refused = await d.serve(request("tools/call", name="g_tidy"), _drop, caller("bob"))
+    assert refused["error"]["message"] == "Unknown tool: g_tidy"
+    assert gh.asked("tools/call") == []
