@@ -472,3 +472,27 @@ async def test_rules_name_the_backends_own_names_whatever_the_client_sees() -> N
     refused = await d.serve(request("tools/call", name="g_tidy"), _drop, caller("bob"))
     assert refused["error"]["message"] == "Unknown tool: g_tidy"
     assert gh.asked("tools/call") == []
+
+
+async def test_a_listen_asks_no_list_changes_of_a_backend_the_caller_sees_nothing_of() -> None:
+    gh, other = github(), hr()
+    d = await gateway([gh, other])
+    public = "mcp-gateway://gh/mem://public/a"
+    wanted = {"toolsListChanged": True, "resourceSubscriptions": [public]}
+    seen: list[Message] = []
+    acked = anyio.Event()
+
+    async def sink(note: Message) -> None:
+        seen.append(note)
+        acked.set()
+
+    msg = request("subscriptions/listen", notifications=wanted)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(d.serve, msg, sink, caller("ann"))
+        with anyio.fail_after(BOUND):
+            await acked.wait()
+        d.close_streams()
+    assert seen[0]["params"]["notifications"] == wanted
+    assert other.asked("subscriptions/listen") == []  # ann sees nothing of hr
+    asked = gh.asked("subscriptions/listen")[0]["params"]["notifications"]
+    assert asked == {"toolsListChanged": True, "resourceSubscriptions": ["mem://public/a"]}

@@ -5,6 +5,7 @@ JSON-RPC error (via `errors`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Coroutine, Sequence
@@ -43,6 +44,8 @@ log = logging.getLogger("gateway")
 LOCAL_NOTIFICATIONS = frozenset({"notifications/cancelled"})
 FAIL_OPEN = "fail_open"
 Finder = Callable[[RouteTable, str], Route | None]
+# A backend a caller can see nothing of: every list capability hidden from it.
+ALL_HIDDEN = frozenset({"tools", "prompts", "resources"})
 # What the policy judges each list's items as, and by which of their fields.
 LIST_KINDS: dict[str, tuple[str, str]] = {
     "tools": (TOOL, "name"),
@@ -216,8 +219,10 @@ class Dispatcher:
         if method == "completion/complete":
             return await self._complete(msg, sink, view)
         if method == "subscriptions/listen":
-            readable = None if view is None else _readable(view)
-            return await self.subscriptions.listen(msg, sink, readable)
+            if view is None:
+                return await self.subscriptions.listen(msg, sink)
+            hidden = functools.partial(self._hidden_capabilities, view)
+            return await self.subscriptions.listen(msg, sink, _readable(view), hidden)
         only = self._only_backend()
         if only is None or method in meta.LEGACY_METHODS:
             raise Refused(codes.METHOD_NOT_FOUND, f"Method not found: {method}")
@@ -399,23 +404,8 @@ class Dispatcher:
         known yet is shown as it declares itself (its lists are filtered all the same)."""
         out = []
         for backend, result in parts:
-            data = self.catalogs.data(backend)
-            if data is None:
-                out.append((backend, result))
-                continue
-            lists = {
-                "tools": [(TOOL, i.get("name")) for i in data.tools],
-                "prompts": [(PROMPT, i.get("name")) for i in data.prompts],
-                "resources": [(RESOURCE, i.get("uri")) for i in data.resources]
-                + [(TEMPLATE, i.get("uriTemplate")) for i in data.templates],
-            }
-            hidden = {
-                capability
-                for capability, items in lists.items()
-                if items
-                and not any(isinstance(n, str) and view.visible(k, backend, n) for k, n in items)
-            }
-            if hidden and hidden == {c for c, items in lists.items() if items}:
+            hidden = self._hidden_capabilities(view, backend)
+            if hidden == ALL_HIDDEN:
                 continue  # nothing of it is visible
             caps = result.get("capabilities")
             if hidden and isinstance(caps, dict):
@@ -423,6 +413,29 @@ class Dispatcher:
                 result = {**result, "capabilities": shown}
             out.append((backend, result))
         return out
+
+    def _hidden_capabilities(self, view: View, backend: str) -> frozenset[str]:
+        """The list capabilities (tools, prompts, resources) of a backend whose every item the
+        caller may not see, by its loaded catalog (none while it is not loaded): not advertised
+        to it, and their list changes not relayed to it. ALL_HIDDEN: it can see nothing of it."""
+        data = self.catalogs.data(backend)
+        if data is None:
+            return frozenset()
+        lists = {
+            "tools": [(TOOL, i.get("name")) for i in data.tools],
+            "prompts": [(PROMPT, i.get("name")) for i in data.prompts],
+            "resources": [(RESOURCE, i.get("uri")) for i in data.resources]
+            + [(TEMPLATE, i.get("uriTemplate")) for i in data.templates],
+        }
+        hidden = frozenset(
+            capability
+            for capability, items in lists.items()
+            if items
+            and not any(isinstance(n, str) and view.visible(k, backend, n) for k, n in items)
+        )
+        if hidden and hidden == {c for c, items in lists.items() if items}:
+            return ALL_HIDDEN
+        return hidden
 
     async def _list(self, msg: Message, view: View | None) -> Message:
         method = msg["method"]

@@ -37,6 +37,7 @@ FIRST_RETRY = 0.1
 MAX_RETRY = 10.0
 STABLE_AFTER = 30.0
 Readable = Callable[[str, str], bool]
+Hidden = Callable[[str], frozenset[str]]
 
 
 @dataclass
@@ -74,13 +75,19 @@ class Subscriptions:
         self._closing.set()
 
     def _plan(
-        self, wanted: Mapping[str, Any], readable: Readable | None = None
+        self,
+        wanted: Mapping[str, Any],
+        readable: Readable | None = None,
+        hidden: Hidden | None = None,
     ) -> dict[str, _Plan]:
         plans: dict[str, _Plan] = {}
         for backend in self._backends:
             caps = self._catalogs.capabilities(backend)
+            unseen = hidden(backend) if hidden is not None else frozenset()
             plan = _Plan()
             for flag, (capability, _) in LIST_FLAGS.items():
+                if capability in unseen:
+                    continue  # changes to a list the caller sees nothing of are not its business
                 if wanted.get(flag) is True and _announces_changes(caps, capability):
                     plan.flags[flag] = True
             plans[backend] = plan
@@ -93,13 +100,18 @@ class Subscriptions:
         return {b: p for b, p in plans.items() if p.flags or p.uris}
 
     async def listen(
-        self, msg: Message, sink: NotificationSink, readable: Readable | None = None
+        self,
+        msg: Message,
+        sink: NotificationSink,
+        readable: Readable | None = None,
+        hidden: Hidden | None = None,
     ) -> Message:
-        """`readable(backend, uri)`: whether the caller may read a resource, so be told of its
-        updates (None: every resource)."""
+        """The policy's say, when there is one: `readable(backend, uri)`, whether the caller
+        may read a resource, so be told of its updates; `hidden(backend)`, the capabilities
+        whose lists it sees nothing of, so is not told of their changes."""
         client_id = msg["id"]
         wanted = jsonrpc.params(msg).get("notifications")
-        plans = self._plan(wanted if isinstance(wanted, dict) else {}, readable)
+        plans = self._plan(wanted if isinstance(wanted, dict) else {}, readable, hidden)
         stream = _Stream(client_id, plans, sink, self._catalogs.invalidate)
         self.active += 1
         try:
