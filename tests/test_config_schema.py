@@ -150,6 +150,8 @@ BASE: dict[str, Any] = {
     "fan_out": {},
     "tap": {"path": "t.jsonl"},
     "telemetry": {},
+    "rate_limits": {"per_identity": {"rate": 1}},
+    "audit": {"path": "a.jsonl"},
 }
 WHERE: dict[str, tuple[str | int, ...]] = {
     "config": (),
@@ -168,6 +170,9 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "fan_out": ("fan_out",),
     "tap": ("tap",),
     "telemetry": ("telemetry",),
+    "rate_limits": ("rate_limits",),
+    "rate": ("rate_limits", "per_identity"),
+    "audit": ("audit",),
 }
 # A value of the wrong type for each kind of key.
 WRONG: dict[str, Any] = {

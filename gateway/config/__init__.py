@@ -16,6 +16,7 @@ import yaml
 
 from gateway.config import http as http_sections
 from gateway.config import keys
+from gateway.config import limits as limit_sections
 from gateway.config import roots as root_sections
 from gateway.config.checks import missing_commands
 from gateway.config.mcpjson import load_mcp_json
@@ -24,6 +25,7 @@ from gateway.config.model import (
     _NAME,
     _REDACT_PATH,
     ACCESS_LOG_STDERR,
+    AUDIT_STDERR,
     DEFAULT_ADMIN_PORT,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_HTTP_HOST,
@@ -42,6 +44,7 @@ from gateway.config.model import (
     PREFIX_MODES,
     WILDCARD_HOSTS,
     AdminListen,
+    AuditConfig,
     BackendConfig,
     BackendLimits,
     ClientTls,
@@ -52,6 +55,8 @@ from gateway.config.model import (
     Listen,
     ListenerLimits,
     Namespacing,
+    Rate,
+    RateLimits,
     Root,
     ServerTls,
     SseTarget,
@@ -241,6 +246,8 @@ def parse(
         on_backend_failure=_failure_policy(check, top.get("fan_out")),
         tap=_tap(check, top.get("tap"), source),
         telemetry=_telemetry(check, top.get("telemetry"), source),
+        rate_limits=limit_sections.rate_limits(check, top.get("rate_limits")),
+        audit=limit_sections.audit(check, top.get("audit"), lambda p: _beside(source, p)),
     )
     if reader.problems:
         raise ConfigInvalid(reader.problems)
@@ -418,7 +425,37 @@ def describe(config: Config) -> str:
             f" old; redacts {len(tap.redact)} paths, Authorization, Cookie"
             f"{''.join(', ' + h for h in tap.redact_headers)})"
         )
+    lines.extend(_limit_lines(config))
     return "\n".join(lines)
+
+
+def _limit_lines(config: Config) -> list[str]:
+    lines = []
+    limits = config.rate_limits
+    if limits is not None:
+        parts = [
+            f"{name} {rate.rate:g}/s burst {rate.burst}"
+            for name, rate in (
+                ("per caller", limits.per_identity),
+                ("per caller and tool", limits.per_tool),
+                ("overall", limits.overall),
+            )
+            if rate is not None
+        ]
+        parts += [f"tool {name} {r.rate:g}/s burst {r.burst}" for name, r in limits.tools.items()]
+        lines.append(f"  rate limits  {'; '.join(parts) or 'none'}")
+    if config.audit is not None:
+        a = config.audit
+        rotation = (
+            ""
+            if a.path == AUDIT_STDERR
+            else f" (rotates at {_mib(a.max_bytes)}, keeps {a.backups} old)"
+        )
+        arguments = (
+            f"with arguments ({len(a.redact)} paths redacted)" if a.include_arguments else ""
+        )
+        lines.append(f"  audit log    {a.path}{rotation} {arguments or 'without arguments'}")
+    return lines
 
 
 def _mib(size: int) -> str:
@@ -427,6 +464,7 @@ def _mib(size: int) -> str:
 
 __all__ = [
     "ACCESS_LOG_STDERR",
+    "AUDIT_STDERR",
     "DEFAULT_ADMIN_PORT",
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_HTTP_HOST",
@@ -443,6 +481,7 @@ __all__ = [
     "PREFIX_MODES",
     "WILDCARD_HOSTS",
     "AdminListen",
+    "AuditConfig",
     "BackendConfig",
     "BackendLimits",
     "ClientTls",
@@ -453,6 +492,8 @@ __all__ = [
     "Listen",
     "ListenerLimits",
     "Namespacing",
+    "Rate",
+    "RateLimits",
     "Root",
     "ServerTls",
     "SseTarget",
