@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gateway.app import Gateway
+from gateway.app import Gateway, StartupError
 from gateway.auth.identity import API_KEY, Identity
 from gateway.config import AuditConfig, Rate, RateLimits, parse
 from gateway.core.dispatcher import Dispatcher
@@ -46,6 +46,7 @@ from tests.support import (
 
 pytestmark = pytest.mark.anyio
 
+DEMO = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
 ALICE = Identity("alice", "cli-1", "https://as.example", frozenset({"tools"}), method=API_KEY)
 TOKEN = "Bearer not-for-the-audit-log"
 FIELDS = {
@@ -159,7 +160,7 @@ async def test_arguments_when_configured_go_through_the_redaction_rules(tmp_path
         include_arguments=True,
         redact=("params.arguments.password", "params.arguments.nested.*"),
     )
-    arguments = {"user": "al", "password": "hunter2", "nested": {"a": "x1", "b": "x2"}}
+    arguments = {"user": "al\n{}", "password": "hunter2", "nested": {"a": "x1", "b": "x2"}}
     reply = await dispatcher.handle(tool_call(1, "echo", **arguments), ignore, alice())
     await dispatcher.handle(modern(2, "tools/list"), ignore, alice())
     audit.close()
@@ -168,7 +169,7 @@ async def test_arguments_when_configured_go_through_the_redaction_rules(tmp_path
     assert backend.calls()[0]["params"]["arguments"] == arguments
     called, listed = lines(path)
     assert called["arguments"] == {
-        "user": "al",
+        "user": "al\n{}",  # (a newline stays inside its string: one record per line)
         "password": "[redacted]",
         "nested": {"a": "[redacted]", "b": "[redacted]"},
     }
@@ -186,6 +187,7 @@ async def test_the_file_rotates_past_max_bytes(tmp_path: Path) -> None:
     files = [path, path.with_name("audit.jsonl.1"), path.with_name("audit.jsonl.2")]
     assert all(f.exists() and 0 < f.stat().st_size <= 1000 for f in files)
     assert not path.with_name("audit.jsonl.3").exists()
+    assert all(f.stat().st_mode & 0o777 == 0o600 for f in files)  # the owner's only
     kept = [r for f in reversed(files) for r in lines(f)]
     ids = [r["id"] for r in kept]
     assert ids == list(range(30 - len(ids), 30))  # the newest, in order, each line whole
@@ -225,9 +227,20 @@ async def test_stderr_gets_the_lines_when_asked(capsys: pytest.CaptureFixture[st
     assert record["method"] == "tools/call" and record["subject"] == "alice"
 
 
+def test_an_unusable_path_stops_the_start(tmp_path: Path) -> None:
+    text = yaml.safe_dump(
+        {
+            "listen": {"stdio": True},
+            "backends": {"demo": DEMO},
+            "audit": {"path": str(tmp_path / "missing" / "audit.jsonl")},
+        }
+    )
+    with pytest.raises(StartupError):
+        Gateway(parse(text))
+
+
 # --- end to end -------------------------------------------------------------------------------
 
-DEMO = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
 LEGACY = "2025-11-25"
 JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
 
