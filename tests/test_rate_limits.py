@@ -334,6 +334,52 @@ async def test_per_tool_refuses_one_tool_and_serves_the_next() -> None:
 
 
 @pytest.mark.slow
+async def test_a_legacy_session_is_limited_as_its_caller() -> None:
+    """A legacy client's requests go through the same engine (core/legacy.py -> serve): its
+    `initialize` (the discovery it asks for) and its calls take tokens, and past the burst a
+    request in its session gets 429 with Retry-After too."""
+    accept = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    opening = {
+        "jsonrpc": "2.0",
+        "id": "open",
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "legacy", "version": "1"},
+        },
+    }
+    async with (
+        http_gateway(rate_limits={"per_identity": SLOW}) as url,
+        aiohttp.ClientSession() as session,
+    ):
+        with anyio.fail_after(BOUND):
+            async with session.post(url, data=orjson.dumps(opening), headers=accept) as resp:
+                assert resp.status == 200
+                headers = {
+                    **accept,
+                    "Mcp-Session-Id": resp.headers["Mcp-Session-Id"],
+                    "MCP-Protocol-Version": "2025-11-25",
+                }
+            replies = []
+            for rid in ("l1", "l2"):
+                msg = {
+                    "jsonrpc": "2.0",
+                    "id": rid,
+                    "method": "tools/call",
+                    "params": {"name": "echo", "arguments": {"text": rid}},
+                }
+                async with session.post(url, data=orjson.dumps(msg), headers=headers) as resp:
+                    replies.append(
+                        (resp.status, resp.headers.get("Retry-After"), await resp.json())
+                    )
+    (ok, _, first), (status, retry_after, second) = replies
+    assert ok == 200 and "result" in first
+    assert status == 429 and second["error"]["code"] == codes.RATE_LIMITED
+    assert retry_after == str(max(1, math.ceil(second["error"]["data"]["retryAfter"])))
+
+
+@pytest.mark.slow
 def test_stdio_past_the_burst_gets_the_error_with_its_delay(tmp_path: Path) -> None:
     config = tmp_path / "gateway.yaml"
     config.write_text(
