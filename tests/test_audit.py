@@ -177,6 +177,23 @@ async def test_arguments_when_configured_go_through_the_redaction_rules(tmp_path
     assert b"hunter2" not in path.read_bytes() and b"x1" not in path.read_bytes()
 
 
+async def test_arguments_past_max_arguments_bytes_are_recorded_as_their_size(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    dispatcher, backend, audit = await audited(
+        path, include_arguments=True, max_arguments_bytes=100
+    )
+    small, large = {"text": "s" * 50}, {"text": "l" * 200}
+    for i, arguments in enumerate((small, large)):
+        await dispatcher.handle(tool_call(i, "echo", **arguments), ignore, alice())
+    audit.close()
+    first, second = lines(path)
+    assert first["arguments"] == small
+    assert second["arguments"] == {"truncated": True, "bytes": len(orjson.dumps(large))}
+    assert backend.calls()[1]["params"]["arguments"] == large  # forwarded whole
+
+
 async def test_the_file_rotates_past_max_bytes(tmp_path: Path) -> None:
     """audit.max_bytes / audit.backups: the same rotation as the tap's."""
     path = tmp_path / "audit.jsonl"

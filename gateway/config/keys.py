@@ -20,6 +20,7 @@ from gateway.config.model import (
     AUDIT_STDERR,
     DEFAULT_ADMIN_PORT,
     DEFAULT_AUDIT_BACKUPS,
+    DEFAULT_AUDIT_MAX_ARGUMENTS_BYTES,
     DEFAULT_AUDIT_MAX_BYTES,
     DEFAULT_CHILD_IDLE_TIMEOUT,
     DEFAULT_HTTP_HOST,
@@ -336,6 +337,12 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "boolean", "Record tools/call and prompts/get arguments (after redact).", False
         ),
         "redact": Key("strings", "Dotted paths into a request, as the tap's (`*`: one level)."),
+        "max_arguments_bytes": Key(
+            "count",
+            "Longer arguments (encoded) are recorded as their size only.",
+            DEFAULT_AUDIT_MAX_ARGUMENTS_BYTES,
+            minimum=1,
+        ),
         "max_bytes": Key(
             "count", "A file rotates at this size.", DEFAULT_AUDIT_MAX_BYTES, minimum=1
         ),

@@ -68,6 +68,7 @@ def audit(c: _Check, raw: Any, beside: Callable[[str], Path]) -> AuditConfig | N
         path=target or "",
         include_arguments=c.field(body, path, "include_arguments", t["include_arguments"]),
         redact=redact,
+        max_arguments_bytes=c.field(body, path, "max_arguments_bytes", t["max_arguments_bytes"]),
         max_bytes=c.field(body, path, "max_bytes", t["max_bytes"]),
         backups=c.field(body, path, "backups", t["backups"]),
     )

@@ -78,6 +78,9 @@ DEFAULT_RATE_LIMIT_MAX_KEYS = 10_000
 # and more old files are kept than of a recording: an audit trail is looked back on.
 DEFAULT_AUDIT_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_AUDIT_BACKUPS = 5
+# Recorded arguments (include_arguments) longer than this, encoded, are recorded as their size
+# only, so one large call cannot push the audit trail of many others out of the rotation.
+DEFAULT_AUDIT_MAX_ARGUMENTS_BYTES = 64 * 1024
 # `audit.path: stderr` writes audit lines to the gateway's stderr; any other value is a file path.
 AUDIT_STDERR = "stderr"
 # `telemetry.access_log: stderr` logs to the gateway's stderr; any other value is a file path.
@@ -196,6 +199,7 @@ class AuditConfig:
     path: str  # "stderr", or absolute: a relative path is resolved against the file's directory
     include_arguments: bool = False  # tools/call and prompts/get arguments, after `redact`
     redact: tuple[str, ...] = ()  # dotted paths into the request, as the tap's rules
+    max_arguments_bytes: int = DEFAULT_AUDIT_MAX_ARGUMENTS_BYTES
     max_bytes: int = DEFAULT_AUDIT_MAX_BYTES
     backups: int = DEFAULT_AUDIT_BACKUPS
 

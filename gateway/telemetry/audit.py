@@ -72,9 +72,10 @@ def entry(
     seconds: float,
     trace_id: str,
     arguments: Rule | None = None,
+    max_arguments: int = 0,
 ) -> dict[str, Any]:
     """One audit record (pure but for the clock); `arguments`: the redaction rules when the
-    request's arguments are to be included."""
+    request's arguments are to be included, and `max_arguments` their longest encoding."""
     identity = origin.identity
     name, uri = _subject(msg)
     outcome, code = _outcome(reply)
@@ -99,8 +100,19 @@ def entry(
     if arguments is not None and msg.get("method") in WITH_ARGUMENTS:
         shown = jsonrpc.params(redact(msg, arguments)).get("arguments")
         if shown is not None:
-            out["arguments"] = shown
+            out["arguments"] = _bounded(shown, max_arguments)
     return out
+
+
+def _bounded(arguments: Any, limit: int) -> Any:
+    """The arguments, encoded once (spliced into the line as they are), or only their size."""
+    try:
+        encoded = orjson.dumps(arguments)
+    except TypeError as exc:  # (orjson.JSONEncodeError) not what orjson produced
+        return {"unencodable": str(exc)}
+    if len(encoded) > limit:
+        return {"truncated": True, "bytes": len(encoded)}
+    return orjson.Fragment(encoded)
 
 
 class AuditLog:
@@ -112,6 +124,7 @@ class AuditLog:
     def __init__(self, config: AuditConfig) -> None:
         self.config = config
         self._rules = compile_rules(config.redact) if config.include_arguments else None
+        self._max_arguments = config.max_arguments_bytes
         self._file = (
             None
             if config.path == AUDIT_STDERR
@@ -128,12 +141,10 @@ class AuditLog:
         seconds: float,
         trace_id: str,
     ) -> None:
-        record = entry(msg, origin, reply, backend, seconds, trace_id, self._rules)
-        try:
-            line = orjson.dumps(record) + b"\n"
-        except TypeError:  # (orjson.JSONEncodeError) not what orjson produced: no arguments
-            record.pop("arguments", None)
-            line = orjson.dumps(record) + b"\n"
+        record = entry(
+            msg, origin, reply, backend, seconds, trace_id, self._rules, self._max_arguments
+        )
+        line = orjson.dumps(record) + b"\n"
         if self._file is not None:
             self._file.write(line)
             return
