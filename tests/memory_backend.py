@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
+
 from gateway.backends.base import NotificationSink
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.ratelimit import RateLimiter
@@ -14,7 +16,9 @@ from gateway.routing.table import Exposure
 from gateway.telemetry.api import Telemetry
 from tests.support import META
 
-TOOLS = [{"name": name, "inputSchema": {"type": "object"}} for name in ("echo", "add", "fail")]
+TOOLS = [
+    {"name": name, "inputSchema": {"type": "object"}} for name in ("echo", "add", "fail", "hold")
+]
 RESOURCES = [{"uri": "mem://note", "name": "note"}]
 
 
@@ -27,6 +31,7 @@ class MemoryBackend:
         self.name = name
         self.asked: list[Message] = []
         self.notified: list[Message] = []
+        self.holding = anyio.Event()  # set when a call to `hold` arrives (it never answers)
 
     @property
     def up(self) -> bool:
@@ -50,6 +55,9 @@ class MemoryBackend:
             result = {"resources": RESOURCES}
         elif method == "resources/templates/list":
             result = {"resourceTemplates": []}
+        elif method == "tools/call" and params.get("name") == "hold":
+            self.holding.set()
+            await anyio.sleep_forever()
         elif method == "tools/call" and params.get("name") == "fail":
             return {"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32000, "message": "no"}}
         elif method == "tools/call":

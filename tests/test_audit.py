@@ -143,6 +143,20 @@ async def test_one_line_per_request_with_who_what_where_and_how(tmp_path: Path) 
     assert b'"hi"' not in path.read_bytes()  # (no argument text)
 
 
+async def test_a_cancelled_request_is_recorded_as_cancelled(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    dispatcher, backend, audit = await audited(path)
+    with anyio.fail_after(BOUND):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(dispatcher.handle, tool_call("held", "hold"), ignore, alice())
+            await backend.holding.wait()
+            tg.cancel_scope.cancel()
+    audit.close()
+    (record,) = lines(path)
+    assert (record["id"], record["outcome"], record["code"]) == ("held", "cancelled", None)
+    assert record["backend"] == "mem"
+
+
 async def test_a_caller_without_identity_has_nulls(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     dispatcher, _, audit = await audited(path)
