@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.app import Gateway, StartupError
 from gateway.auth.identity import API_KEY, Identity
-from gateway.config import AuditConfig, Rate, RateLimits, parse
+from gateway.config import AuditConfig, Rate, RateLimits, load, parse
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.ratelimit import RateLimiter
 from gateway.protocol import codes
@@ -256,6 +256,19 @@ async def test_stderr_gets_the_lines_when_asked(capsys: pytest.CaptureFixture[st
     (line,) = capsys.readouterr().err.splitlines()
     record = orjson.loads(line)
     assert record["method"] == "tools/call" and record["subject"] == "alice"
+
+
+def test_the_config_resolves_the_path_beside_the_file_and_keeps_stderr(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    for given, expected in (("audit.jsonl", str(tmp_path / "audit.jsonl")), ("stderr", "stderr")):
+        config.write_text(
+            yaml.safe_dump(
+                {"listen": {"stdio": True}, "backends": {"demo": DEMO}, "audit": {"path": given}}
+            )
+        )
+        audit = load(config).audit
+        assert audit is not None and audit.path == expected
+        assert (audit.include_arguments, audit.max_bytes, audit.backups) == (False, 64 << 20, 5)
 
 
 def test_an_unusable_path_stops_the_start(tmp_path: Path) -> None:

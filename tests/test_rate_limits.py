@@ -25,7 +25,7 @@ import yaml
 from gateway import errors
 from gateway.app import Gateway
 from gateway.auth.identity import Identity
-from gateway.config import Rate, RateLimits, parse
+from gateway.config import ConfigInvalid, Rate, RateLimits, parse
 from gateway.core.ratelimit import RateLimiter, caller_key, retry_after_header
 from gateway.errors import RateLimited
 from gateway.protocol import codes
@@ -44,6 +44,7 @@ from tests.support import (
 
 pytestmark = pytest.mark.anyio
 
+DEMO = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
 ALICE = Identity("alice", "cli", "https://as.example")
 BOB = Identity("bob", "cli", "https://as.example")
 
@@ -70,6 +71,50 @@ def refused(limits: RateLimiter, msg: dict[str, Any], where: Origin) -> RateLimi
     except RateLimited as exc:
         return exc
     return None
+
+
+# --- the config -------------------------------------------------------------------------------
+
+
+def config_with(rate_limits: Any) -> str:
+    return yaml.safe_dump(
+        {"listen": {"stdio": True}, "backends": {"demo": DEMO}, "rate_limits": rate_limits}
+    )
+
+
+def test_the_config_reads_each_limit_and_defaults_burst_to_the_rate() -> None:
+    limits = parse(
+        config_with(
+            {
+                "per_identity": {"rate": 2.5},
+                "per_tool": {"rate": 0.1},
+                "tools": {"add": {"rate": 1, "burst": 4}},
+            }
+        )
+    ).rate_limits
+    assert limits is not None
+    assert limits.per_identity == Rate(rate=2.5, burst=3)
+    assert limits.per_tool == Rate(rate=0.1, burst=1)  # a bucket holds one request at least
+    assert limits.overall is None and limits.tools == {"add": Rate(rate=1.0, burst=4)}
+    assert limits.max_keys == 10_000
+    assert parse(config_with(None)).rate_limits is None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"per_identity": {"burst": 3}},  # no rate
+        {"per_identity": {"rate": 0}},
+        {"overall": {"rate": 1, "burst": 0}},
+        {"tools": {"add": {"rate": -1}}},
+        {"max_keys": 0},
+        {"per_caller": {"rate": 1}},
+    ],
+)
+def test_the_config_refuses_a_bad_limit(bad: dict[str, Any]) -> None:
+    with pytest.raises(ConfigInvalid) as caught:
+        parse(config_with(bad))
+    assert len(caught.value.problems) == 1 and "rate_limits." in caught.value.problems[0]
 
 
 # --- the buckets ------------------------------------------------------------------------------
@@ -271,7 +316,6 @@ async def test_the_stats_counter_is_what_the_gateway_exports() -> None:
 
 # --- end to end -------------------------------------------------------------------------------
 
-DEMO = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
 # Slow enough that no token comes back during a test.
 SLOW = {"rate": 0.001, "burst": 2}
 
