@@ -33,10 +33,19 @@ from gateway.backends.http import HttpBackend
 from gateway.backends.isolated import IsolatedBackend
 from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
-from gateway.config import BackendConfig, Config, ListenerLimits, SseTarget, StdioTarget, TapConfig
+from gateway.config import (
+    AuditConfig,
+    BackendConfig,
+    Config,
+    ListenerLimits,
+    SseTarget,
+    StdioTarget,
+    TapConfig,
+)
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.instrument import InstrumentedBackend
 from gateway.core.policy import Policy
+from gateway.core.ratelimit import RateLimiter
 from gateway.frontends import guard
 from gateway.frontends import http as http_frontend
 from gateway.frontends.listener import BindError, Listener
@@ -45,6 +54,7 @@ from gateway.frontends.stdio import StdioFrontend, open_process_stdio
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
 from gateway.telemetry.api import STDIO_ORIGIN, Origin, Stats
+from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.metrics import BackendState, GatewayCollector, Recorder
 from gateway.telemetry.otel import GatewayTelemetry
 from gateway.telemetry.tap import Tap
@@ -125,6 +135,13 @@ def _open_tap(config: TapConfig) -> Tap:
         raise StartupError(f"tap: cannot open {config.path}: {exc.strerror}") from None
 
 
+def _open_audit(config: AuditConfig) -> AuditLog:
+    try:
+        return AuditLog(config)
+    except OSError as exc:
+        raise StartupError(f"audit: cannot open {config.path}: {exc.strerror}") from None
+
+
 def access_logger(config: Config) -> logging.Logger | None:
     target = config.telemetry.access_log
     if target is None:
@@ -141,6 +158,11 @@ def access_logger(config: Config) -> logging.Logger | None:
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger.handlers = [handler]
     return logger
+
+
+def limiter(config: Config, stats: Stats) -> RateLimiter | None:
+    limits = config.rate_limits
+    return RateLimiter(limits, stats.rate_limited) if limits is not None else None
 
 
 def make_exposure(config: BackendConfig) -> Exposure:
@@ -174,12 +196,14 @@ class Gateway:
         self._provider = tracing if tracing is not None else tracer_provider(config)
         tracer = self._provider.get_tracer("mcp-gateway", __version__) if self._provider else None
         self.tap = _open_tap(config.tap) if config.tap is not None else None
+        self.audit = _open_audit(config.audit) if config.audit is not None else None
         self.telemetry = GatewayTelemetry(
             tracer,
             Recorder(self.registry),
             access_logger(config),
             config.telemetry.record_payloads,
             self.tap,
+            self.audit,
         )
         stats = self.telemetry.stats
         self.transports = [make_backend(b, stats) for b in config.backends]
@@ -213,7 +237,8 @@ class Gateway:
             INFO,
             config.on_backend_failure,
             self.telemetry,
-            Policy(config.policy) if config.policy is not None else None,
+            policy=Policy(config.policy) if config.policy is not None else None,
+            limiter=limiter(config, stats),
         )
         for era in self.layers:
             era.on_notification = self.dispatcher.backend_notification
@@ -369,6 +394,8 @@ class Gateway:
         finally:
             if self.tap is not None:
                 self.tap.close()
+            if self.audit is not None:
+                self.audit.close()
             if self._provider is not None and isinstance(self._provider, TracerProvider):
                 self._provider.force_flush()
 

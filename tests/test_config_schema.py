@@ -155,6 +155,8 @@ BASE: dict[str, Any] = {
     "tap": {"path": "t.jsonl"},
     "telemetry": {},
     "policy": {"rules": [{"allow": {"backends": ["b"]}, "when": {}}]},
+    "rate_limits": {"per_identity": {"rate": 1}},
+    "audit": {"path": "a.jsonl"},
 }
 WHERE: dict[str, tuple[str | int, ...]] = {
     "config": (),
@@ -179,6 +181,9 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "policy_rule": ("policy", "rules", 0),
     "policy_target": ("policy", "rules", 0, "allow"),
     "policy_when": ("policy", "rules", 0, "when"),
+    "rate_limits": ("rate_limits",),
+    "rate": ("rate_limits", "per_identity"),
+    "audit": ("audit",),
 }
 # A value of the wrong type for each kind of key.
 WRONG: dict[str, Any] = {

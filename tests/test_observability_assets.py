@@ -57,7 +57,9 @@ EXPORTED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "mcp_gateway_catalog_refreshes_total": ("counter", frozenset({"backend"})),
     "mcp_gateway_listen_streams": ("gauge", frozenset()),
     "mcp_gateway_bytes_total": ("counter", frozenset({"hop", "direction"})),
+    "mcp_gateway_auth_failures_total": ("counter", frozenset({"reason"})),
     "mcp_gateway_policy_denials_total": ("counter", frozenset({"reason"})),
+    "mcp_gateway_rate_limited_total": ("counter", frozenset({"limit"})),
 }
 DATASOURCE = {"type": "prometheus", "uid": "prometheus"}
 SERVICES = {
@@ -207,7 +209,10 @@ def test_dashboard_has_the_operator_views() -> None:
     assert some(server, client, " - ") and some(f"{client}_sum", " / ", f"{server}_sum")
     assert some("mcp_gateway_backend_up") and some("mcp_gateway_backend_restarts_total")
     assert some("by (hop, direction)", "mcp_gateway_bytes_total")
+    # who was turned away: authentication, policy, rate limits
+    assert some("by (reason)", "mcp_gateway_auth_failures_total")
     assert some("by (reason)", "mcp_gateway_policy_denials_total")
+    assert some("by (limit)", "mcp_gateway_rate_limited_total")
 
 
 def test_dashboard_uses_the_provisioned_datasource() -> None:

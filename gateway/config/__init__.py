@@ -16,6 +16,7 @@ import yaml
 
 from gateway.config import http as http_sections
 from gateway.config import keys
+from gateway.config import limits as limit_sections
 from gateway.config import policy as policy_sections
 from gateway.config import roots as root_sections
 from gateway.config.checks import missing_commands
@@ -25,6 +26,7 @@ from gateway.config.model import (
     _NAME,
     _REDACT_PATH,
     ACCESS_LOG_STDERR,
+    AUDIT_STDERR,
     DEFAULT_ADMIN_PORT,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_HTTP_HOST,
@@ -43,6 +45,7 @@ from gateway.config.model import (
     PREFIX_MODES,
     WILDCARD_HOSTS,
     AdminListen,
+    AuditConfig,
     BackendConfig,
     BackendLimits,
     ClientTls,
@@ -58,6 +61,8 @@ from gateway.config.model import (
     PolicyRule,
     PolicyTarget,
     PolicyWhen,
+    Rate,
+    RateLimits,
     Root,
     ServerTls,
     SseTarget,
@@ -248,6 +253,8 @@ def parse(
         tap=_tap(check, top.get("tap"), source),
         telemetry=_telemetry(check, top.get("telemetry"), source),
         policy=policy_sections.policy(check, top.get("policy"), [b.name for b in backends]),
+        rate_limits=limit_sections.rate_limits(check, top.get("rate_limits")),
+        audit=limit_sections.audit(check, top.get("audit"), lambda p: _beside(source, p)),
     )
     if reader.problems:
         raise ConfigInvalid(reader.problems)
@@ -429,7 +436,37 @@ def describe(config: Config) -> str:
             f" old; redacts {len(tap.redact)} paths, Authorization, Cookie"
             f"{''.join(', ' + h for h in tap.redact_headers)})"
         )
+    lines.extend(_limit_lines(config))
     return "\n".join(lines)
+
+
+def _limit_lines(config: Config) -> list[str]:
+    lines = []
+    limits = config.rate_limits
+    if limits is not None:
+        parts = [
+            f"{name} {rate.rate:g}/s burst {rate.burst}"
+            for name, rate in (
+                ("per caller", limits.per_identity),
+                ("per caller and tool", limits.per_tool),
+                ("overall", limits.overall),
+            )
+            if rate is not None
+        ]
+        parts += [f"tool {name} {r.rate:g}/s burst {r.burst}" for name, r in limits.tools.items()]
+        lines.append(f"  rate limits  {'; '.join(parts) or 'none'}")
+    if config.audit is not None:
+        a = config.audit
+        rotation = (
+            ""
+            if a.path == AUDIT_STDERR
+            else f" (rotates at {_mib(a.max_bytes)}, keeps {a.backups} old)"
+        )
+        arguments = (
+            f"with arguments ({len(a.redact)} paths redacted)" if a.include_arguments else ""
+        )
+        lines.append(f"  audit log    {a.path}{rotation} {arguments or 'without arguments'}")
+    return lines
 
 
 def _mib(size: int) -> str:
@@ -438,6 +475,7 @@ def _mib(size: int) -> str:
 
 __all__ = [
     "ACCESS_LOG_STDERR",
+    "AUDIT_STDERR",
     "DEFAULT_ADMIN_PORT",
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_HTTP_HOST",
@@ -454,6 +492,7 @@ __all__ = [
     "PREFIX_MODES",
     "WILDCARD_HOSTS",
     "AdminListen",
+    "AuditConfig",
     "BackendConfig",
     "BackendLimits",
     "ClientTls",
@@ -469,6 +508,8 @@ __all__ = [
     "PolicyRule",
     "PolicyTarget",
     "PolicyWhen",
+    "Rate",
+    "RateLimits",
     "Root",
     "ServerTls",
     "SseTarget",

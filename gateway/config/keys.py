@@ -17,12 +17,17 @@ from typing import Literal
 
 from gateway.config.model import (
     ACCESS_LOG_STDERR,
+    AUDIT_STDERR,
     DEFAULT_ADMIN_PORT,
+    DEFAULT_AUDIT_BACKUPS,
+    DEFAULT_AUDIT_MAX_ARGUMENTS_BYTES,
+    DEFAULT_AUDIT_MAX_BYTES,
     DEFAULT_CHILD_IDLE_TIMEOUT,
     DEFAULT_HTTP_HOST,
     DEFAULT_HTTP_PATH,
     DEFAULT_HTTP_PORT,
     DEFAULT_MAX_CHILDREN,
+    DEFAULT_RATE_LIMIT_MAX_KEYS,
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SERVICE_NAME,
     DEFAULT_SESSION_IDLE_TIMEOUT,
@@ -162,6 +167,10 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "policy": Key(
             "section", "Who may see and call which tools, prompts and resources.", section="policy"
         ),
+        "rate_limits": Key(
+            "section", "Token buckets per caller, per tool and overall.", section="rate_limits"
+        ),
+        "audit": Key("section", "One JSON line per client request.", section="audit"),
     },
     "listen": {
         "http": Key("section", "The Streamable HTTP front end.", section="listen_http"),
@@ -369,6 +378,45 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "subjects": Key("strings", "The caller's subject is one of these."),
         "clients": Key("strings", "The caller's client id is one of these."),
         "claims": Key("string_map", "Each claim has this value (or, a list claim, holds it)."),
+    },
+    "rate_limits": {
+        "per_identity": Key("section", "Each caller's bucket.", section="rate"),
+        "per_tool": Key("section", "Each caller's bucket per tool (tools/call).", section="rate"),
+        "overall": Key("section", "One bucket for all callers together.", section="rate"),
+        "tools": Key(
+            "sections", "per_tool for these tools (names as clients see them).", section="rate"
+        ),
+        "max_keys": Key(
+            "count",
+            "Buckets kept per limit; the least recently used is dropped first.",
+            DEFAULT_RATE_LIMIT_MAX_KEYS,
+            minimum=1,
+        ),
+    },
+    "rate": {
+        "rate": Key("number", "Requests per second, on average.", required=True),
+        "burst": Key("count", "Requests at once (default: rate, rounded up).", minimum=1),
+    },
+    "audit": {
+        "path": Key(
+            "string",
+            f"{AUDIT_STDERR!r} or a JSON-lines file, relative to the config file.",
+            required=True,
+        ),
+        "include_arguments": Key(
+            "boolean", "Record tools/call and prompts/get arguments (after redact).", False
+        ),
+        "redact": Key("strings", "Dotted paths into a request, as the tap's (`*`: one level)."),
+        "max_arguments_bytes": Key(
+            "count",
+            "Longer arguments (encoded) are recorded as their size only.",
+            DEFAULT_AUDIT_MAX_ARGUMENTS_BYTES,
+            minimum=1,
+        ),
+        "max_bytes": Key(
+            "count", "A file rotates at this size.", DEFAULT_AUDIT_MAX_BYTES, minimum=1
+        ),
+        "backups": Key("count", "Old files kept.", DEFAULT_AUDIT_BACKUPS, minimum=0),
     },
 }
 

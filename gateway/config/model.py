@@ -70,6 +70,19 @@ DEFAULT_TAP_BACKUPS = 3
 # push hours of traffic out of the rotation.
 DEFAULT_TAP_MAX_MESSAGE_BYTES = 1024 * 1024
 DEFAULT_SERVICE_NAME = "mcp-gateway"
+# Rate limits (rate_limits:): buckets are kept for at most this many callers (and caller-tool
+# pairs) per limit; the least recently used goes first. A bucket idle long enough to be full
+# again is forgotten anyway, so this bounds memory under a flood of new callers only.
+DEFAULT_RATE_LIMIT_MAX_KEYS = 10_000
+# The audit log (audit:) rotates like the tap; audit lines are small, so 64 MiB is a long time,
+# and more old files are kept than of a recording: an audit trail is looked back on.
+DEFAULT_AUDIT_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_AUDIT_BACKUPS = 5
+# Recorded arguments (include_arguments) longer than this, encoded, are recorded as their size
+# only, so one large call cannot push the audit trail of many others out of the rotation.
+DEFAULT_AUDIT_MAX_ARGUMENTS_BYTES = 64 * 1024
+# `audit.path: stderr` writes audit lines to the gateway's stderr; any other value is a file path.
+AUDIT_STDERR = "stderr"
 # `telemetry.access_log: stderr` logs to the gateway's stderr; any other value is a file path.
 ACCESS_LOG_STDERR = "stderr"
 
@@ -170,6 +183,37 @@ class TapConfig:
     max_bytes: int = DEFAULT_TAP_MAX_BYTES
     backups: int = DEFAULT_TAP_BACKUPS
     max_message_bytes: int = DEFAULT_TAP_MAX_MESSAGE_BYTES
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A token bucket: `rate` requests a second on average, `burst` at once."""
+
+    rate: float
+    burst: int
+
+
+@dataclass(frozen=True)
+class RateLimits:
+    """Token buckets a client request must find a token in (absent: no limit of that kind)."""
+
+    per_identity: Rate | None = None  # per caller
+    per_tool: Rate | None = None  # per caller and tool (tools/call)
+    overall: Rate | None = None  # all callers together
+    tools: Mapping[str, Rate] = field(default_factory=dict)  # per_tool for these tools
+    max_keys: int = DEFAULT_RATE_LIMIT_MAX_KEYS
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """One JSON line per client request: who asked what, where it went and how it ended."""
+
+    path: str  # "stderr", or absolute: a relative path is resolved against the file's directory
+    include_arguments: bool = False  # tools/call and prompts/get arguments, after `redact`
+    redact: tuple[str, ...] = ()  # dotted paths into the request, as the tap's rules
+    max_arguments_bytes: int = DEFAULT_AUDIT_MAX_ARGUMENTS_BYTES
+    max_bytes: int = DEFAULT_AUDIT_MAX_BYTES
+    backups: int = DEFAULT_AUDIT_BACKUPS
 
 
 @dataclass(frozen=True)
@@ -348,3 +392,5 @@ class Config:
     tap: TapConfig | None = None
     telemetry: TelemetryConfig = TelemetryConfig()
     policy: PolicyConfig | None = None  # None: every caller may see and call everything
+    rate_limits: RateLimits | None = None
+    audit: AuditConfig | None = None

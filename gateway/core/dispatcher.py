@@ -20,6 +20,7 @@ from gateway.backends.base import Backend, NotificationSink
 from gateway.core.catalog import Catalogs
 from gateway.core.listen import Subscriptions
 from gateway.core.policy import PROMPT, RESOURCE, TEMPLATE, TOOL, Policy, View
+from gateway.core.ratelimit import RateLimiter
 from gateway.errors import InsufficientScope, Refused
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.headers import ParamHeader
@@ -74,9 +75,11 @@ class Dispatcher:
         on_failure: str = FAIL_OPEN,
         telemetry: Telemetry | None = None,
         policy: Policy | None = None,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.telemetry: Telemetry = telemetry or NoTelemetry()
         self._policy = policy  # None: every caller may see and call everything
+        self.limiter = limiter
         self.backends = {b.name: b for b in backends}
         self._order = [b.name for b in backends]
         self._exposures = {e.backend: e for e in exposures}
@@ -129,6 +132,8 @@ class Dispatcher:
                 telemetry.stats.rejections[_rejection_reason(reply)] += 1
             else:
                 try:
+                    if self.limiter is not None:
+                        self.limiter.admit(msg, origin)
                     reply = await self._dispatch(msg, sink, origin)
                 except Exception as exc:
                     if isinstance(exc, Refused) and exc.reason is not None:
@@ -226,6 +231,7 @@ class Dispatcher:
         only = self._only_backend()
         if only is None or method in meta.LEGACY_METHODS:
             raise Refused(codes.METHOD_NOT_FOUND, f"Method not found: {method}")
+        SERVING.get()[0].annotate(backend=only.name)
         return await only.request(msg, sink)
 
     def _only_backend(self) -> Backend | None:
@@ -337,6 +343,7 @@ class Dispatcher:
             self._permit(view, TEMPLATE, route, ref.get("uri"))
             new_ref = {**ref, "uri": route.name}
         out = {**msg, "params": {**params, "ref": new_ref}}
+        SERVING.get()[0].annotate(backend=route.backend)
         return await self.backends[route.backend].request(out, sink)
 
     # --- fan-out -----------------------------------------------------------------------------

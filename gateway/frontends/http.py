@@ -21,6 +21,7 @@ from gateway.auth.identity import Identity
 from gateway.config import HttpListen
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.legacy import LEGACY_VERSIONS, LegacyFront, is_legacy_opening, is_modern
+from gateway.core.ratelimit import retry_after_header
 from gateway.frontends import guard
 from gateway.frontends.bodies import BodyError
 from gateway.frontends.listener import CLOSE, CUT, Handler, read_body, start_stream
@@ -47,6 +48,23 @@ KEEPALIVE_INTERVAL = 15.0
 
 def json_response(status: int, msg: Message, **extra: str) -> web.Response:
     return web.Response(status=status, body=jsonrpc.encode(msg), content_type=JSON, headers=extra)
+
+
+def reply_response(reply: Message, body: bytes) -> web.Response:
+    """A reply as one JSON body, under the status its error calls for, with the header a client
+    needs to act on it (a rate limit's Retry-After)."""
+    status = errors.http_status(reply)
+    extra = _reply_headers(reply) if status != 200 else None
+    return web.Response(status=status, body=body, content_type=JSON, headers=extra)
+
+
+def _reply_headers(reply: Message) -> dict[str, str] | None:
+    if jsonrpc.error_code(reply) == codes.RATE_LIMITED:
+        data = reply["error"].get("data")
+        delay = data.get("retryAfter") if isinstance(data, dict) else None
+        if isinstance(delay, int | float) and not isinstance(delay, bool):
+            return {hdrs.RETRY_AFTER: retry_after_header(delay)}
+    return None
 
 
 def refused(status: int, message: str, **extra: str) -> web.Response:
@@ -276,7 +294,7 @@ class Endpoint:
         reply = await self._legacy.handle(session, msg, _drop, _origin(request))
         if not session.initialized:
             self.sessions.end(session)  # the handshake failed: no session to speak of
-            return json_response(errors.http_status(reply), reply)
+            return reply_response(reply, jsonrpc.encode(reply))
         return json_response(200, reply, **{SESSION_HEADER: session.id})
 
     async def _in_session(
@@ -383,7 +401,7 @@ class Endpoint:
     async def _finish(self, relay: _Relay, reply: Message) -> web.StreamResponse:
         body = relay.count_out(jsonrpc.encode(reply))
         if relay.stream is None:
-            return web.Response(status=errors.http_status(reply), body=body, content_type=JSON)
+            return reply_response(reply, body)
         return await relay.finish_stream(body)
 
     async def _answer(self, request: web.BaseRequest, msg: Message) -> web.StreamResponse:
@@ -405,8 +423,7 @@ class Endpoint:
             if relay.keepalive is not None:
                 await relay.stop_keepalive()
         if relay.stream is None:  # the common case, without a coroutine
-            body = relay.count_out(jsonrpc.encode(reply))
-            return web.Response(status=errors.http_status(reply), body=body, content_type=JSON)
+            return reply_response(reply, relay.count_out(jsonrpc.encode(reply)))
         return await self._finish(relay, reply)
 
 

@@ -137,9 +137,9 @@ class Stats:
     rejections: Counter[str] = field(default_factory=Counter)
     bytes: Counter[tuple[str, str]] = field(default_factory=Counter)  # (hop, direction)
     in_flight: Counter[str] = field(default_factory=Counter)  # by frontend
-    # Requests the policy refused, by reason (denied, insufficient_scope); hidden list items
-    # are not refusals and do not count.
-    policy_denials: Counter[str] = field(default_factory=Counter)
+    auth_failures: Counter[str] = field(default_factory=Counter)  # by reason
+    policy_denials: Counter[str] = field(default_factory=Counter)  # by reason
+    rate_limited: Counter[str] = field(default_factory=Counter)  # by limit
 
 
 class Observation(Protocol):

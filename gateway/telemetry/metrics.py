@@ -193,20 +193,40 @@ class GatewayCollector(Collector):
         for (hop, direction), count in sorted(self._stats.bytes.items()):
             traffic.add_metric([hop, direction], count)
         yield traffic
-        denials = CounterMetricFamily(
-            "mcp_gateway_policy_denials",
-            "Client requests the policy refused, by reason.",
-            labels=["reason"],
-        )
-        for reason, count in sorted(self._stats.policy_denials.items()):
-            denials.add_metric([reason], count)
-        yield denials
+        yield from self._access_metrics()
         yield GaugeMetricFamily(
             "mcp_gateway_listen_streams",
             "Open subscriptions/listen streams.",
             value=self._listens(),
         )
         yield from self._backend_metrics()
+
+    def _access_metrics(self) -> Iterator[Metric]:
+        """Who was turned away: by authentication, by policy, by a rate limit."""
+        for name, doc, label, counts in (
+            (
+                "mcp_gateway_auth_failures",
+                "HTTP requests refused for their credentials, by reason.",
+                "reason",
+                self._stats.auth_failures,
+            ),
+            (
+                "mcp_gateway_policy_denials",
+                "Client requests the policy refused, by reason.",
+                "reason",
+                self._stats.policy_denials,
+            ),
+            (
+                "mcp_gateway_rate_limited",
+                "Client requests refused by a rate limit, by limit (identity, tool, overall).",
+                "limit",
+                self._stats.rate_limited,
+            ),
+        ):
+            family = CounterMetricFamily(name, doc, labels=[label])
+            for value, count in sorted(counts.items()):
+                family.add_metric([value], count)
+            yield family
 
     def _backend_metrics(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(

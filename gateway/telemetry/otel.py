@@ -1,6 +1,6 @@
 """Traces per the OpenTelemetry MCP semantic conventions, durations into Prometheus histograms,
-and one access-log line per client request. Uses only the OpenTelemetry API: the SDK (exporter,
-sampler) is set up by `app.py`.
+one access-log line per client request, and its audit line (audit.py). Uses only the
+OpenTelemetry API: the SDK (exporter, sampler) is set up by `app.py`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from gateway.telemetry.api import (
     Stats,
     error_type,
 )
+from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.metrics import OTHER, Recorder
 from gateway.telemetry.tap import Tap
 
@@ -154,8 +155,10 @@ class GatewayTelemetry:
         access_log: logging.Logger | None = None,
         record_payloads: bool = False,
         tap: Tap | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
         self.stats = Stats()
+        self._audit = audit
         self._tap = tap
         self.tapping = tap is not None
         self._tracer = tracer
@@ -231,6 +234,12 @@ class GatewayTelemetry:
                 "frontend": origin.frontend,
             }
             self._access.info("%s", orjson.dumps(line).decode())
+        if self._audit is not None:
+            try:
+                self._audit.record(msg, origin, reply, observed.backend, seconds, trace_id)
+            except Exception as exc:
+                # An observer: it must never fail the request it watches (one line, no trace).
+                log.warning("audit log: a request could not be recorded: %r", exc)
 
     def client(
         self, msg: Message, backend: str, transport: str, address: tuple[str, int] | None

@@ -1,9 +1,8 @@
 """The traffic tap: every JSON-RPC message on both hops, as JSON lines, and a summary of them.
 
-`Tap.record` is called on the hot path from the event loop, so it does one `write(2)` of one
-complete line and never fsyncs: the line reaches the page cache at once (so
-`mcp-transparent-gateway tap --follow` sees calls live) without waiting for the disk, and a crash
-never leaves half a line.
+`Tap.record` is called on the hot path from the event loop; it writes one complete line with one
+`write(2)` and no fsync (records.LineFile), so `mcp-transparent-gateway tap --follow` sees calls
+live. The redaction rules are records.py's too, shared with the audit log.
 
 `summarize` and the `Summarizer` behind it are pure: they read lines, never the file.
 """
@@ -11,9 +10,7 @@ never leaves half a line.
 from __future__ import annotations
 
 import heapq
-import logging
 import os
-import threading
 import time
 from collections import Counter, deque
 from collections.abc import Generator, Iterable, Mapping
@@ -28,95 +25,21 @@ import orjson
 from gateway.config import TapConfig
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import HeaderFields
-
-log = logging.getLogger(__name__)
+from gateway.telemetry.records import (
+    ALWAYS_REDACTED_HEADERS,
+    LineFile,
+    compile_rules,
+    redact,
+    redact_headers,
+)
+from gateway.telemetry.records import REDACTED as REDACTED  # (what recordings show instead)
 
 HOPS = ("frontend", "backend")
 DIRECTIONS = ("in", "out")
-REDACTED = "[redacted]"
-WILDCARD = "*"
-# Credentials that must never reach a recording, whatever the config says.
-ALWAYS_REDACTED_HEADERS = frozenset(
-    {"authorization", "cookie", "proxy-authorization", "set-cookie"}
-)
-# Recordings hold what clients and servers said; only the gateway's user may read them.
-FILE_MODE = 0o600
 # How many slowest calls `summarize` keeps unless told otherwise.
 DEFAULT_TOP = 10
 # How often `follow` looks for new lines when there are none: live enough for a person watching.
 FOLLOW_POLL_SECONDS = 0.2
-
-
-# --- redaction --------------------------------------------------------------------------------
-
-
-@dataclass
-class _Rule:
-    """One level of the redaction rules: the keys below it, and whether it is itself redacted."""
-
-    redact: bool = False
-    children: dict[str, _Rule] = field(default_factory=dict)
-
-
-def compile_rules(paths: Iterable[str]) -> _Rule:
-    root = _Rule()
-    for path in paths:
-        node = root
-        for key in path.split("."):
-            node = node.children.setdefault(key, _Rule())
-        node.redact = True
-    return root
-
-
-def redact(value: Any, rules: _Rule) -> Any:
-    """`value` with every value the rules name replaced; copies only what it changes."""
-    if not rules.children:
-        return value
-    if isinstance(value, dict):
-        keys: Iterable[Any] = value if WILDCARD in rules.children else rules.children
-        out: dict[str, Any] | None = None
-        for key in keys:
-            if key not in value:
-                continue
-            new = _apply(value[key], str(key), rules)
-            if new is not value[key]:
-                out = dict(value) if out is None else out
-                out[key] = new
-        return value if out is None else out
-    if isinstance(value, list):
-        copied: list[Any] | None = None
-        for i, item in enumerate(value):
-            new = _apply(item, str(i), rules)
-            if new is not item:
-                copied = list(value) if copied is None else copied
-                copied[i] = new
-        return value if copied is None else copied
-    return value
-
-
-def _apply(value: Any, key: str, rules: _Rule) -> Any:
-    found = (rules.children.get(key), rules.children.get(WILDCARD))
-    matching = [r for r in found if r is not None]
-    if any(r.redact for r in matching):
-        return REDACTED
-    for rule in matching:
-        value = redact(value, rule)
-    return value
-
-
-def redact_headers(headers: HeaderFields, names: frozenset[str]) -> dict[str, Any]:
-    """Headers as recorded: listed names (lower case) redacted; a repeated name becomes a list."""
-    out: dict[str, Any] = {}
-    fields = headers.items() if isinstance(headers, Mapping) else headers
-    for raw_name, value in fields:
-        name = str(raw_name)  # aiohttp's case-insensitive `istr` keys are not plain str to orjson
-        shown = REDACTED if name.lower() in names else str(value)
-        if name in out:
-            held = out[name]
-            out[name] = [*held, shown] if isinstance(held, list) else [held, shown]
-        else:
-            out[name] = shown
-    return out
 
 
 # --- recording --------------------------------------------------------------------------------
@@ -128,22 +51,15 @@ def _now() -> str:
 
 
 class Tap:
-    """Appends one JSON line per message to `config.path`, rotating by size.
-
-    Opening the file happens here, so an unusable path fails at start-up (OSError). Later write
-    errors (a full disk) are logged once and the message is dropped: the tap never breaks a call.
-    """
+    """Appends one JSON line per message to `config.path`, rotating by size (records.LineFile:
+    an unusable path fails at start-up, a later write error drops the message, logged once)."""
 
     def __init__(self, config: TapConfig) -> None:
         self.config = config
         self.path = Path(config.path)
         self._rules = compile_rules(config.redact)
         self._headers = ALWAYS_REDACTED_HEADERS | {h.lower() for h in config.redact_headers}
-        # Called from the event loop, but a backend might one day record from a thread.
-        self._lock = threading.Lock()
-        self._failed = False
-        self._fd: int | None = self._open()
-        self._size = os.fstat(self._fd).st_size
+        self._file = LineFile(self.path, config.max_bytes, config.backups, "traffic tap")
 
     def record(
         self,
@@ -166,48 +82,10 @@ class Tap:
         if len(body) > self.config.max_message_bytes:
             body = orjson.dumps({"truncated": True, "bytes": len(body), **_identity(msg)})
         # Splice the already encoded message in rather than encoding it a second time.
-        line = orjson.dumps(head)[:-1] + b',"msg":' + body + b"}\n"
-        with self._lock:
-            self._write(line)
-
-    def _write(self, line: bytes) -> None:
-        try:
-            if self._fd is None:
-                return
-            if self._size and self._size + len(line) > self.config.max_bytes:
-                self._rotate()
-            os.write(self._fd, line)
-            self._size += len(line)
-        except OSError as exc:
-            if not self._failed:
-                log.warning("traffic tap: cannot write %s (%s); dropping records", self.path, exc)
-                self._failed = True
-
-    def _open(self) -> int:
-        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
-
-    def _rotate(self) -> None:
-        """path -> path.1 -> ... -> path.{backups}, overwriting the oldest; no backups: truncate."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        backups = self.config.backups
-        for i in range(backups - 1, 0, -1):
-            older = self.path.with_name(f"{self.path.name}.{i}")
-            if older.exists():
-                os.replace(older, self.path.with_name(f"{self.path.name}.{i + 1}"))
-        if backups:
-            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-        else:
-            self.path.unlink(missing_ok=True)
-        self._fd = self._open()
-        self._size = 0
+        self._file.write(orjson.dumps(head)[:-1] + b',"msg":' + body + b"}\n")
 
     def close(self) -> None:
-        with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+        self._file.close()
 
     def __enter__(self) -> Tap:
         return self

@@ -1,0 +1,74 @@
+"""The sections on who may call how often and what is written down about it: `rate_limits:` and
+`audit:`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gateway.config import keys
+from gateway.config.model import _REDACT_PATH, AUDIT_STDERR, AuditConfig, Rate, RateLimits
+from gateway.config.reader import _Check
+
+Path_ = tuple[str, ...]
+
+
+def rate_limits(c: _Check, raw: Any) -> RateLimits | None:
+    if raw is None:
+        return None
+    path = ("rate_limits",)
+    body = c.mapping(raw, path, keys.names("rate_limits"))
+    t = keys.table("rate_limits")
+    tools: dict[str, Rate] = {}
+    for name, section in c.mapping(body.get("tools"), path + ("tools",)).items():
+        found = _rate(c, section, path + ("tools", name))
+        if found is not None:
+            tools[name] = found
+    return RateLimits(
+        per_identity=_rate(c, body.get("per_identity"), path + ("per_identity",)),
+        per_tool=_rate(c, body.get("per_tool"), path + ("per_tool",)),
+        overall=_rate(c, body.get("overall"), path + ("overall",)),
+        tools=tools,
+        max_keys=c.field(body, path, "max_keys", t["max_keys"]),
+    )
+
+
+def _rate(c: _Check, raw: Any, path: Path_) -> Rate | None:
+    if raw is None:
+        return None
+    body = c.mapping(raw, path, keys.names("rate"))
+    t = keys.table("rate")
+    if body.get("rate") is None:
+        c.r.problem(path + ("rate",), "is required (requests per second)")
+        return None
+    rate = c.field(body, path, "rate", t["rate"])
+    # A bucket must hold one request at least, or a slow rate would refuse everything.
+    burst = c.count(body.get("burst"), path + ("burst",), max(1, math.ceil(rate)), 1)
+    return Rate(rate=rate, burst=burst)
+
+
+def audit(c: _Check, raw: Any, beside: Callable[[str], Path]) -> AuditConfig | None:
+    if raw is None:
+        return None
+    path = ("audit",)
+    body = c.mapping(raw, path, keys.names("audit"))
+    t = keys.table("audit")
+    target = c.field(body, path, "path", t["path"])
+    if not target:
+        c.r.problem(path + ("path",), f"is required ({AUDIT_STDERR!r} or a file)")
+    elif target != AUDIT_STDERR:
+        target = str(beside(target))
+    redact = c.field(body, path, "redact", t["redact"])
+    for i, rule in enumerate(redact):
+        if not _REDACT_PATH.fullmatch(rule):
+            c.r.problem(path + ("redact", str(i)), "must be a dotted path like params.arguments.*")
+    return AuditConfig(
+        path=target or "",
+        include_arguments=c.field(body, path, "include_arguments", t["include_arguments"]),
+        redact=redact,
+        max_arguments_bytes=c.field(body, path, "max_arguments_bytes", t["max_arguments_bytes"]),
+        max_bytes=c.field(body, path, "max_bytes", t["max_bytes"]),
+        backups=c.field(body, path, "backups", t["backups"]),
+    )

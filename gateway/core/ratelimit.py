@@ -1,0 +1,157 @@
+"""Rate limits: token buckets per caller, per caller and tool, and overall (`rate_limits:`).
+
+A bucket holds up to `burst` tokens and gains `rate` a second; a request takes one token from
+every bucket that applies to it, or from none: when one of them is empty the request is refused
+with the time until all of them have a token again, and takes nothing (a refused request costs
+its caller nothing more, so a client that waits as told is served). Time comes from an injected
+clock, so the buckets are plain arithmetic and tests need no sleeps.
+
+Memory is bounded per limit: a bucket idle long enough to be full again is the same as a new
+one and is forgotten, and past `max_keys` buckets the least recently used goes (that caller
+starts again with a full bucket, which is logged once: raise the bound).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from gateway.config import Rate, RateLimits
+from gateway.errors import RateLimited
+from gateway.protocol.jsonrpc import Message
+from gateway.telemetry.api import Origin
+
+log = logging.getLogger("gateway")
+
+Clock = Callable[[], float]
+# The limits' names, as the rate-limited metric labels them.
+IDENTITY = "identity"
+TOOL = "tool"
+OVERALL = "overall"
+# Requests no bucket applies to. A listen stream is opened once per client and lives on (a
+# legacy session's change watch is one, started by the gateway in the session's name).
+EXEMPT = frozenset({"subscriptions/listen"})
+# Idle buckets looked at per new bucket, so forgetting full ones costs a bounded amount.
+SWEEP = 2
+
+
+class Buckets:
+    """One limit's buckets by key, least recently used first."""
+
+    def __init__(self, limit: Rate, max_keys: int, name: str) -> None:
+        self.rate = limit.rate
+        self.burst = float(limit.burst)
+        self.max_keys = max_keys
+        self.name = name
+        self._full_after = self.burst / self.rate  # seconds an empty bucket takes to fill
+        # key -> [tokens, when they were counted]
+        self._buckets: OrderedDict[Hashable, list[float]] = OrderedDict()
+        self._warned = False
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def level(self, key: Hashable, now: float) -> list[float]:
+        """The key's bucket, refilled up to `now` (a new key gets a full one)."""
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            self._make_room(now)
+            bucket = self._buckets[key] = [self.burst, now]
+            return bucket
+        self._buckets.move_to_end(key)
+        tokens, then = bucket
+        bucket[0] = min(self.burst, tokens + (now - then) * self.rate)
+        bucket[1] = now
+        return bucket
+
+    def wait(self, bucket: list[float]) -> float:
+        """Seconds until the bucket has a token (0: it has one)."""
+        return 0.0 if bucket[0] >= 1.0 else (1.0 - bucket[0]) / self.rate
+
+    def _make_room(self, now: float) -> None:
+        buckets = self._buckets
+        for _ in range(SWEEP):
+            if not buckets:
+                return
+            oldest = next(iter(buckets.values()))
+            if now - oldest[1] < self._full_after:
+                break
+            buckets.popitem(last=False)  # full again: the same as a new bucket
+        if len(buckets) >= self.max_keys:
+            buckets.popitem(last=False)
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "rate limit %s: more than %d callers at once; the least recent start again"
+                    " with a full bucket (raise rate_limits.max_keys)",
+                    self.name,
+                    self.max_keys,
+                )
+
+
+class RateLimiter:
+    """The configured limits; `admit` takes a request's tokens or raises RateLimited."""
+
+    def __init__(
+        self, config: RateLimits, counts: Counter[str], clock: Clock = time.monotonic
+    ) -> None:
+        self._clock = clock
+        self._counts = counts  # Stats.rate_limited, by limit
+        bound = config.max_keys
+        self.identity = _buckets(config.per_identity, bound, IDENTITY)
+        self.tool = _buckets(config.per_tool, bound, TOOL)
+        self.overall = _buckets(config.overall, bound, OVERALL)
+        self.tools = {name: Buckets(r, bound, TOOL) for name, r in config.tools.items()}
+
+    def admit(self, msg: Message, origin: Origin) -> None:
+        method = msg["method"]
+        if method in EXEMPT:
+            return
+        now = self._clock()
+        caller = caller_key(origin)
+        found: list[tuple[Buckets, list[float]]] = []
+        if self.identity is not None:
+            found.append((self.identity, self.identity.level(caller, now)))
+        if method == "tools/call":
+            name = _params(msg).get("name")
+            if isinstance(name, str):
+                per_tool = self.tools.get(name, self.tool)
+                if per_tool is not None:
+                    found.append((per_tool, per_tool.level((caller, name), now)))
+        if self.overall is not None:
+            found.append((self.overall, self.overall.level(None, now)))
+        waits = [(buckets.wait(bucket), buckets.name) for buckets, bucket in found]
+        longest, limit = max(waits, default=(0.0, ""), key=lambda w: w[0])
+        if longest > 0:
+            self._counts[limit] += 1
+            delay = math.ceil(longest * 1000) / 1000  # ms, rounded up: retrying then succeeds
+            raise RateLimited(delay, f"Rate limit exceeded ({limit}); retry after {delay:g} s")
+        for _, bucket in found:
+            bucket[0] -= 1.0
+
+
+def caller_key(origin: Origin) -> str:
+    """Whose bucket: the caller's identity when one was established, else the front end and
+    the peer's address (stdio has one caller, its parent process). Not the credentials: without
+    authentication they are whatever a client sends, so a new header would be a new bucket."""
+    if origin.identity is not None:
+        return origin.identity.key()
+    return f"{origin.frontend}:{origin.peer or ''}"
+
+
+def retry_after_header(seconds: float) -> str:
+    """HTTP Retry-After (RFC 9110 10.2.3): whole seconds, rounded up, at least one."""
+    return str(max(1, math.ceil(seconds)))
+
+
+def _buckets(limit: Rate | None, bound: int, name: str) -> Buckets | None:
+    return None if limit is None else Buckets(limit, bound, name)
+
+
+def _params(msg: Message) -> dict[str, Any]:
+    params = msg.get("params")
+    return params if isinstance(params, dict) else {}
