@@ -133,6 +133,14 @@ def test_api_keys_only_need_no_issuer() -> None:
     assert "authorization_servers" not in doc and doc["bearer_methods_supported"] == ["header"]
 
 
+def test_an_unquoted_digest_of_digits_is_read_as_written() -> None:
+    """YAML reads `sha256: 1234...e12` (digits and an e) as a number; the digest is its text."""
+    digits = "12" * 31 + "e1"
+    text = f"  resource: https://m.example\n  api_keys: [{{name: ci, sha256: {digits}}}]\n"
+    auth = parse(config(text)).auth
+    assert auth is not None and auth.api_keys[0].sha256 == digits
+
+
 # --- discovery ------------------------------------------------------------------------------------
 
 
