@@ -472,6 +472,29 @@ async def test_failures_are_exported_as_a_metric(world: World) -> None:
     assert re.search(rb'mcp_gateway_auth_failures_total\{reason="expired"\} [1-9]', body), body
 
 
+async def test_api_keys_alone_need_no_authorization_server() -> None:
+    """For small teams: static keys, no issuer; the metadata names no authorization server."""
+    digest = hashlib.sha256(API_KEY.encode()).hexdigest()
+    auth = {"resource": RESOURCE, "api_keys": [{"name": "ci", "sha256": digest}]}
+    doc = {
+        "listen": {"http": {"host": "127.0.0.1", "port": 0, "path": "/mcp"}},
+        "auth": auth,
+    }
+    async with recording_backend() as (backend, seen):
+        doc["backends"] = {"rec": {"http": {"url": backend}}}
+        async with Gateway(parse(yaml.safe_dump(doc))) as gw:
+            assert gw.http_url is not None
+            assert (await send("POST", gw.http_url, call(), API_KEY)).status == 200
+            wrong = await send("POST", gw.http_url, call(), API_KEY + "x")
+            assert wrong.status == 401 and wrong.challenge()["error"] == "invalid_token"
+            assert "scope" not in wrong.challenge()  # (no scopes configured)
+            assert gw.telemetry.stats.auth_failures["unknown_api_key"] == 1
+            prm = gw.http_url.removesuffix("/mcp") + "/.well-known/oauth-protected-resource"
+            metadata = (await send("GET", prm)).json()
+            assert metadata == {"resource": RESOURCE, "bearer_methods_supported": ["header"]}
+        assert all("Authorization" not in s.headers for s in seen)
+
+
 # --- legacy sessions bind to the identity ---------------------------------------------------------
 
 
