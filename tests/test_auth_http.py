@@ -251,9 +251,16 @@ async def test_the_token_reaches_no_tap_span_or_access_log(tmp_path: Path) -> No
         doc["tap"] = {"path": str(tmp_path / "tap.jsonl")}
         doc["telemetry"] = {"access_log": str(tmp_path / "access.log")}
         token = auth.mint()
-        async with Gateway(parse(yaml.safe_dump(doc)), tracing=provider) as gw:
-            assert gw.http_url is not None
-            assert (await send("POST", gw.http_url, call(id_=9), token)).status == 200
+        try:
+            async with Gateway(parse(yaml.safe_dump(doc)), tracing=provider) as gw:
+                assert gw.http_url is not None
+                assert (await send("POST", gw.http_url, call(id_=9), token)).status == 200
+        finally:
+            # (the access log's file handler outlives the gateway; the next one replaces it)
+            access = logging.getLogger("gateway.access")
+            for handler in access.handlers:
+                handler.close()
+            access.handlers = []
     tapped = [orjson.loads(line) for line in (tmp_path / "tap.jsonl").read_bytes().splitlines()]
     first = next(e for e in tapped if e["hop"] == "frontend" and e["msg"].get("id") == 9)
     assert first["headers"]["Authorization"] == "[redacted]"
