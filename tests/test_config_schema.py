@@ -157,6 +157,12 @@ BASE: dict[str, Any] = {
     "policy": {"rules": [{"allow": {"backends": ["b"]}, "when": {}}]},
     "rate_limits": {"per_identity": {"rate": 1}},
     "audit": {"path": "a.jsonl"},
+    "auth": {
+        "issuer": "http://127.0.0.1:9",
+        "resource": "http://127.0.0.1:8080/mcp",
+        "introspection": {"client_id": "gw", "client_secret": "s"},
+        "api_keys": [{"name": "k", "sha256": "0" * 64}],
+    },
 }
 WHERE: dict[str, tuple[str | int, ...]] = {
     "config": (),
@@ -184,6 +190,9 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "rate_limits": ("rate_limits",),
     "rate": ("rate_limits", "per_identity"),
     "audit": ("audit",),
+    "auth": ("auth",),
+    "introspection": ("auth", "introspection"),
+    "api_key": ("auth", "api_keys", 0),
 }
 # A value of the wrong type for each kind of key.
 WRONG: dict[str, Any] = {

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from gateway.config import auth as auth_section
 from gateway.config import http as http_sections
 from gateway.config import keys
 from gateway.config import limits as limit_sections
@@ -45,7 +46,9 @@ from gateway.config.model import (
     PREFIX_MODES,
     WILDCARD_HOSTS,
     AdminListen,
+    ApiKey,
     AuditConfig,
+    AuthConfig,
     BackendConfig,
     BackendLimits,
     ClientTls,
@@ -54,6 +57,7 @@ from gateway.config.model import (
     ConfiguredIdentity,
     HttpListen,
     HttpTarget,
+    Introspection,
     Listen,
     ListenerLimits,
     Namespacing,
@@ -255,6 +259,7 @@ def parse(
         policy=policy_sections.policy(check, top.get("policy"), [b.name for b in backends]),
         rate_limits=limit_sections.rate_limits(check, top.get("rate_limits")),
         audit=limit_sections.audit(check, top.get("audit"), lambda p: _beside(source, p)),
+        auth=auth_section.auth(check, top.get("auth"), listen.http),
     )
     if reader.problems:
         raise ConfigInvalid(reader.problems)
@@ -429,6 +434,8 @@ def describe(config: Config) -> str:
     if config.policy is not None:
         p = config.policy
         lines.append(f"  policy       default {p.default}, rules: {len(p.rules)}")
+    if config.auth is not None:
+        lines.append(_describe_auth(config.auth))
     if config.tap is not None:
         tap = config.tap
         lines.append(
@@ -469,6 +476,16 @@ def _limit_lines(config: Config) -> list[str]:
     return lines
 
 
+def _describe_auth(auth: AuthConfig) -> str:
+    who = [f"issuer {auth.issuer}"] if auth.issuer else []
+    if auth.introspection is not None:
+        who.append("introspection")
+    if auth.api_keys:
+        who.append(f"{len(auth.api_keys)} API keys")
+    needs = f", requires {' '.join(auth.required_scopes)}" if auth.required_scopes else ""
+    return f"  auth         resource {auth.resource} ({', '.join(who)}){needs}"
+
+
 def _mib(size: int) -> str:
     return f"{size / (1024 * 1024):g} MiB" if size >= 1024 * 1024 else f"{size} bytes"
 
@@ -492,7 +509,9 @@ __all__ = [
     "PREFIX_MODES",
     "WILDCARD_HOSTS",
     "AdminListen",
+    "ApiKey",
     "AuditConfig",
+    "AuthConfig",
     "BackendConfig",
     "BackendLimits",
     "ClientTls",
@@ -501,6 +520,7 @@ __all__ = [
     "ConfiguredIdentity",
     "HttpListen",
     "HttpTarget",
+    "Introspection",
     "Listen",
     "ListenerLimits",
     "Namespacing",
