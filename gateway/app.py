@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from gateway import __version__
+from gateway.auth.authenticator import Authenticator
 from gateway.backends.base import Backend
 from gateway.backends.era import EraBackend
 from gateway.backends.health import Guarded, Health
@@ -231,6 +232,8 @@ class Gateway:
         self.admin_url: str | None = None
         self._http: Listener | None = None
         self._endpoint: http_frontend.Endpoint | None = None
+        # The HTTP listener's token checks (`auth:`); None: no authentication.
+        self.authenticator = Authenticator(config.auth) if config.auth is not None else None
         self._tg: anyio.abc.TaskGroup | None = None
         self.http_url: str | None = None
 
@@ -327,7 +330,9 @@ class Gateway:
     async def _start_http(self) -> None:
         listen = self.config.listen.http
         assert listen is not None
-        self._endpoint = http_frontend.Endpoint(self.dispatcher, listen, self.operations)
+        self._endpoint = http_frontend.Endpoint(
+            self.dispatcher, listen, self.operations, self.authenticator
+        )
         # A client that drops its connection cancels its request (listener.py).
         self._http = Listener(
             self._endpoint.handle, listen.limits, tls=listen.tls, stats=self.telemetry.stats
@@ -359,6 +364,8 @@ class Gateway:
                     await listener.close(HTTP_SHUTDOWN_GRACE)
         if self._endpoint is not None:
             self._endpoint.close()
+        if self.authenticator is not None:
+            await self.authenticator.close()
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
         try:

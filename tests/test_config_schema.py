@@ -150,6 +150,12 @@ BASE: dict[str, Any] = {
     "fan_out": {},
     "tap": {"path": "t.jsonl"},
     "telemetry": {},
+    "auth": {
+        "issuer": "http://127.0.0.1:9",
+        "resource": "http://127.0.0.1:8080/mcp",
+        "introspection": {"client_id": "gw", "client_secret": "s"},
+        "api_keys": [{"name": "k", "sha256": "0" * 64}],
+    },
 }
 WHERE: dict[str, tuple[str | int, ...]] = {
     "config": (),
@@ -168,6 +174,9 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "fan_out": ("fan_out",),
     "tap": ("tap",),
     "telemetry": ("telemetry",),
+    "auth": ("auth",),
+    "introspection": ("auth", "introspection"),
+    "api_key": ("auth", "api_keys", 0),
 }
 # A value of the wrong type for each kind of key.
 WRONG: dict[str, Any] = {
@@ -180,6 +189,7 @@ WRONG: dict[str, Any] = {
     "string_map": ["a"],
     "section": 5,
     "sections": 5,
+    "section_list": "one",
     "roots": "file:///srv",
 }
 

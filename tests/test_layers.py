@@ -54,6 +54,13 @@ def test_config_is_a_leaf(name: str) -> None:
     assert all(i.startswith("gateway.config") for i in ours(name))
 
 
+@pytest.mark.parametrize("name", in_layer("auth"))
+def test_auth_sees_only_the_config_and_itself(name: str) -> None:
+    """Checking a token needs the config and nothing of the data path (which reads only the
+    Identity it yields); the front end that asks is the one that answers."""
+    assert all(i.startswith(("gateway.auth", "gateway.config")) for i in ours(name))
+
+
 @pytest.mark.parametrize("name", in_layer("backends") + in_layer("frontends"))
 def test_transports_never_import_each_other_or_routing(name: str) -> None:
     other = "frontends" if ".backends" in name else "backends"
@@ -103,6 +110,8 @@ HTTP_MODULES = {
     "gateway.backends.sse",
     "gateway.backends.web",
     "gateway.backends.fallback",
+    "gateway.frontends.bearer",
+    "gateway.auth.fetch",
     "gateway.app",
 }
 

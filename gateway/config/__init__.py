@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from gateway.config import auth as auth_section
 from gateway.config import http as http_sections
 from gateway.config import keys
 from gateway.config import roots as root_sections
@@ -42,6 +43,8 @@ from gateway.config.model import (
     PREFIX_MODES,
     WILDCARD_HOSTS,
     AdminListen,
+    ApiKey,
+    AuthConfig,
     BackendConfig,
     BackendLimits,
     ClientTls,
@@ -49,6 +52,7 @@ from gateway.config.model import (
     ConfigInvalid,
     HttpListen,
     HttpTarget,
+    Introspection,
     Listen,
     ListenerLimits,
     Namespacing,
@@ -241,6 +245,7 @@ def parse(
         on_backend_failure=_failure_policy(check, top.get("fan_out")),
         tap=_tap(check, top.get("tap"), source),
         telemetry=_telemetry(check, top.get("telemetry"), source),
+        auth=auth_section.auth(check, top.get("auth"), listen.http),
     )
     if reader.problems:
         raise ConfigInvalid(reader.problems)
@@ -411,6 +416,8 @@ def describe(config: Config) -> str:
         f" access log={t.access_log or 'off'}"
         f" payloads on spans={'yes' if t.record_payloads else 'no'}"
     )
+    if config.auth is not None:
+        lines.append(_describe_auth(config.auth))
     if config.tap is not None:
         tap = config.tap
         lines.append(
@@ -419,6 +426,16 @@ def describe(config: Config) -> str:
             f"{''.join(', ' + h for h in tap.redact_headers)})"
         )
     return "\n".join(lines)
+
+
+def _describe_auth(auth: AuthConfig) -> str:
+    who = [f"issuer {auth.issuer}"] if auth.issuer else []
+    if auth.introspection is not None:
+        who.append("introspection")
+    if auth.api_keys:
+        who.append(f"{len(auth.api_keys)} API keys")
+    needs = f", requires {' '.join(auth.required_scopes)}" if auth.required_scopes else ""
+    return f"  auth         resource {auth.resource} ({', '.join(who)}){needs}"
 
 
 def _mib(size: int) -> str:
@@ -443,6 +460,8 @@ __all__ = [
     "PREFIX_MODES",
     "WILDCARD_HOSTS",
     "AdminListen",
+    "ApiKey",
+    "AuthConfig",
     "BackendConfig",
     "BackendLimits",
     "ClientTls",
@@ -450,6 +469,7 @@ __all__ = [
     "ConfigInvalid",
     "HttpListen",
     "HttpTarget",
+    "Introspection",
     "Listen",
     "ListenerLimits",
     "Namespacing",

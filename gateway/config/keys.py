@@ -18,10 +18,17 @@ from typing import Literal
 from gateway.config.model import (
     ACCESS_LOG_STDERR,
     DEFAULT_ADMIN_PORT,
+    DEFAULT_AUTH_FETCH_TIMEOUT,
+    DEFAULT_AUTH_LEEWAY,
+    DEFAULT_AUTH_MAX_RESPONSE_BYTES,
     DEFAULT_CHILD_IDLE_TIMEOUT,
     DEFAULT_HTTP_HOST,
     DEFAULT_HTTP_PATH,
     DEFAULT_HTTP_PORT,
+    DEFAULT_INTROSPECTION_CACHE_SIZE,
+    DEFAULT_INTROSPECTION_CACHE_TTL,
+    DEFAULT_JWKS_MAX_AGE,
+    DEFAULT_JWKS_REFRESH_INTERVAL,
     DEFAULT_MAX_CHILDREN,
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SERVICE_NAME,
@@ -41,7 +48,7 @@ from gateway.config.model import (
 # string: a string; number: a positive number; count: a whole number >= minimum; port: 0-65535;
 # boolean; strings: a list of scalars read as strings; string_map: names to scalars read as
 # strings; section: a mapping described by SECTIONS[section]; sections: names to such mappings;
-# roots: a list of file:// URIs or `root` sections.
+# section_list: a list of such mappings; roots: a list of file:// URIs or `root` sections.
 Kind = Literal[
     "string",
     "number",
@@ -52,6 +59,7 @@ Kind = Literal[
     "string_map",
     "section",
     "sections",
+    "section_list",
     "roots",
 ]
 
@@ -154,6 +162,9 @@ SECTIONS: dict[str, dict[str, Key]] = {
         ),
         "tap": Key("section", "Record every JSON-RPC message to a JSON-lines file.", section="tap"),
         "telemetry": Key("section", "Traces, access log and service name.", section="telemetry"),
+        "auth": Key(
+            "section", "Require OAuth bearer tokens (or API keys) on listen.http.", section="auth"
+        ),
     },
     "listen": {
         "http": Key("section", "The Streamable HTTP front end.", section="listen_http"),
@@ -299,6 +310,80 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "boolean", "Put message bodies on spans (they may hold secrets).", False
         ),
         "access_log": Key("string", f"{ACCESS_LOG_STDERR!r} or a file path (off when absent)."),
+    },
+    "auth": {
+        "issuer": Key(
+            "string",
+            "The authorization server (https, or http on loopback); its metadata is discovered.",
+            pattern=_URL,
+        ),
+        "resource": Key(
+            "string",
+            "The gateway's canonical URI (RFC 8707), e.g. https://mcp.example.com/mcp.",
+            pattern=_URL,
+            required=True,
+        ),
+        "audience": Key("string", "The aud a token must contain (default: resource)."),
+        "scopes_supported": Key("strings", "Scopes listed in the protected resource metadata."),
+        "required_scopes": Key("strings", "Scopes every token must carry (else 403)."),
+        "introspection": Key(
+            "section", "RFC 7662 introspection of opaque tokens.", section="introspection"
+        ),
+        "api_keys": Key(
+            "section_list", "Static bearer keys, stored as SHA-256 digests.", section="api_key"
+        ),
+        "algorithms": Key(
+            "strings", "JWT algorithms accepted (asymmetric only; default RS*, PS256, ES*, EdDSA)."
+        ),
+        "leeway": Key(
+            "number", "Seconds of clock skew allowed on exp and nbf.", DEFAULT_AUTH_LEEWAY
+        ),
+        "jwks_refresh_interval": Key(
+            "number",
+            "Least seconds between JWKS fetches for an unknown key id.",
+            DEFAULT_JWKS_REFRESH_INTERVAL,
+        ),
+        "jwks_max_age": Key(
+            "number", "Seconds before the JWKS is fetched again.", DEFAULT_JWKS_MAX_AGE
+        ),
+        "fetch_timeout": Key(
+            "number",
+            "Seconds for one fetch from the authorization server.",
+            DEFAULT_AUTH_FETCH_TIMEOUT,
+        ),
+        "max_response_bytes": Key(
+            "count",
+            "A larger metadata document, JWKS or introspection answer is refused.",
+            DEFAULT_AUTH_MAX_RESPONSE_BYTES,
+            minimum=1024,
+        ),
+    },
+    "introspection": {
+        "client_id": Key(
+            "string", "The gateway's client id at the authorization server.", required=True
+        ),
+        "client_secret": Key("string", "Its secret (use ${VAR}).", required=True),
+        "cache_ttl": Key(
+            "number",
+            "Seconds an answer is reused (never past the token's exp).",
+            DEFAULT_INTROSPECTION_CACHE_TTL,
+        ),
+        "cache_size": Key(
+            "count", "Answers kept at most.", DEFAULT_INTROSPECTION_CACHE_SIZE, minimum=1
+        ),
+    },
+    "api_key": {
+        "name": Key(
+            "string", "A label (logs, audit, client id).", pattern=_NAME_PATTERN, required=True
+        ),
+        "sha256": Key(
+            "string",
+            'Hex SHA-256 of the key: printf %s "$KEY" | sha256sum.',
+            pattern="^[0-9a-fA-F]{64}$",
+            required=True,
+        ),
+        "scopes": Key("strings", "The scopes the key carries."),
+        "subject": Key("string", "The subject it stands for (default: its name)."),
     },
 }
 

@@ -70,6 +70,24 @@ DEFAULT_TAP_BACKUPS = 3
 # push hours of traffic out of the rotation.
 DEFAULT_TAP_MAX_MESSAGE_BYTES = 1024 * 1024
 DEFAULT_SERVICE_NAME = "mcp-gateway"
+# `auth:` (the HTTP listener as an OAuth 2.1 resource server). Asymmetric algorithms only: an
+# HMAC key would be a secret shared with the authorization server, and `none` is no signature.
+DEFAULT_AUTH_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "EdDSA")
+# Clock skew tolerated on exp/nbf/iat (seconds): small, since an expired token must fail.
+DEFAULT_AUTH_LEEWAY = 30.0
+# A JWT with a key id the cached JWKS lacks refetches it, at most once per this many seconds,
+# so tokens with invented key ids cannot make the gateway hammer the authorization server.
+DEFAULT_JWKS_REFRESH_INTERVAL = 30.0
+# The JWKS is fetched again once this old (seconds), so a key the server withdrew stops working.
+DEFAULT_JWKS_MAX_AGE = 600.0
+# One fetch from the authorization server (metadata, JWKS, introspection), in seconds.
+DEFAULT_AUTH_FETCH_TIMEOUT = 5.0
+# A metadata document, JWKS or introspection answer larger than this is refused: they are small.
+DEFAULT_AUTH_MAX_RESPONSE_BYTES = 256 * 1024
+# An introspection answer is reused this long (never past the token's exp), and at most this
+# many are kept, so a revoked token stops working soon and invented tokens cannot fill memory.
+DEFAULT_INTROSPECTION_CACHE_TTL = 60.0
+DEFAULT_INTROSPECTION_CACHE_SIZE = 10_000
 # `telemetry.access_log: stderr` logs to the gateway's stderr; any other value is a file path.
 ACCESS_LOG_STDERR = "stderr"
 
@@ -166,6 +184,49 @@ class TelemetryConfig:
     otlp_endpoint: str | None = None  # None: no traces are exported
     record_payloads: bool = False  # put message bodies on spans (they may hold secrets)
     access_log: str | None = None  # None: off; "stderr"; or an absolute file path
+
+
+@dataclass(frozen=True)
+class Introspection:
+    """RFC 7662 introspection of opaque tokens, as a confidential client (client_secret_basic)."""
+
+    client_id: str
+    client_secret: str = field(repr=False)  # never in a repr, a log line or an error
+    cache_ttl: float = DEFAULT_INTROSPECTION_CACHE_TTL
+    cache_size: int = DEFAULT_INTROSPECTION_CACHE_SIZE
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A static bearer key, stored as the hex SHA-256 digest of the key (never the key)."""
+
+    name: str
+    sha256: str = field(repr=False)
+    scopes: tuple[str, ...] = ()
+    subject: str = ""  # empty: the name
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """The HTTP listener as an OAuth 2.1 resource server (basic/authorization)."""
+
+    resource: str  # the canonical URI of the MCP endpoint (RFC 8707, RFC 9728 `resource`)
+    issuer: str | None = None  # None: API keys only
+    audience: str = ""  # empty: `resource`
+    scopes_supported: tuple[str, ...] = ()
+    required_scopes: tuple[str, ...] = ()
+    introspection: Introspection | None = None
+    api_keys: tuple[ApiKey, ...] = ()
+    algorithms: tuple[str, ...] = DEFAULT_AUTH_ALGORITHMS
+    leeway: float = DEFAULT_AUTH_LEEWAY
+    jwks_refresh_interval: float = DEFAULT_JWKS_REFRESH_INTERVAL
+    jwks_max_age: float = DEFAULT_JWKS_MAX_AGE
+    fetch_timeout: float = DEFAULT_AUTH_FETCH_TIMEOUT
+    max_response_bytes: int = DEFAULT_AUTH_MAX_RESPONSE_BYTES
+
+    @property
+    def expected_audience(self) -> str:
+        return self.audience or self.resource
 
 
 @dataclass(frozen=True)
@@ -293,3 +354,4 @@ class Config:
     on_backend_failure: str = "fail_open"
     tap: TapConfig | None = None
     telemetry: TelemetryConfig = TelemetryConfig()
+    auth: AuthConfig | None = None  # None: no authentication (today's behaviour)

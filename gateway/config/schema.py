@@ -61,6 +61,8 @@ def _key(key: Key) -> dict[str, Any]:
         out = _ref(key.section)
     elif key.kind == "sections":
         out = {"type": "object", "additionalProperties": _ref(key.section)}
+    elif key.kind == "section_list":
+        out = {"type": "array", "items": _ref(key.section)}
     else:  # roots
         uri = {"type": "string", "pattern": "^file://"}
         out = {"type": "array", "items": {"anyOf": [uri, _ref("root")]}}

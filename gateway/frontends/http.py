@@ -17,10 +17,12 @@ import functools
 from aiohttp import HttpVersion11, hdrs, web
 
 from gateway import errors, timers
+from gateway.auth.authenticator import Authenticator
 from gateway.config import HttpListen
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.legacy import LEGACY_VERSIONS, LegacyFront, is_legacy_opening, is_modern
 from gateway.frontends import guard
+from gateway.frontends.bearer import Bearer, identity_of
 from gateway.frontends.bodies import BodyError
 from gateway.frontends.listener import CLOSE, CUT, Handler, read_body, start_stream
 from gateway.frontends.ops import Operations, operation_routes
@@ -107,7 +109,11 @@ class Endpoint:
     endpoints, when given): `handle` is the listener's one handler."""
 
     def __init__(
-        self, dispatcher: Dispatcher, listen: HttpListen, ops: Operations | None = None
+        self,
+        dispatcher: Dispatcher,
+        listen: HttpListen,
+        ops: Operations | None = None,
+        auth: Authenticator | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.listen = listen
@@ -120,6 +126,11 @@ class Endpoint:
         self.sessions = SessionStore(listen.session_idle_timeout)
         self._timers = timers.wheel()  # (made within the running loop, by the app)
         self._screen = functools.lru_cache(maxsize=512)(functools.partial(_screen, listen))
+        # With `auth:`, every request on the endpoint needs a bearer token (frontends/bearer.py);
+        # the protected resource metadata is served beside the operator routes.
+        self._bearer = None if auth is None else Bearer(auth, listen.path, self._stats)
+        if self._bearer is not None:
+            self._routes.update(self._bearer.routes())
 
     def closing(self) -> None:
         """The listener is about to close: end the legacy sessions' GET streams, so that they
@@ -155,6 +166,10 @@ class Endpoint:
             return self._reject(guarded[0], guarded[1], codes.INVALID_REQUEST, guarded[2])
         if target != self._path and request.path != self._path:  # (decoded: `/m%63p?x=1`)
             return await self._other(request)
+        if self._bearer is not None:
+            refusal = await self._bearer.check(request)
+            if refusal is not None:
+                return refusal
         session_id = fields.get(SESSION_HEADER)
         if request.method != "POST":
             if session_id is not None and request.method in ("GET", "DELETE"):
@@ -261,7 +276,7 @@ class Endpoint:
         return refused(404, "Unknown or ended session")
 
     async def _open_session(self, request: web.BaseRequest, msg: Message) -> web.StreamResponse:
-        session = self.sessions.open(owner_of(request.headers.get(hdrs.AUTHORIZATION)))
+        session = self.sessions.open(_owner(request))
         if session is None:
             return self._reject(
                 "sessions_full",
@@ -273,13 +288,13 @@ class Endpoint:
         reply = await self._legacy.handle(session, msg, _drop, _origin(request))
         if not session.initialized:
             self.sessions.end(session)  # the handshake failed: no session to speak of
-            return json_response(errors.http_status(reply), reply)
+            return self._reply(reply, jsonrpc.encode(reply))
         return json_response(200, reply, **{SESSION_HEADER: session.id})
 
     async def _in_session(
         self, request: web.BaseRequest, session_id: str, msg: Message, kind: jsonrpc.Kind
     ) -> web.StreamResponse:
-        session = self.sessions.get(session_id, owner_of(request.headers.get(hdrs.AUTHORIZATION)))
+        session = self.sessions.get(session_id, _owner(request))
         if session is None:
             return self._no_session()
         version = request.headers.get(VERSION_HEADER)
@@ -335,7 +350,7 @@ class Endpoint:
     async def _session_method(
         self, request: web.BaseRequest, session_id: str
     ) -> web.StreamResponse:
-        session = self.sessions.get(session_id, owner_of(request.headers.get(hdrs.AUTHORIZATION)))
+        session = self.sessions.get(session_id, _owner(request))
         if session is None:
             return self._no_session()
         if request.method == "DELETE":
@@ -380,8 +395,21 @@ class Endpoint:
     async def _finish(self, relay: _Relay, reply: Message) -> web.StreamResponse:
         body = relay.count_out(jsonrpc.encode(reply))
         if relay.stream is None:
-            return web.Response(status=errors.http_status(reply), body=body, content_type=JSON)
+            return self._reply(reply, body)
         return await relay.finish_stream(body)
+
+    def _reply(self, reply: Message, body: bytes) -> web.Response:
+        """A reply as one JSON body, with the status its error calls for (errors.http_status)
+        and the headers that status carries."""
+        status = errors.http_status(reply)
+        extra = None if status == 200 else self._status_headers(status, reply)
+        return web.Response(status=status, body=body, content_type=JSON, headers=extra)
+
+    def _status_headers(self, status: int, reply: Message) -> dict[str, str] | None:
+        """403 for want of scopes: the insufficient_scope challenge, so a client can step up."""
+        if status == 403 and self._bearer is not None:
+            return self._bearer.reply_headers(reply)
+        return None
 
     async def _answer(self, request: web.BaseRequest, msg: Message) -> web.StreamResponse:
         """Answer with JSON if the reply comes quickly and alone, else as an SSE stream.
@@ -402,8 +430,7 @@ class Endpoint:
             if relay.keepalive is not None:
                 await relay.stop_keepalive()
         if relay.stream is None:  # the common case, without a coroutine
-            body = relay.count_out(jsonrpc.encode(reply))
-            return web.Response(status=errors.http_status(reply), body=body, content_type=JSON)
+            return self._reply(reply, relay.count_out(jsonrpc.encode(reply)))
         return await self._finish(relay, reply)
 
 
@@ -427,7 +454,11 @@ def _count_out(stats: Stats, data: bytes) -> bytes:
 
 
 def _origin(request: web.BaseRequest) -> Origin:
-    return Origin("http", request.remote, request.headers)
+    return Origin("http", request.remote, request.headers, identity=identity_of(request))
+
+
+def _owner(request: web.BaseRequest) -> str:
+    return owner_of(identity_of(request), request.headers.get(hdrs.AUTHORIZATION))
 
 
 def _param_specs(msg: Message, dispatcher: Dispatcher) -> tuple[ParamHeader, ...] | str | None:

@@ -1,5 +1,5 @@
 """Legacy HTTP sessions (2025-11-25 transports, Session Management): minted at `initialize`,
-named by an unguessable `Mcp-Session-Id`, bound to the credentials that opened them, ended by
+named by an unguessable `Mcp-Session-Id`, bound to the caller that opened them, ended by
 DELETE or after a while without requests; an unknown or ended id gets 404."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import logging
 import secrets
 import time
 
+from gateway.auth.identity import Identity
 from gateway.core.legacy import Session
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import credentials_digest
@@ -50,8 +51,12 @@ class HttpSession(Session):
         self.end_stream()
 
 
-def owner_of(authorization: str | None) -> str:
-    """Who may use a session: a digest of the credentials that opened it."""
+def owner_of(identity: Identity | None, authorization: str | None) -> str:
+    """Who may use a session: the caller's identity when the listener authenticates (so a
+    refreshed token of the same subject and client keeps the session), else a digest of the
+    credentials that opened it."""
+    if identity is not None:
+        return "identity:" + identity.key()
     return credentials_digest(authorization)
 
 

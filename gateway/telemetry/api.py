@@ -137,6 +137,9 @@ class Stats:
     rejections: Counter[str] = field(default_factory=Counter)
     bytes: Counter[tuple[str, str]] = field(default_factory=Counter)  # (hop, direction)
     in_flight: Counter[str] = field(default_factory=Counter)  # by frontend
+    # Requests the HTTP front end refused for their credentials, by reason (missing_token,
+    # expired, wrong_audience, ...; `unavailable`: the authorization server did not answer).
+    auth_failures: Counter[str] = field(default_factory=Counter)
 
 
 class Observation(Protocol):

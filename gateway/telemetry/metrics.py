@@ -187,6 +187,14 @@ class GatewayCollector(Collector):
         for reason, count in sorted(self._stats.rejections.items()):
             rejections.add_metric([reason], count)
         yield rejections
+        auth_failures = CounterMetricFamily(
+            "mcp_gateway_auth_failures",
+            "HTTP requests refused for their credentials, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self._stats.auth_failures.items()):
+            auth_failures.add_metric([reason], count)
+        yield auth_failures
         traffic = CounterMetricFamily(
             "mcp_gateway_bytes", "Message bytes by hop and direction.", labels=["hop", "direction"]
         )

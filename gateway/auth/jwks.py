@@ -1,0 +1,119 @@
+"""The authorization server's signing keys (its JWKS), fetched through the gateway's own HTTP
+client (PyJWT's PyJWKClient fetches with blocking urllib), cached, and fetched again when a
+token names a key id the cache lacks (key rotation), at most once per refresh interval, or
+when the cache is older than its maximum age. Concurrent requests share one fetch."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jwt
+
+from gateway.auth.fetch import Fetcher, FetchFailed
+
+log = logging.getLogger("gateway.auth")
+
+# JWKs beyond this many in one set are ignored: a set holds a few keys (current, next, old).
+MAX_KEYS = 100
+
+
+def signing_keys(doc: Any) -> dict[str | None, dict[str, Any]]:
+    """The usable keys of a JWKS document by key id (pure): public keys for signatures only.
+    Symmetric (`oct`) keys are never used, and a key meant for encryption is skipped."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
+        return {}
+    out: dict[str | None, dict[str, Any]] = {}
+    for jwk in doc["keys"][:MAX_KEYS]:
+        if not isinstance(jwk, dict) or jwk.get("kty") not in ("RSA", "EC", "OKP"):
+            continue
+        if jwk.get("use", "sig") != "sig" or "d" in jwk:  # (a private key published by mistake)
+            continue
+        kid = jwk.get("kid")
+        out.setdefault(kid if isinstance(kid, str) else None, jwk)
+    return out
+
+
+class Jwks:
+    def __init__(
+        self,
+        fetcher: Fetcher,
+        refresh_interval: float,
+        max_age: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._fetcher = fetcher
+        self._refresh_interval = refresh_interval
+        self._max_age = max_age
+        self._clock = clock
+        self._keys: dict[str | None, dict[str, Any]] = {}
+        self._fetched: float | None = None  # when the cached set was fetched
+        self._attempted: float | None = None  # when a fetch last started
+        self._fetching: asyncio.Task[None] | None = None
+        self._prepared: dict[tuple[str | None, str], jwt.PyJWK] = {}
+        self.fetches = 0  # (for tests and logs: how often the set was fetched)
+
+    async def key(self, url: str, kid: str | None, alg: str) -> jwt.PyJWK | None:
+        """The key that should have signed a token with this `kid` and `alg`, or None when the
+        set has none (after a refetch, if one is allowed now). Raises FetchFailed when the set
+        cannot be had at all."""
+        if self._fetched is None:
+            await self._refresh(url)
+        elif self._clock() - self._fetched >= self._max_age and self._may_fetch():
+            try:
+                await self._refresh(url)
+            except FetchFailed as exc:
+                # An old set is better than none while the server is away; retried later.
+                log.debug("keeping the cached JWKS: %s", exc)
+        jwk = self._find(kid)
+        if jwk is None and self._may_fetch():
+            await self._refresh(url)
+            jwk = self._find(kid)
+        return None if jwk is None else self._prepare(kid, jwk, alg)
+
+    def _may_fetch(self) -> bool:
+        # Attempts, not successes, are bounded: a server that is away is not asked per request.
+        return self._attempted is None or self._clock() - self._attempted >= self._refresh_interval
+
+    def _find(self, kid: str | None) -> dict[str, Any] | None:
+        if kid is not None:
+            return self._keys.get(kid)
+        # A token without a key id: only a set of one key says which key that is.
+        return next(iter(self._keys.values())) if len(self._keys) == 1 else None
+
+    def _prepare(self, kid: str | None, jwk: dict[str, Any], alg: str) -> jwt.PyJWK | None:
+        """The key bound to the token's algorithm, or None when the two do not fit (a key
+        that names another `alg`, an RSA key for an EC algorithm)."""
+        if jwk.get("alg") not in (None, alg):
+            return None
+        found = self._prepared.get((kid, alg))
+        if found is None:
+            try:
+                found = jwt.PyJWK(jwk, algorithm=alg)
+            except (jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError):
+                return None
+            self._prepared[kid, alg] = found
+        return found
+
+    async def _refresh(self, url: str) -> None:
+        task = self._fetching
+        if task is None:
+            self._attempted = self._clock()
+            task = self._fetching = asyncio.get_running_loop().create_task(self._fetch(url))
+            task.add_done_callback(self._fetched_or_failed)
+        await asyncio.shield(task)
+
+    def _fetched_or_failed(self, task: asyncio.Task[None]) -> None:
+        self._fetching = None
+        if not task.cancelled():
+            task.exception()  # (seen by whoever awaited it; retrieved even if nobody did)
+
+    async def _fetch(self, url: str) -> None:
+        self.fetches += 1
+        doc = await self._fetcher.get_json(url)
+        self._keys = signing_keys(doc)
+        self._prepared = {}
+        self._fetched = self._clock()
