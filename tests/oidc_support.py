@@ -170,11 +170,14 @@ class AuthServer:
             form["resource"] = resource
         if scope is not None:
             form["scope"] = scope
-        auth = aiohttp.BasicAuth(client.client_id, client.client_secret)
+        # client_secret_basic (RFC 6749 2.3.1); our ids and secrets need no form-encoding.
+        headers = {
+            "Authorization": aiohttp.encode_basic_auth(client.client_id, client.client_secret)
+        }
         with anyio.fail_after(BOUND):
             async with (
                 aiohttp.ClientSession() as session,
-                session.post(self.token_endpoint, data=form, auth=auth) as resp,
+                session.post(self.token_endpoint, data=form, headers=headers) as resp,
             ):
                 body: dict[str, Any] = orjson.loads(await resp.read())
                 return resp.status, body
