@@ -16,6 +16,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -25,6 +26,9 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric import ec
 from multidict import CIMultiDictProxy
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.app import Gateway
 from gateway.config import parse
@@ -231,6 +235,33 @@ async def test_the_token_is_not_in_the_log(world: World, caplog: pytest.LogCaptu
     await send("POST", world.url, call(), token)
     await send("POST", world.url, call(), good)
     assert token not in caplog.text and good not in caplog.text
+
+
+async def test_the_token_reaches_no_tap_span_or_access_log(tmp_path: Path) -> None:
+    """security-considerations, Token Theft: tokens logged on the server are as good as
+    stolen. The tap records the request's headers with Authorization redacted; spans and the
+    access log carry no header at all."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    async with auth_server() as auth, recording_backend() as (backend, _):
+        doc = yaml.safe_load(gateway_yaml(backend, auth.issuer))
+        doc["tap"] = {"path": str(tmp_path / "tap.jsonl")}
+        doc["telemetry"] = {"access_log": str(tmp_path / "access.log")}
+        token = auth.mint()
+        async with Gateway(parse(yaml.safe_dump(doc)), tracing=provider) as gw:
+            assert gw.http_url is not None
+            assert (await send("POST", gw.http_url, call(id_=9), token)).status == 200
+    tapped = [orjson.loads(line) for line in (tmp_path / "tap.jsonl").read_bytes().splitlines()]
+    first = next(e for e in tapped if e["hop"] == "frontend" and e["msg"].get("id") == 9)
+    assert first["headers"]["Authorization"] == "[redacted]"
+    assert token.encode() not in (tmp_path / "tap.jsonl").read_bytes()
+    assert token.encode() not in (tmp_path / "access.log").read_bytes()
+    spans = exporter.get_finished_spans()
+    assert spans
+    for span in spans:
+        assert token not in repr(dict(span.attributes or {}))
+        assert not any(token in repr(dict(e.attributes or {})) for e in span.events)
 
 
 def _expired(auth: AuthServer) -> str:

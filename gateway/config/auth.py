@@ -95,6 +95,10 @@ def _api_keys(c: _Check, raw: Any, path: Path_) -> tuple[ApiKey, ...]:
             continue
         body = c.mapping(item, where, keys.names("api_key"))
         name = c.field(body, where, "name", t["name"])
+        raw_digest = body.get("sha256")
+        if isinstance(raw_digest, int | float) and not isinstance(raw_digest, bool):
+            # An unquoted digest of digits (and an `e`) reads as a number: its text is meant.
+            body = {**body, "sha256": c.r.text.get(where + ("sha256",), "")}
         digest = c.field(body, where, "sha256", t["sha256"])
         if not name or not re.fullmatch(keys._NAME_PATTERN, name):
             c.r.problem(where + ("name",), "is required: letters, digits, '_', '.' and '-'")
