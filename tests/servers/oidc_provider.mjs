@@ -6,7 +6,8 @@
 // CONFIG.json:
 //   port       0 binds an ephemeral port; a restart passes the port it had, so the issuer
 //              (http://127.0.0.1:<port>) stays the same while the signing key changes
-//   keys       the private signing JWKs (RSA, each with a kid); the first one signs
+//   keys       the private signing JWKs (RSA, each with a kid); the first one signs. Absent:
+//              a new RSA key made at each start (for trying it by hand)
 //   clients    [{client_id, client_secret}]: client_credentials clients (client_secret_basic)
 //   resources  {"<resource indicator>": {scope: "a b", format: "jwt" | "opaque", ttl: seconds}}
 //              the resource servers (RFC 8707) tokens can be bound to; any other indicator
@@ -14,6 +15,7 @@
 //
 // Prints `READY <port>` on stdout once it accepts connections; SIGTERM stops it.
 
+import { generateKeyPairSync } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 
@@ -22,6 +24,11 @@ import Provider, { errors } from '../npm/node_modules/oidc-provider/lib/index.js
 
 const config = JSON.parse(readFileSync(process.argv[2], 'utf8'));
 const resources = config.resources ?? {};
+
+function generatedKeys() {
+  const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
+  return [{ ...privateKey.export({ format: 'jwk' }), kid: 'generated', alg: 'RS256', use: 'sig' }];
+}
 
 function resourceServer(indicator) {
   const entry = resources[indicator];
@@ -46,7 +53,7 @@ const server = createServer();
 server.listen(config.port ?? 0, '127.0.0.1', () => {
   const { port } = server.address();
   const provider = new Provider(`http://127.0.0.1:${port}`, {
-    jwks: { keys: config.keys },
+    jwks: { keys: config.keys ?? generatedKeys() },
     clients: (config.clients ?? []).map((client) => ({
       client_id: client.client_id,
       client_secret: client.client_secret,
@@ -67,6 +74,8 @@ server.listen(config.port ?? 0, '127.0.0.1', () => {
         useGrantedResource: () => true,
       },
     },
+    // Each resource server's ttl (its accessTokenTTL), stated so the server does not warn.
+    ttl: { ClientCredentials: (_ctx, token) => token.resourceServer?.accessTokenTTL ?? 300 },
     // Fixed secrets: this server lives for one test module on loopback, and nothing it
     // issues outlives it.
     cookies: { keys: ['oidc-provider-test-cookie-key'] },
