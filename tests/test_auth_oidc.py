@@ -48,7 +48,14 @@ from tests.oidc_support import (
     claims,
     unsigned,
 )
-from tests.support import BOUND, Message, call, mirrored_headers, start_sdk_http
+from tests.support import (
+    BOUND,
+    Message,
+    both_event_loops,  # noqa: F401  (the anyio_backend fixture: asyncio, uvloop)
+    call,
+    mirrored_headers,
+    start_sdk_http,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -61,12 +68,6 @@ SDK = OAuthClient("sdk-client", "sdk-secret")
 # Other resource servers of the same authorization server: their tokens are not for us.
 ELSEWHERE = "http://127.0.0.1:9/elsewhere/mcp"
 ELSEWHERE_OPAQUE = "http://127.0.0.1:9/elsewhere-opaque/mcp"
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    """Module scope: one authorization server, one backend and one gateway serve every test."""
-    return "asyncio"
 
 
 def free_port() -> int:
@@ -157,7 +158,9 @@ async def gateway(
     auth_server: AuthServer,
     backend: str,
     endpoints: Endpoints,
+    anyio_backend: object,
 ) -> AsyncIterator[Running]:
+    """One gateway per event loop (named, so it is made again for each)."""
     tap = tmp_path_factory.mktemp("tap") / "tap.jsonl"
     text = gateway_config(endpoints.url, backend, auth_section(auth_server, endpoints.url), tap)
     # (Start-up is bounded by the backend's connect_timeout.)
@@ -418,7 +421,8 @@ async def test_a_rotated_signing_key_is_picked_up(
     keys again for the unknown `kid`."""
     first = await auth_server.token(APP, gateway.url, SCOPE)
     assert echoed(await post(gateway.url, call(5, "echo", text="old"), first), 5) == "old"
-    auth_server.restart([SigningKey.generate("key-2")])
+    # A key id names one key for good: the new key gets a new one.
+    auth_server.restart([SigningKey.generate(f"key-{auth_server.starts + 1}")])
     second = await auth_server.token(APP, gateway.url, SCOPE)
     assert echoed(await post(gateway.url, call(6, "echo", text="new"), second), 6) == "new"
 
@@ -428,9 +432,10 @@ async def test_a_rotated_signing_key_is_picked_up(
 
 @pytest.fixture(scope="module")
 async def opaque_gateway(
-    auth_server: AuthServer, backend: str, endpoints: Endpoints
+    auth_server: AuthServer, backend: str, endpoints: Endpoints, anyio_backend: object
 ) -> AsyncIterator[tuple[Gateway, str]]:
-    """A gateway whose authorization server issues opaque tokens for it (RFC 7662)."""
+    """A gateway whose authorization server issues opaque tokens for it (RFC 7662), one per
+    event loop."""
     introspection = {
         "client_id": GATEWAY_CLIENT.client_id,
         "client_secret": GATEWAY_CLIENT.client_secret,
@@ -486,34 +491,47 @@ class MemoryStorage(TokenStorage):
         self.client = client_info
 
 
-async def test_the_sdk_client_discovers_the_authorization_server_from_a_401(
-    gateway: Running, auth_server: AuthServer
-) -> None:
-    """Authorization Flow Steps, for a client_credentials client: the official SDK client with
-    its OAuth client provider and no token sends its request, reads the 401 challenge, fetches
-    the protected resource metadata and the authorization server's metadata, gets a token for
-    the gateway (`resource`, the challenged scope) and completes tools/call."""
-    seen: list[tuple[str, str, int]] = []
+Seen = list[tuple[str, str, int]]
+
+
+async def sdk_call(url: str, issuer: str, storage: MemoryStorage, mode: str = "auto") -> Seen:
+    """tools/call `echo` with the official SDK client and its client-credentials OAuth
+    provider; the (method, URL, status) of every HTTP exchange the client made, in order."""
+    seen: Seen = []
 
     async def note(response: httpx2.Response) -> None:
         seen.append((response.request.method, str(response.request.url), response.status_code))
 
-    storage = MemoryStorage()
     provider = ClientCredentialsOAuthProvider(
-        server_url=gateway.url,
+        server_url=url,
         storage=storage,
         client_id=SDK.client_id,
         client_secret=SDK.client_secret,
-        issuer=auth_server.issuer,
+        issuer=issuer,
     )
     with anyio.fail_after(BOUND * 2):
         async with (
             httpx2.AsyncClient(auth=provider, event_hooks={"response": [note]}) as http,
-            Client(streamable_http_client(gateway.url, http_client=http)) as client,
+            Client(streamable_http_client(url, http_client=http), mode=mode) as client,
         ):
-            result = await client.call_tool("echo", {"text": "sdk"})
+            result = await client.call_tool("echo", {"text": f"sdk {mode}"})
     assert isinstance(result.content[0], TextContent)
-    assert result.content[0].text == "sdk"
+    assert result.content[0].text == f"sdk {mode}"
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_the_sdk_client_discovers_the_authorization_server_from_a_401(
+    gateway: Running, auth_server: AuthServer, mode: str
+) -> None:
+    """Authorization Flow Steps, for a client_credentials client: the official SDK client with
+    its OAuth client provider and no token sends its first request, reads the 401 challenge,
+    fetches the protected resource metadata and the authorization server's metadata, gets a
+    token for the gateway (`resource`, the challenged scope) and completes tools/call; as a
+    modern client and as a legacy one (initialize, a session, its DELETE at the end), every
+    request after the token carrying it."""
+    storage = MemoryStorage()
+    seen = await sdk_call(gateway.url, auth_server.issuer, storage, mode)
     # The flow the client took, in order: challenged, metadata, token, then through.
     assert seen[0][1:] == (gateway.url, 401)
     urls = [url for _, url, _ in seen]
@@ -522,5 +540,27 @@ async def test_the_sdk_client_discovers_the_authorization_server_from_a_401(
     assert 0 < prm < token
     assert seen[token][2] == 200
     assert any(url.startswith(f"{auth_server.issuer}/.well-known/") for url in urls[prm:token])
-    assert all(status not in (401, 403) for _, _, status in seen[token + 1 :]), seen
+    after = seen[token + 1 :]
+    assert after and all(status < 400 for _, _, status in after), seen
+    if mode == "legacy":  # the session's stream and its end went through with the token too
+        assert {"GET", "DELETE"} <= {method for method, url, _ in after if url == gateway.url}
     assert storage.tokens is not None and SCOPE in (storage.tokens.scope or "").split()
+
+
+async def test_the_sdk_client_steps_up_on_insufficient_scope(
+    gateway: Running, auth_server: AuthServer
+) -> None:
+    """Step-Up Authorization Flow: an SDK client holding a token without the required scope
+    gets 403 `insufficient_scope`, follows that challenge's `resource_metadata` to the
+    authorization server, asks for the union of what it had and what the challenge names, and
+    completes the call with the new token."""
+    storage = MemoryStorage()
+    status, body = await auth_server.token_response(SDK, gateway.url, OTHER_SCOPE)
+    assert status == 200
+    storage.tokens = OAuthToken.model_validate(body)
+    seen = await sdk_call(gateway.url, auth_server.issuer, storage)
+    assert seen[0][1:] == (gateway.url, 403)
+    token = [url for _, url, _ in seen].index(auth_server.token_endpoint)
+    assert all(status < 400 for _, _, status in seen[token + 1 :]), seen
+    assert storage.tokens is not None
+    assert {SCOPE, OTHER_SCOPE} <= set((storage.tokens.scope or "").split())
