@@ -24,6 +24,7 @@ import anyio
 import orjson
 import pytest
 import yaml
+from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import ec
 from multidict import CIMultiDictProxy
 from opentelemetry.sdk.trace import TracerProvider
@@ -44,6 +45,7 @@ from tests.auth_support import (
     auth_server,
     recording_backend,
     rsa_key,
+    serving,
 )
 from tests.support import BOUND
 
@@ -554,6 +556,34 @@ async def test_an_unreachable_authorization_server_is_503_with_retry_after(
         assert len(warnings) == 1 and not any(r.exc_info for r in caplog.records)
         # An API key needs no authorization server.
         assert (await send("POST", gw.http_url, call(), API_KEY)).status == 200
+
+
+async def test_a_slow_authorization_server_is_503_after_the_fetch_timeout() -> None:
+    """auth.fetch_timeout: a server that does not answer delays a request by that long at most,
+    and the next requests are answered at once until the retry delay has run."""
+    stalled = anyio.Event()
+    asked: list[str] = []
+
+    async def never(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        await stalled.wait()
+        return web.Response(status=500)
+
+    async with (
+        serving(never) as slow,
+        recording_backend() as (backend, _),
+        Gateway(parse(gateway_yaml(backend, slow + "/tenant1", fetch_timeout=0.2))) as gw,
+    ):
+        assert gw.http_url is not None
+        try:
+            with anyio.fail_after(BOUND):
+                first = await send("POST", gw.http_url, call(), "opaque-token")
+                assert first.status == 503 and first.json()["error"]["code"] == UNAVAILABLE
+                again = await send("POST", gw.http_url, call(), "opaque-token")
+                assert again.status == 503
+                assert len(asked) == 1  # (within the retry delay: not asked again)
+        finally:
+            stalled.set()
 
 
 async def test_metadata_for_another_issuer_is_not_used() -> None:

@@ -7,23 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from typing import Any
 
 import pytest
 
 from gateway.auth import challenge
+from gateway.auth.authenticator import Authenticator
 from gateway.auth.discovery import ServerMetadata, metadata_urls, parse_metadata
 from gateway.auth.fetch import Fetcher, FetchFailed
 from gateway.auth.identity import Identity
+from gateway.auth.introspection import Introspector
 from gateway.auth.jwks import Jwks, signing_keys
 from gateway.auth.tokens import Rejected, api_key_identity, check_header, scopes_of
 from gateway.backends.era import EraBackend
-from gateway.config import AuthConfig, ConfigInvalid, describe, parse
+from gateway.config import AuthConfig, ConfigInvalid, Introspection, describe, parse
 from gateway.errors import Refused
 from gateway.protocol import codes
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import NO_OBSERVATION, SERVING, Origin
-from tests.auth_support import auth_server, rsa_key
+from tests.auth_support import RESOURCE, auth_server, rsa_key
 from tests.support import BOUND
 from tests.test_era_core import (
     FakeLink,
@@ -308,6 +311,99 @@ async def test_a_document_past_the_size_limit_is_refused() -> None:
         try:
             with pytest.raises(FetchFailed):
                 await fetcher.get_json(server.url + "/jwks")
+        finally:
+            await fetcher.close()
+
+
+# --- the authenticator's caches -------------------------------------------------------------------
+
+
+async def test_a_verified_jwt_is_remembered_until_the_cache_bound() -> None:
+    """auth.token_cache_size: a repeated token skips the signature check; past the bound the
+    oldest is forgotten (and checked again when it comes back)."""
+    async with auth_server() as server:
+        auth = AuthConfig(resource=RESOURCE, issuer=server.issuer, token_cache_size=2)
+        authenticator = Authenticator(auth)
+        try:
+            first, second, third = (server.mint(sub=s) for s in ("a", "b", "c"))
+            for token in (first, first, second, second):
+                await authenticator.authenticate(token)
+            assert authenticator.verifications == 2
+            await authenticator.authenticate(third)  # the bound: `first` is forgotten
+            assert (await authenticator.authenticate(second)).subject == "b"
+            assert authenticator.verifications == 3
+            assert (await authenticator.authenticate(first)).subject == "a"
+            assert authenticator.verifications == 4
+        finally:
+            await authenticator.close()
+
+
+async def test_a_remembered_jwt_is_checked_again_once_past_its_exp() -> None:
+    async with auth_server() as server:
+        clock = Clock()
+        clock.now = time.time()
+        auth = AuthConfig(resource=RESOURCE, issuer=server.issuer, leeway=30)
+        authenticator = Authenticator(auth, clock=clock)
+        try:
+            token = server.mint()
+            await authenticator.authenticate(token)
+            await authenticator.authenticate(token)
+            assert authenticator.verifications == 1
+            clock.now = server.claims()["exp"] + 31.0
+            await authenticator.authenticate(token)  # (PyJWT's own clock still admits it)
+            assert authenticator.verifications == 2
+        finally:
+            await authenticator.close()
+
+
+async def test_a_token_expired_within_the_leeway_passes_and_one_past_it_does_not() -> None:
+    """auth.leeway: clock skew of a few seconds is tolerated, an expired token is not."""
+    async with auth_server() as server:
+        auth = AuthConfig(resource=RESOURCE, issuer=server.issuer, leeway=30)
+        authenticator = Authenticator(auth)
+        now = int(time.time())
+        try:
+            await authenticator.authenticate(server.mint(exp=now - 10))
+            with pytest.raises(Rejected):
+                await authenticator.authenticate(server.mint(exp=now - 60))
+        finally:
+            await authenticator.close()
+
+
+async def test_introspection_answers_are_cached_within_the_ttl_and_the_size_bound() -> None:
+    """auth.introspection.cache_ttl and cache_size."""
+    async with auth_server() as server:
+        clock = Clock()
+        clock.now = time.time()
+        settings = Introspection(client_id="c", client_secret="s", cache_ttl=60, cache_size=2)
+        auth = AuthConfig(resource=RESOURCE, issuer=server.issuer, introspection=settings)
+        fetcher = Fetcher(BOUND, 1 << 20)
+        introspector = Introspector(fetcher, settings, auth, clock=clock)
+        endpoint = server.url + "/introspect"
+        for token in ("t1", "t2", "t3"):
+            server.opaque[token] = {"active": True, "sub": token, "aud": RESOURCE}
+        try:
+            for token in ("t1", "t1", "t2"):
+                await introspector.identity(endpoint, token)
+            assert introspector.asked == 2
+            await introspector.identity(endpoint, "t3")  # past the bound: t1 is forgotten
+            await introspector.identity(endpoint, "t1")
+            assert introspector.asked == 4
+            clock.now += 61  # past the ttl: asked again
+            await introspector.identity(endpoint, "t1")
+            assert introspector.asked == 5
+            # Never past the token's own exp.
+            server.opaque["short"] = {
+                "active": True,
+                "sub": "s",
+                "aud": RESOURCE,
+                "exp": clock.now + 5,
+            }
+            await introspector.identity(endpoint, "short")
+            clock.now += 40  # past exp and the leeway
+            with pytest.raises(Rejected):
+                await introspector.identity(endpoint, "short")
+            assert introspector.asked == 7
         finally:
             await fetcher.close()
 

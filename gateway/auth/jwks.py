@@ -14,11 +14,9 @@ from typing import Any
 import jwt
 
 from gateway.auth.fetch import Fetcher, FetchFailed
+from gateway.auth.outage import Outage, Unavailable
 
 log = logging.getLogger("gateway.auth")
-
-# JWKs beyond this many in one set are ignored: a set holds a few keys (current, next, old).
-MAX_KEYS = 100
 
 
 def signing_keys(doc: Any) -> dict[str | None, dict[str, Any]]:
@@ -27,7 +25,7 @@ def signing_keys(doc: Any) -> dict[str | None, dict[str, Any]]:
     if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
         return {}
     out: dict[str | None, dict[str, Any]] = {}
-    for jwk in doc["keys"][:MAX_KEYS]:
+    for jwk in doc["keys"]:
         if not isinstance(jwk, dict) or jwk.get("kty") not in ("RSA", "EC", "OKP"):
             continue
         if jwk.get("use", "sig") != "sig" or "d" in jwk:  # (a private key published by mistake)
@@ -44,8 +42,10 @@ class Jwks:
         refresh_interval: float,
         max_age: float,
         clock: Callable[[], float] = time.monotonic,
+        outage: Outage | None = None,
     ) -> None:
         self._fetcher = fetcher
+        self._outage = outage if outage is not None else Outage("fetching the JWKS", clock)
         self._refresh_interval = refresh_interval
         self._max_age = max_age
         self._clock = clock
@@ -55,19 +55,21 @@ class Jwks:
         self._fetching: asyncio.Task[None] | None = None
         self._prepared: dict[tuple[str | None, str], jwt.PyJWK] = {}
         self.fetches = 0  # (for tests and logs: how often the set was fetched)
+        # Bumped whenever a set is taken in: what was verified with an older one is stale.
+        self.generation = 0
 
     async def key(self, url: str, kid: str | None, alg: str) -> jwt.PyJWK | None:
         """The key that should have signed a token with this `kid` and `alg`, or None when the
-        set has none (after a refetch, if one is allowed now). Raises FetchFailed when the set
-        cannot be had at all."""
+        set has none (after a refetch, if one is allowed now). Raises Unavailable when the set
+        cannot be had (an old set is used while a refresh fails)."""
         if self._fetched is None:
             await self._refresh(url)
         elif self._clock() - self._fetched >= self._max_age and self._may_fetch():
             try:
                 await self._refresh(url)
-            except FetchFailed as exc:
+            except Unavailable:
                 # An old set is better than none while the server is away; retried later.
-                log.debug("keeping the cached JWKS: %s", exc)
+                log.debug("keeping the cached JWKS while it cannot be fetched")
         jwk = self._find(kid)
         if jwk is None and self._may_fetch():
             await self._refresh(url)
@@ -101,6 +103,7 @@ class Jwks:
     async def _refresh(self, url: str) -> None:
         task = self._fetching
         if task is None:
+            self._outage.check()
             self._attempted = self._clock()
             task = self._fetching = asyncio.get_running_loop().create_task(self._fetch(url))
             task.add_done_callback(self._fetched_or_failed)
@@ -113,7 +116,12 @@ class Jwks:
 
     async def _fetch(self, url: str) -> None:
         self.fetches += 1
-        doc = await self._fetcher.get_json(url)
+        try:
+            doc = await self._fetcher.get_json(url)
+        except FetchFailed as exc:
+            raise self._outage.failed(exc) from None
+        self._outage.ok()
         self._keys = signing_keys(doc)
         self._prepared = {}
         self._fetched = self._clock()
+        self.generation += 1

@@ -174,4 +174,5 @@ def auth(c: _Check, raw: Any, http: HttpListen | None) -> AuthConfig | None:
         jwks_max_age=c.field(body, path, "jwks_max_age", t["jwks_max_age"]),
         fetch_timeout=c.field(body, path, "fetch_timeout", t["fetch_timeout"]),
         max_response_bytes=c.field(body, path, "max_response_bytes", t["max_response_bytes"]),
+        token_cache_size=c.field(body, path, "token_cache_size", t["token_cache_size"]),
     )

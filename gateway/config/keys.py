@@ -36,6 +36,7 @@ from gateway.config.model import (
     DEFAULT_TAP_BACKUPS,
     DEFAULT_TAP_MAX_BYTES,
     DEFAULT_TAP_MAX_MESSAGE_BYTES,
+    DEFAULT_TOKEN_CACHE_SIZE,
     ERAS,
     FAILURE_POLICIES,
     ISOLATIONS,
@@ -356,6 +357,12 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "A larger metadata document, JWKS or introspection answer is refused.",
             DEFAULT_AUTH_MAX_RESPONSE_BYTES,
             minimum=1024,
+        ),
+        "token_cache_size": Key(
+            "count",
+            "Verified JWTs remembered until they expire (a repeated token skips the check).",
+            DEFAULT_TOKEN_CACHE_SIZE,
+            minimum=1,
         ),
     },
     "introspection": {

@@ -88,6 +88,9 @@ DEFAULT_AUTH_MAX_RESPONSE_BYTES = 256 * 1024
 # many are kept, so a revoked token stops working soon and invented tokens cannot fill memory.
 DEFAULT_INTROSPECTION_CACHE_TTL = 60.0
 DEFAULT_INTROSPECTION_CACHE_SIZE = 10_000
+# Verified JWTs remembered by digest until their exp, so a client's repeated token skips the
+# signature check (most of the cost of one); bounded so that many tokens cannot fill memory.
+DEFAULT_TOKEN_CACHE_SIZE = 10_000
 # `telemetry.access_log: stderr` logs to the gateway's stderr; any other value is a file path.
 ACCESS_LOG_STDERR = "stderr"
 
@@ -223,6 +226,7 @@ class AuthConfig:
     jwks_max_age: float = DEFAULT_JWKS_MAX_AGE
     fetch_timeout: float = DEFAULT_AUTH_FETCH_TIMEOUT
     max_response_bytes: int = DEFAULT_AUTH_MAX_RESPONSE_BYTES
+    token_cache_size: int = DEFAULT_TOKEN_CACHE_SIZE
 
     @property
     def expected_audience(self) -> str:

@@ -15,8 +15,9 @@ from aiohttp import hdrs, web
 
 from gateway import errors
 from gateway.auth import challenge
-from gateway.auth.authenticator import Authenticator, Unavailable
+from gateway.auth.authenticator import Authenticator
 from gateway.auth.identity import Identity
+from gateway.auth.outage import Unavailable
 from gateway.auth.tokens import Rejected
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message
