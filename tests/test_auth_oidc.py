@@ -418,13 +418,20 @@ async def test_a_rotated_signing_key_is_picked_up(
 ) -> None:
     """Token Handling: the authorization server replaces its signing key (same issuer, a new
     `kid` in its JWKS); a token signed with the new key verifies, the gateway fetching the
-    keys again for the unknown `kid`."""
+    keys again for the unknown `kid`. The old key is gone from the set, so a token it signed,
+    though unexpired and accepted before, is refused from then on."""
     first = await auth_server.token(APP, gateway.url, SCOPE)
     assert echoed(await post(gateway.url, call(5, "echo", text="old"), first), 5) == "old"
     # A key id names one key for good: the new key gets a new one.
     auth_server.restart([SigningKey.generate(f"key-{auth_server.starts + 1}")])
     second = await auth_server.token(APP, gateway.url, SCOPE)
     assert echoed(await post(gateway.url, call(6, "echo", text="new"), second), 6) == "new"
+    failures = gateway.gw.telemetry.stats.auth_failures
+    counted = failures["unknown_key"]
+    withdrawn = await post(gateway.url, call(7, "echo", text="old again"), first)
+    assert withdrawn.status == 401
+    assert withdrawn.challenge["error"] == "invalid_token"
+    assert failures["unknown_key"] == counted + 1
 
 
 # --- opaque tokens: introspection -------------------------------------------------------------
