@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import anyio
@@ -70,13 +71,17 @@ ELSEWHERE = "http://127.0.0.1:9/elsewhere/mcp"
 ELSEWHERE_OPAQUE = "http://127.0.0.1:9/elsewhere-opaque/mcp"
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on (bound, then released): the gateway's canonical URI
-    (its `resource`) must be known before the gateway and the authorization server start."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def free_ports(count: int) -> list[int]:
+    """Distinct loopback ports nothing listens on (bound together, then released): a gateway's
+    canonical URI (its `resource`) must be known before it and the authorization server start."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,8 @@ class Endpoints:
 
 @pytest.fixture(scope="module")
 def endpoints() -> Endpoints:
-    return Endpoints(f"http://127.0.0.1:{free_port()}/mcp", f"http://127.0.0.1:{free_port()}/mcp")
+    first, second = free_ports(2)
+    return Endpoints(f"http://127.0.0.1:{first}/mcp", f"http://127.0.0.1:{second}/mcp")
 
 
 @pytest.fixture(scope="module")
@@ -134,9 +140,8 @@ def auth_section(server: AuthServer, resource: str, **extra: object) -> dict[str
 
 
 def gateway_config(url: str, backend: str, auth: dict[str, object], tap: Path | None) -> str:
-    port = int(url.rsplit(":", 1)[1].split("/")[0])
     config: dict[str, object] = {
-        "listen": {"http": {"host": "127.0.0.1", "port": port, "path": "/mcp"}},
+        "listen": {"http": {"host": "127.0.0.1", "port": urlsplit(url).port, "path": "/mcp"}},
         "auth": auth,
         "backends": {"sdk": {"http": {"url": backend}}},
     }
@@ -219,8 +224,8 @@ def echoed(reply: Reply, rid: int) -> str:
 
 def metadata_url(url: str) -> str:
     """RFC 9728 3.1: the well-known path inserted between the host and the endpoint's path."""
-    origin, _, path = url.partition("/mcp")
-    return f"{origin}/.well-known/oauth-protected-resource/mcp{path}"
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}/.well-known/oauth-protected-resource{parts.path}"
 
 
 # --- a good token -----------------------------------------------------------------------------
