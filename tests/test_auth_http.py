@@ -251,9 +251,16 @@ async def test_the_token_reaches_no_tap_span_or_access_log(tmp_path: Path) -> No
         doc["tap"] = {"path": str(tmp_path / "tap.jsonl")}
         doc["telemetry"] = {"access_log": str(tmp_path / "access.log")}
         token = auth.mint()
-        async with Gateway(parse(yaml.safe_dump(doc)), tracing=provider) as gw:
-            assert gw.http_url is not None
-            assert (await send("POST", gw.http_url, call(id_=9), token)).status == 200
+        try:
+            async with Gateway(parse(yaml.safe_dump(doc)), tracing=provider) as gw:
+                assert gw.http_url is not None
+                assert (await send("POST", gw.http_url, call(id_=9), token)).status == 200
+        finally:
+            # (the access log's file handler outlives the gateway; the next one replaces it)
+            access = logging.getLogger("gateway.access")
+            for handler in access.handlers:
+                handler.close()
+            access.handlers = []
     tapped = [orjson.loads(line) for line in (tmp_path / "tap.jsonl").read_bytes().splitlines()]
     first = next(e for e in tapped if e["hop"] == "frontend" and e["msg"].get("id") == 9)
     assert first["headers"]["Authorization"] == "[redacted]"
@@ -470,6 +477,29 @@ async def test_failures_are_exported_as_a_metric(world: World) -> None:
     await send("POST", world.url, call(), _expired(world.auth))
     body, _ = world.gateway._render_metrics("text/plain")
     assert re.search(rb'mcp_gateway_auth_failures_total\{reason="expired"\} [1-9]', body), body
+
+
+async def test_api_keys_alone_need_no_authorization_server() -> None:
+    """For small teams: static keys, no issuer; the metadata names no authorization server."""
+    digest = hashlib.sha256(API_KEY.encode()).hexdigest()
+    auth = {"resource": RESOURCE, "api_keys": [{"name": "ci", "sha256": digest}]}
+    doc = {
+        "listen": {"http": {"host": "127.0.0.1", "port": 0, "path": "/mcp"}},
+        "auth": auth,
+    }
+    async with recording_backend() as (backend, seen):
+        doc["backends"] = {"rec": {"http": {"url": backend}}}
+        async with Gateway(parse(yaml.safe_dump(doc))) as gw:
+            assert gw.http_url is not None
+            assert (await send("POST", gw.http_url, call(), API_KEY)).status == 200
+            wrong = await send("POST", gw.http_url, call(), API_KEY + "x")
+            assert wrong.status == 401 and wrong.challenge()["error"] == "invalid_token"
+            assert "scope" not in wrong.challenge()  # (no scopes configured)
+            assert gw.telemetry.stats.auth_failures["unknown_api_key"] == 1
+            prm = gw.http_url.removesuffix("/mcp") + "/.well-known/oauth-protected-resource"
+            metadata = (await send("GET", prm)).json()
+            assert metadata == {"resource": RESOURCE, "bearer_methods_supported": ["header"]}
+        assert all("Authorization" not in s.headers for s in seen)
 
 
 # --- legacy sessions bind to the identity ---------------------------------------------------------

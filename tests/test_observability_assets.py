@@ -57,6 +57,7 @@ EXPORTED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "mcp_gateway_catalog_refreshes_total": ("counter", frozenset({"backend"})),
     "mcp_gateway_listen_streams": ("gauge", frozenset()),
     "mcp_gateway_bytes_total": ("counter", frozenset({"hop", "direction"})),
+    "mcp_gateway_auth_failures_total": ("counter", frozenset({"reason"})),
 }
 DATASOURCE = {"type": "prometheus", "uid": "prometheus"}
 SERVICES = {
