@@ -35,7 +35,8 @@ pytest: $(DEV_STAMP) npm-deps
 
 # npm tools the tests use (tests/npm/package.json, exact versions in its package-lock.json):
 # node 24 (the official conformance suite needs node >= 22; the machine's node may be older),
-# @modelcontextprotocol/conformance and the reference servers. Installed with the machine's
+# @modelcontextprotocol/conformance, the reference servers and oidc-provider (the authorization
+# server of tests/test_auth_oidc.py). Installed with the machine's
 # npm into tests/npm/node_modules, again only when the lock file changes (the stamp). Without
 # npm (or when `npm ci` fails) it says so and those tests skip; with CI=true it fails instead.
 NPM_DIR := tests/npm
@@ -48,7 +49,7 @@ $(NPM_STAMP): $(NPM_DIR)/package.json $(NPM_DIR)/package-lock.json
 	elif [ "$$CI" = true ]; then \
 	  echo "npm-deps: could not install $(NPM_DIR) with npm; CI needs it" >&2; exit 1; \
 	else \
-	  echo "npm-deps: could not install $(NPM_DIR) with npm; the conformance tests will skip" >&2; \
+	  echo "npm-deps: could not install $(NPM_DIR) with npm; the tests needing them will skip" >&2; \
 	fi
 
 npm-deps: $(NPM_STAMP)
