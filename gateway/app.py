@@ -157,6 +157,8 @@ def access_logger(config: Config) -> logging.Logger | None:
     except OSError as exc:
         raise StartupError(f"telemetry.access_log: cannot open {target}: {exc.strerror}") from None
     handler.setFormatter(logging.Formatter("%(message)s"))
+    for old in logger.handlers:  # a gateway made before in this process (tests, the CLI's checks)
+        old.close()
     logger.handlers = [handler]
     return logger
 
