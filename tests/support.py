@@ -21,6 +21,7 @@ import orjson
 import pytest
 import yaml
 from aiohttp import web
+from mcp import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -172,6 +173,22 @@ DEMO_BACKEND: dict[str, object] = {
 
 def stdio_backend(command: Sequence[str], **extra: object) -> dict[str, object]:
     return {"stdio": {"command": command[0], "args": list(command[1:])}, **extra}
+
+
+# The demo server as a backend of an in-process gateway (no ${MCP_GATEWAY_PYTHON}: only the CLI
+# sets it).
+DEMO_STDIO = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
+
+
+async def tool_names(client: Client) -> list[str]:
+    """Every tool name a client is shown, page after page."""
+    names: list[str] = []
+    cursor: str | None = None
+    while True:
+        page = await client.list_tools(cursor=cursor)
+        names += [t.name for t in page.tools]
+        if (cursor := page.next_cursor) is None:
+            return names
 
 
 def http_backend(url: str, **extra: object) -> dict[str, object]:

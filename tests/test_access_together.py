@@ -22,14 +22,7 @@ import yaml
 from gateway.app import Gateway
 from gateway.config import parse
 from gateway.protocol import codes
-from tests.support import (
-    BOUND,
-    PYTHON,
-    START_BOUND,
-    call,
-    mirrored_headers,
-    stdio_backend,
-)
+from tests.support import BOUND, DEMO_STDIO, START_BOUND, call, mirrored_headers
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -47,7 +40,7 @@ def config(audit: Path) -> str:
     return yaml.safe_dump(
         {
             "listen": {"http": {"host": "127.0.0.1", "port": 0}},
-            "backends": {"demo": stdio_backend([PYTHON, "-m", "gateway.demo.server"])},
+            "backends": {"demo": DEMO_STDIO},
             "auth": {
                 "resource": RESOURCE,
                 "api_keys": [

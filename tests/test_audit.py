@@ -35,18 +35,17 @@ from gateway.telemetry.otel import GatewayTelemetry
 from tests.memory_backend import MemoryBackend, dispatcher_over, ignore, modern, tool_call
 from tests.support import (
     BOUND,
-    PYTHON,
+    DEMO_STDIO,
     START_BOUND,
     Proc,
     call,
     gateway_command,
     mirrored_headers,
-    stdio_backend,
 )
 
 pytestmark = pytest.mark.anyio
 
-DEMO = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
+DEMO = DEMO_STDIO
 ALICE = Identity("alice", "cli-1", "https://as.example", frozenset({"tools"}), method=API_KEY)
 TOKEN = "Bearer not-for-the-audit-log"
 FIELDS = {

@@ -25,6 +25,7 @@ from tests.support import (
     http_backend,
     sdk_stdio_command,
     stdio_backend,
+    tool_names,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -44,16 +45,6 @@ async def merged(backends: dict[str, Any], **top: Any) -> AsyncIterator[Client]:
             assert gw.http_url is not None
             async with Client(gw.http_url) as client:
                 yield client
-
-
-async def tool_names(client: Client) -> list[str]:
-    names: list[str] = []
-    cursor: str | None = None
-    while True:
-        page = await client.list_tools(cursor=cursor)
-        names += [t.name for t in page.tools]
-        if (cursor := page.next_cursor) is None:
-            return names
 
 
 def text(result: Any) -> str:

@@ -18,7 +18,14 @@ import yaml
 from mcp import Client, MCPError, StdioServerParameters
 from mcp_types import TextContent
 
-from tests.support import BOUND, PYTHON, gateway_command, sdk_stdio_command, stdio_backend
+from tests.support import (
+    BOUND,
+    PYTHON,
+    gateway_command,
+    sdk_stdio_command,
+    stdio_backend,
+    tool_names,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -54,16 +61,6 @@ async def gateway(path: Path, mode: str = "auto") -> AsyncIterator[Client]:
     with anyio.fail_after(4 * BOUND):
         async with Client(server, mode=mode) as client:
             yield client
-
-
-async def tool_names(client: Client) -> list[str]:
-    names: list[str] = []
-    cursor: str | None = None
-    while True:
-        page = await client.list_tools(cursor=cursor)
-        names += [t.name for t in page.tools]
-        if (cursor := page.next_cursor) is None:
-            return names
 
 
 async def refusal(client: Client, tool: str) -> MCPError:

@@ -33,6 +33,7 @@ from gateway.telemetry.api import STDIO_ORIGIN, Origin
 from tests.memory_backend import MemoryBackend, dispatcher_over, ignore, modern, tool_call
 from tests.support import (
     BOUND,
+    DEMO_STDIO,
     PYTHON,
     START_BOUND,
     Proc,
@@ -44,7 +45,7 @@ from tests.support import (
 
 pytestmark = pytest.mark.anyio
 
-DEMO = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
+DEMO = DEMO_STDIO
 ALICE = Identity("alice", "cli", "https://as.example")
 BOB = Identity("bob", "cli", "https://as.example")
 
