@@ -7,8 +7,10 @@ import importlib.util
 import logging
 import os
 import sys
+import time
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import anyio
 import click
@@ -17,6 +19,9 @@ import orjson
 from gateway import __version__, app
 from gateway.backends import fallback
 from gateway.config import (
+    CLIENT_ASSERTION_ALGORITHMS,
+    CLIENT_AUTH_METHODS,
+    BackendAuth,
     BackendConfig,
     Config,
     ConfigInvalid,
@@ -32,9 +37,13 @@ from gateway.config import (
 )
 from gateway.config.naming import backend_name
 from gateway.config.schema import schema_text
+from gateway.oauth.store import TokenStore, state_dir
 from gateway.telemetry.tap import DEFAULT_TOP, Summarizer, follow, format_call, format_summary
 
 PYTHON_VAR = "MCP_GATEWAY_PYTHON"
+# `connect --auth`: a client secret from the environment rather than the command line (which
+# other users of the machine can read in the process list).
+SECRET_VAR = "MCP_GATEWAY_CLIENT_SECRET"
 
 
 def _setup_logging(level: str) -> None:
@@ -170,18 +179,92 @@ def _parse_header(_: click.Context, __: click.Parameter, values: tuple[str, ...]
     "endpoint); auto: Streamable HTTP, or HTTP+SSE if the server answers the first POST with "
     "404 or 405.",
 )
+@click.option(
+    "--auth",
+    "auth_type",
+    type=click.Choice(["oauth", "client_credentials", "none"]),
+    default="oauth",
+    show_default=True,
+    help="oauth: log in (browser, authorization code + PKCE) when the server answers 401, and "
+    "remember the login; client_credentials: a service account (--client-id and "
+    "--client-secret or --private-key-file); none: send only the -H headers.",
+)
+@click.option("--client-id", help="A pre-registered client id (default: CIMD or registration).")
+@click.option("--client-secret", help="Its secret (prefer the MCP_GATEWAY_CLIENT_SECRET env var).")
+@click.option(
+    "--client-metadata-url", help="https URL of a Client ID Metadata Document to use as client id."
+)
+@click.option(
+    "--token-endpoint-auth-method",
+    type=click.Choice(list(CLIENT_AUTH_METHODS)),
+    help="How to authenticate at the token endpoint (default: from the server's metadata).",
+)
+@click.option(
+    "--private-key-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="PEM key for private_key_jwt.",
+)
+@click.option(
+    "--signing-algorithm",
+    type=click.Choice(list(CLIENT_ASSERTION_ALGORITHMS)),
+    default="RS256",
+    show_default=True,
+    help="private_key_jwt: the assertion's algorithm.",
+)
+@click.option("--scope", "scopes", multiple=True, help="A scope to ask for (repeatable).")
+@click.option("--no-browser", is_flag=True, help="Do not open a browser; only log the login URL.")
 @log_level
 def connect(
-    url: str, headers: dict[str, str], request_timeout: float, transport: str, log_level: str
+    url: str,
+    headers: dict[str, str],
+    request_timeout: float,
+    transport: str,
+    auth_type: str,
+    client_id: str | None,
+    client_secret: str | None,
+    client_metadata_url: str | None,
+    token_endpoint_auth_method: str | None,
+    private_key_file: str | None,
+    signing_algorithm: str,
+    scopes: tuple[str, ...],
+    no_browser: bool,
+    log_level: str,
 ) -> None:
     """Serve one remote HTTP server on stdio.
 
     What a desktop host spawns to reach a remote server, e.g.
-    mcp-transparent-gateway connect https://example.com/mcp -H 'Authorization: Bearer TOKEN'
+    mcp-transparent-gateway connect https://example.com/mcp
+
+    A server that asks for a login (401) gets one, as mcp-remote does: the browser opens on
+    the authorization server's page, the redirect comes back to 127.0.0.1, and the tokens are
+    kept under $XDG_STATE_HOME/mcp-gateway for next time (`auth list`, `auth logout`).
     """
     _setup_logging(log_level)
+    auth = None
+    if auth_type != "none":
+        auth = BackendAuth(
+            type=auth_type,
+            client_id=client_id,
+            client_secret=client_secret or os.environ.get(SECRET_VAR) or None,
+            client_metadata_url=client_metadata_url,
+            token_endpoint_auth_method=token_endpoint_auth_method,
+            private_key_file=private_key_file,
+            signing_algorithm=signing_algorithm,
+            scopes=scopes,
+            open_browser=not no_browser,
+        )
+        if auth_type == "client_credentials" and not (
+            client_id and (auth.client_secret or private_key_file)
+        ):
+            raise click.UsageError(
+                "--auth client_credentials needs --client-id and --client-secret or "
+                "--private-key-file"
+            )
     backend = BackendConfig(
-        name="remote", target=HttpTarget(url=url, headers=headers), request_timeout=request_timeout
+        name="remote",
+        target=HttpTarget(url=url, headers=headers),
+        request_timeout=request_timeout,
+        auth=auth,
     )
     try:
         if transport == "sse":
@@ -358,3 +441,46 @@ def tap(file: Path, follow_: bool, top: int) -> None:
     except OSError as exc:
         click.echo(f"error: cannot read {file}: {exc.strerror}", err=True)
         sys.exit(2)
+
+
+@main.group()
+def auth() -> None:
+    """The logins the gateway keeps for its backends ($XDG_STATE_HOME/mcp-gateway, default
+    ~/.local/state/mcp-gateway): one 0600 file per backend URL, client and user."""
+
+
+@auth.command("list")
+def auth_list() -> None:
+    """The stored logins: backend, URL, user, issuer, expiry, whether a refresh token is held."""
+    store = TokenStore(state_dir())
+    records = store.records()
+    if not records:
+        click.echo(f"no stored logins in {store.directory}")
+        return
+    now = time.time()
+    for _, record in records:
+        held = record.get("token")
+        token: dict[str, Any] = held if isinstance(held, dict) else {}
+        expires = token.get("expires_at")
+        if isinstance(expires, int | float):
+            left = expires - now
+            when = f"expires in {int(left)}s" if left > 0 else "expired"
+        else:
+            when = "no expiry given"
+        refresh = "refresh token" if token.get("refresh_token") else "no refresh token"
+        user = record.get("user") or "(gateway)"
+        click.echo(
+            f"{record.get('backend')}\t{record.get('resource')}\tuser {user}\t"
+            f"issuer {record.get('issuer')}\t{when}\t{refresh}"
+        )
+
+
+@auth.command("logout")
+@click.argument("backend")
+def auth_logout(backend: str) -> None:
+    """Forget the stored logins of BACKEND (its name or its URL); the next request logs in again."""
+    gone = TokenStore(state_dir()).forget(backend)
+    if not gone:
+        click.echo(f"no stored login for {backend}", err=True)
+        sys.exit(1)
+    click.echo(f"removed {gone} stored login(s) for {backend}")

@@ -148,7 +148,10 @@ BASE: dict[str, Any] = {
     },
     "backends": {
         "b": {"stdio": {"command": "x"}, "tools": {}, "roots": [{"uri": "file:///srv"}]},
-        "h": {"http": {"url": "http://127.0.0.1:1/mcp", "tls": {}, "limits": {}}},
+        "h": {
+            "http": {"url": "http://127.0.0.1:1/mcp", "tls": {}, "limits": {}},
+            "auth": {"type": "oauth"},
+        },
     },
     "namespacing": {},
     "fan_out": {},
@@ -177,6 +180,7 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "http_target": ("backends", "h", "http"),
     "client_tls": ("backends", "h", "http", "tls"),
     "backend_limits": ("backends", "h", "http", "limits"),
+    "backend_auth": ("backends", "h", "auth"),
     "namespacing": ("namespacing",),
     "fan_out": ("fan_out",),
     "tap": ("tap",),

@@ -61,6 +61,14 @@ def test_auth_sees_only_the_config_and_itself(name: str) -> None:
     assert all(i.startswith(("gateway.auth", "gateway.config")) for i in ours(name))
 
 
+@pytest.mark.parametrize("name", in_layer("oauth"))
+def test_the_oauth_client_sees_only_the_config_and_itself(name: str) -> None:
+    """Logging in to a backend needs its config and nothing of the data path: the HTTP
+    backend asks it for a header and tells it of a refusal."""
+    allowed = ("gateway.oauth", "gateway.config")
+    assert all(i == "gateway" or i.startswith(allowed) for i in ours(name))
+
+
 @pytest.mark.parametrize("name", in_layer("backends") + in_layer("frontends"))
 def test_transports_never_import_each_other_or_routing(name: str) -> None:
     other = "frontends" if ".backends" in name else "backends"
@@ -112,6 +120,8 @@ HTTP_MODULES = {
     "gateway.backends.fallback",
     "gateway.frontends.bearer",
     "gateway.auth.fetch",
+    "gateway.oauth.fetch",
+    "gateway.oauth.redirect",
     "gateway.app",
 }
 

@@ -38,9 +38,11 @@ from gateway.errors import (
     Refused,
     SessionExpired,
 )
+from gateway.oauth import setup as oauth_setup
+from gateway.oauth.authorizer import GATEWAY, AuthFailed, Authorizer, Caller
 from gateway.protocol import codes, headers, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import Stats, Telemetry
+from gateway.telemetry.api import SERVING, Stats, Telemetry
 
 log = logging.getLogger("gateway.backend")
 
@@ -102,6 +104,8 @@ class HttpBackend:
         # on its GET stream belongs to the one there is, if there is only one.
         self._asking: dict[int, NotificationSink] = {}
         self._background: set[asyncio.Task[None]] = set()
+        # The gateway's login to this backend (its `auth:`), shared with its session views.
+        self._authorizer: Authorizer | None = oauth_setup.authorizer(config)
 
     def _deadline(self, within: float | None) -> aiohttp.ClientTimeout:
         """A ClientTimeout per distinct deadline, built once (there are a handful)."""
@@ -136,6 +140,8 @@ class HttpBackend:
                 self._calls = self._streams = None
                 for session in sessions:
                     await session.close()
+                if self._authorizer is not None:
+                    await self._authorizer.close()
 
     @property
     def up(self) -> bool:
@@ -161,6 +167,7 @@ class HttpBackend:
         server speaking both eras gets one per legacy client session (dual.py)."""
         view = HttpBackend(self._config, self._stats)
         view._calls, view._streams = self._calls, self._streams
+        view._authorizer = self._authorizer
         view.tap = self.tap
         view._views = self._views
         self._views.add(view)
@@ -278,8 +285,15 @@ class HttpBackend:
         legacy, session = self._legacy, self._calls
         if legacy is None or legacy.session_id is None or session is None:
             return
+        sent = legacy.stream_headers
+        if self._authorizer is not None:
+            sent = sent.copy()
+            with contextlib.suppress(AuthFailed):
+                header = await self._authorizer.authorization(self._caller())
+                if header is not None:
+                    sent["Authorization"] = header
         try:
-            resp = await web.send(session, "DELETE", self._url, legacy.stream_headers)
+            resp = await web.send(session, "DELETE", self._url, sent)
             resp.close()
         except (aiohttp.ClientError, TimeoutError):
             pass
@@ -373,6 +387,21 @@ class HttpBackend:
         deadline: aiohttp.ClientTimeout | None = None,
     ) -> aiohttp.ClientResponse:
         """Send one request; its response once the head has arrived."""
+        if self._authorizer is not None:
+            return await self._open_authorized(
+                self._authorizer, session, method, sent, body, within, deadline
+            )
+        return await self._open_once(session, method, sent, body, within, deadline)
+
+    async def _open_once(
+        self,
+        session: aiohttp.ClientSession,
+        method: str,
+        sent: CIMultiDict[str],
+        body: bytes | None,
+        within: float | None,
+        deadline: aiohttp.ClientTimeout | None = None,
+    ) -> aiohttp.ClientResponse:
         try:
             resp = await web.send(session, method, self._url, sent, body, deadline)
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -382,6 +411,51 @@ class HttpBackend:
             raise error from None
         self._up = True
         return resp
+
+    async def _open_authorized(
+        self,
+        authorizer: Authorizer,
+        session: aiohttp.ClientSession,
+        method: str,
+        sent: CIMultiDict[str],
+        body: bytes | None,
+        within: float | None,
+        deadline: aiohttp.ClientTimeout | None,
+    ) -> aiohttp.ClientResponse:
+        """`_open` with the gateway's token (basic/authorization, Access Token Usage). A 401, or
+        a 403 `insufficient_scope`, means the server did not act on the request, so it is sent
+        again after a new token, at most `auth.max_attempts` times (the server's refusal then
+        stands)."""
+        caller = self._caller()
+        for attempt in itertools.count():
+            try:
+                header = await authorizer.authorization(caller)
+            except AuthFailed as exc:
+                raise BackendUnavailable(self.name, str(exc)) from None
+            headers = sent.copy()
+            if header is not None:
+                headers["Authorization"] = header
+            resp = await self._open_once(session, method, headers, body, within, deadline)
+            if resp.status not in (401, 403) or attempt >= authorizer.max_attempts:
+                return resp
+            challenges = resp.headers.getall("WWW-Authenticate", [])
+            if resp.status == 403 and not any("insufficient_scope" in c for c in challenges):
+                return resp
+            resp.release()
+            try:
+                await authorizer.refused(caller, resp.status, challenges, header)
+            except AuthFailed as exc:
+                raise BackendUnavailable(self.name, str(exc)) from None
+        raise AssertionError("unreachable")
+
+    def _caller(self) -> Caller:
+        """Whose token: the gateway's own, except where each caller's token is exchanged."""
+        if self._authorizer is None or not self._authorizer.per_caller:
+            return GATEWAY
+        identity = SERVING.get()[1].identity
+        if identity is None:
+            return GATEWAY
+        return Caller(identity.key(), identity.token)
 
     async def _post(
         self,

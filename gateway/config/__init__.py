@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from gateway.config import auth as auth_section
+from gateway.config import backend_auth as backend_auth_section
 from gateway.config import http as http_sections
 from gateway.config import keys
 from gateway.config import limits as limit_sections
@@ -28,6 +29,8 @@ from gateway.config.model import (
     _REDACT_PATH,
     ACCESS_LOG_STDERR,
     AUDIT_STDERR,
+    CLIENT_ASSERTION_ALGORITHMS,
+    CLIENT_AUTH_METHODS,
     DEFAULT_ADMIN_PORT,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_HTTP_HOST,
@@ -49,6 +52,7 @@ from gateway.config.model import (
     ApiKey,
     AuditConfig,
     AuthConfig,
+    BackendAuth,
     BackendConfig,
     BackendLimits,
     ClientTls,
@@ -197,6 +201,9 @@ def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None
         isolation=isolation,
         child_idle_timeout=c.field(body, path, "child_idle_timeout", t["child_idle_timeout"]),
         max_children=c.field(body, path, "max_children", t["max_children"]),
+        auth=backend_auth_section.backend_auth(
+            c, body.get("auth"), path + ("auth",), base, kinds[0]
+        ),
     )
 
 
@@ -493,6 +500,8 @@ def _mib(size: int) -> str:
 __all__ = [
     "ACCESS_LOG_STDERR",
     "AUDIT_STDERR",
+    "CLIENT_ASSERTION_ALGORITHMS",
+    "CLIENT_AUTH_METHODS",
     "DEFAULT_ADMIN_PORT",
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_HTTP_HOST",
@@ -512,6 +521,7 @@ __all__ = [
     "ApiKey",
     "AuditConfig",
     "AuthConfig",
+    "BackendAuth",
     "BackendConfig",
     "BackendLimits",
     "ClientTls",

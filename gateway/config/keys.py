@@ -18,6 +18,9 @@ from typing import Literal
 from gateway.config.model import (
     ACCESS_LOG_STDERR,
     AUDIT_STDERR,
+    BACKEND_AUTH_TYPES,
+    CLIENT_ASSERTION_ALGORITHMS,
+    CLIENT_AUTH_METHODS,
     DEFAULT_ADMIN_PORT,
     DEFAULT_AUDIT_BACKUPS,
     DEFAULT_AUDIT_MAX_ARGUMENTS_BYTES,
@@ -34,6 +37,10 @@ from gateway.config.model import (
     DEFAULT_JWKS_MAX_AGE,
     DEFAULT_JWKS_REFRESH_INTERVAL,
     DEFAULT_MAX_CHILDREN,
+    DEFAULT_OAUTH_CLIENT_NAME,
+    DEFAULT_OAUTH_LOGIN_TIMEOUT,
+    DEFAULT_OAUTH_MAX_ATTEMPTS,
+    DEFAULT_OAUTH_REFRESH_MARGIN,
     DEFAULT_RATE_LIMIT_MAX_KEYS,
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SERVICE_NAME,
@@ -264,6 +271,11 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "count", "per_session: children at most.", DEFAULT_MAX_CHILDREN, minimum=1
         ),
         "roots": Key("roots", "Roots told to a legacy backend when no client's can be asked."),
+        "auth": Key(
+            "section",
+            "How the gateway logs in to this HTTP backend (OAuth).",
+            section="backend_auth",
+        ),
     },
     "stdio": {
         "command": Key("string", "The program, looked up on PATH.", required=True),
@@ -481,6 +493,85 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "Verified JWTs remembered until they expire (a repeated token skips the check).",
             DEFAULT_TOKEN_CACHE_SIZE,
             minimum=1,
+        ),
+    },
+    "backend_auth": {
+        "type": Key(
+            "string",
+            "oauth: a user's login (authorization code + PKCE); client_credentials: a service "
+            "account; token_exchange: the caller's token exchanged (RFC 8693).",
+            choices=BACKEND_AUTH_TYPES,
+            required=True,
+        ),
+        "client_id": Key(
+            "string", "A pre-registered client id (default: CIMD, else dynamic registration)."
+        ),
+        "client_secret": Key("string", "Its secret (use ${VAR})."),
+        "token_endpoint_auth_method": Key(
+            "string",
+            "How the gateway authenticates at the token endpoint (default: from the server's "
+            "metadata).",
+            choices=CLIENT_AUTH_METHODS,
+        ),
+        "client_metadata_url": Key(
+            "string",
+            "An https URL of the gateway's Client ID Metadata Document, used as its client id "
+            "where the authorization server supports it.",
+            pattern="^https://",
+        ),
+        "client_name": Key(
+            "string", "The name registered (and shown on consent pages).", DEFAULT_OAUTH_CLIENT_NAME
+        ),
+        "private_key_file": Key(
+            "string", "private_key_jwt: the PEM private key that signs client assertions."
+        ),
+        "signing_algorithm": Key(
+            "string",
+            "private_key_jwt: the assertion's algorithm.",
+            "RS256",
+            choices=CLIENT_ASSERTION_ALGORITHMS,
+        ),
+        "key_id": Key("string", "private_key_jwt: the assertion's kid."),
+        "scopes": Key("strings", "Scopes asked for when the server's challenge names none."),
+        "per_user": Key(
+            "boolean",
+            "oauth: each caller logs in with their own account (asked by URL elicitation).",
+            False,
+        ),
+        "open_browser": Key(
+            "boolean", "oauth: open the browser for a login (the URL is logged either way).", True
+        ),
+        "redirect_port": Key(
+            "port", "oauth: port of the loopback redirect listener (0: any free port).", 0
+        ),
+        "authorization_server": Key(
+            "string",
+            "The issuer to use when the backend's metadata names none (https, or http on "
+            "loopback).",
+            pattern=_URL,
+        ),
+        "subject_token_type": Key(
+            "string",
+            "token_exchange: the type of the caller's token.",
+            "urn:ietf:params:oauth:token-type:access_token",
+        ),
+        "audience": Key("string", "token_exchange: the audience asked for."),
+        "max_attempts": Key(
+            "count",
+            "A refused request is retried after a new token at most this many times.",
+            DEFAULT_OAUTH_MAX_ATTEMPTS,
+            minimum=1,
+        ),
+        "refresh_margin": Key(
+            "number",
+            "Seconds before expiry at which a token is refreshed.",
+            DEFAULT_OAUTH_REFRESH_MARGIN,
+        ),
+        "login_timeout": Key(
+            "number", "per_user: seconds a login link stays valid.", DEFAULT_OAUTH_LOGIN_TIMEOUT
+        ),
+        "store": Key(
+            "boolean", "Keep tokens on disk ($XDG_STATE_HOME/mcp-gateway) across restarts.", True
         ),
     },
     "introspection": {

@@ -104,6 +104,22 @@ DEFAULT_INTROSPECTION_CACHE_SIZE = 10_000
 # Verified JWTs remembered by digest until their exp, so a client's repeated token skips the
 # signature check (most of the cost of one); bounded so that many tokens cannot fill memory.
 DEFAULT_TOKEN_CACHE_SIZE = 10_000
+# A backend's `auth:` (the gateway as an OAuth 2.1 client of that backend, basic/authorization).
+BACKEND_AUTH_TYPES = ("oauth", "client_credentials", "token_exchange")
+# How the gateway proves itself at a token endpoint (RFC 8414 names; private_key_jwt: RFC 7523).
+CLIENT_AUTH_METHODS = ("none", "client_secret_basic", "client_secret_post", "private_key_jwt")
+# Algorithms for a private_key_jwt assertion: asymmetric, as the key is the gateway's own.
+CLIENT_ASSERTION_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "EdDSA")
+DEFAULT_OAUTH_CLIENT_NAME = "mcp-transparent-gateway"
+# RFC 8693: what the exchanged token is (the caller's access token, by default).
+ACCESS_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:access_token"
+# A request whose token the backend refuses (401, or 403 insufficient_scope) is sent again after
+# a new token at most this many times: a server that refuses every token cannot make a loop.
+DEFAULT_OAUTH_MAX_ATTEMPTS = 3
+# A token is refreshed this many seconds before it expires, so none is sent as it runs out.
+DEFAULT_OAUTH_REFRESH_MARGIN = 60.0
+# Per-user logins (per_user: true) wait this long for their user at most; the link expires then.
+DEFAULT_OAUTH_LOGIN_TIMEOUT = 600.0
 # `telemetry.access_log: stderr` logs to the gateway's stderr; any other value is a file path.
 ACCESS_LOG_STDERR = "stderr"
 
@@ -364,6 +380,32 @@ class Root:
         return {"uri": self.uri} if self.name is None else {"uri": self.uri, "name": self.name}
 
 
+@dataclass(frozen=True)
+class BackendAuth:
+    """How the gateway logs in to one HTTP backend (the client half of basic/authorization)."""
+
+    type: str  # one of BACKEND_AUTH_TYPES
+    client_id: str | None = None  # None: a Client ID Metadata Document, else registration
+    client_secret: str | None = field(default=None, repr=False)
+    token_endpoint_auth_method: str | None = None  # None: chosen from what the server offers
+    client_metadata_url: str | None = None  # a CIMD URL (https) used as the client id
+    client_name: str = DEFAULT_OAUTH_CLIENT_NAME
+    private_key_file: str | None = None  # private_key_jwt: a PEM private key
+    signing_algorithm: str = "RS256"
+    key_id: str | None = None  # the assertion's kid
+    scopes: tuple[str, ...] = ()  # asked for when no challenge names any
+    per_user: bool = False  # each caller logs in for themselves
+    open_browser: bool = True
+    redirect_port: int = 0  # the loopback redirect listener's port (0: any free one)
+    authorization_server: str | None = None  # an issuer, when the backend advertises none
+    subject_token_type: str = ACCESS_TOKEN_TYPE
+    audience: str | None = None  # token_exchange: the audience asked for (default: none)
+    max_attempts: int = DEFAULT_OAUTH_MAX_ATTEMPTS
+    refresh_margin: float = DEFAULT_OAUTH_REFRESH_MARGIN
+    login_timeout: float = DEFAULT_OAUTH_LOGIN_TIMEOUT
+    store: bool = True  # keep tokens on disk (under $XDG_STATE_HOME/mcp-gateway)
+
+
 # `auto` probes each backend (server/discover, falling back to initialize); the others pin it.
 ERAS = ("auto", "modern", "legacy")
 # `shared`: one stdio child serves every client; `per_session`: a child per client (stdio only).
@@ -388,6 +430,8 @@ class BackendConfig:
     # catalog refresh), for a client without the roots capability, or when it is not certain
     # whose request it is for.
     roots: tuple[Root, ...] = ()
+    # How the gateway logs in to an HTTP backend; None: it sends only the configured headers.
+    auth: BackendAuth | None = None
 
     @property
     def effective_namespace(self) -> str:

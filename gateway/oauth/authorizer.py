@@ -1,0 +1,440 @@
+"""One backend's credentials: the token to send, and what to do when the backend refuses it.
+
+The HTTP backend asks `authorization(caller)` before each request and calls `refused(...)` on
+a 401 (or a 403 `insufficient_scope`); both run the renewal of a caller's token at most once at
+a time (a second request joins the first's), as a task of its own, so a login that outlasts the
+request that started it goes on, and the request fails after `wait_bound` with an error that
+names the backend and what to do. Renewal tries the cheapest thing that can work: the refresh
+token, then the grant of the configured type (a login in the browser, client credentials, or a
+token exchange), discovering the authorization server again when a challenge came with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from gateway.config import BackendAuth
+from gateway.oauth import grants, store, wire
+from gateway.oauth.discovery import DiscoveryFailed, ServerInfo, discover
+from gateway.oauth.fetch import FetchFailed, OAuthHttp
+from gateway.oauth.grants import Client, GrantFailed
+from gateway.oauth.redirect import RedirectListener, open_browser
+from gateway.oauth.tokens import Token
+
+log = logging.getLogger("gateway.oauth")
+
+Opener = Callable[[str], Awaitable[None]]
+# How a dynamically registered client is named in the store's key.
+REGISTERED = "registered"
+
+
+class AuthFailed(Exception):
+    """No token could be had: the message names the backend and what the operator can do."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Whose token: "" for the gateway's own; for token exchange, the caller's identity key and
+    the token it presented."""
+
+    user: str = ""
+    subject_token: str | None = None
+
+
+GATEWAY = Caller()
+
+
+class Authorizer:
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        config: BackendAuth,
+        http: OAuthHttp,
+        token_store: store.TokenStore | None,
+        wait_bound: float,
+        opener: Opener = open_browser,
+    ) -> None:
+        self.name = name
+        self._url = url
+        self._config = config
+        self._http = http
+        self._store = token_store if config.store else None
+        self._wait_bound = wait_bound
+        self._opener = opener
+        self._private_key = _read_key(config.private_key_file)
+        self._tokens: dict[str, Token] = {}
+        self._asked: dict[str, tuple[str, ...]] = {}
+        self._loaded: set[str] = set()
+        self._info: ServerInfo | None = None
+        self._registered: Client | None = None
+        self._renewals: dict[str, asyncio.Task[Token]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    @property
+    def max_attempts(self) -> int:
+        return self._config.max_attempts
+
+    @property
+    def per_caller(self) -> bool:
+        return self._config.type == "token_exchange"
+
+    # --- what the HTTP backend asks -------------------------------------------------------
+
+    async def authorization(self, caller: Caller) -> str | None:
+        """The Authorization header to send: the current token, renewed first when it is about
+        to expire; None for a login type before any login (the server's 401 starts one)."""
+        self._load(caller.user)
+        token = self._tokens.get(caller.user)
+        if token is not None and token.usable(time.time(), self._config.refresh_margin):
+            return f"Bearer {token.access_token}"
+        if token is None and self._config.type == "oauth":
+            return None
+        token = await self._join(caller, None, step_up=False)
+        return f"Bearer {token.access_token}"
+
+    async def refused(
+        self, caller: Caller, status: int, challenges: list[str], sent: str | None
+    ) -> None:
+        """The backend refused `sent` (401, or 403 with `insufficient_scope`): a new token for
+        the caller, or AuthFailed."""
+        challenge = wire.parse_challenge(challenges)
+        current = self._tokens.get(caller.user)
+        if current is not None and sent != f"Bearer {current.access_token}":
+            return  # another request has renewed it meanwhile: try that one
+        if status == 403:
+            if challenge is None or challenge.error != "insufficient_scope":
+                raise AuthFailed(f"backend {self.name} refused the gateway's token (HTTP 403)")
+            held = set(self._asked.get(caller.user, ()))
+            if current is not None and set(challenge.scope or ()) <= held:
+                # The token already carries what is asked for: another login cannot help.
+                raise AuthFailed(
+                    f"backend {self.name} refuses the gateway's token although it carries the "
+                    f"scopes it asks for ({' '.join(challenge.scope or ()) or 'none named'})"
+                )
+            await self._join(caller, challenge, step_up=True)
+            return
+        self._tokens.pop(caller.user, None)
+        await self._join(caller, challenge, step_up=False, refresh_from=current)
+
+    # --- one renewal at a time per caller --------------------------------------------------
+
+    async def _join(
+        self,
+        caller: Caller,
+        challenge: wire.Challenge | None,
+        *,
+        step_up: bool,
+        refresh_from: Token | None = None,
+    ) -> Token:
+        task = self._renewals.get(caller.user)
+        if task is None or task.done():
+            old = refresh_from or self._tokens.get(caller.user)
+            task = asyncio.get_running_loop().create_task(
+                self._renew(caller, challenge, step_up, old)
+            )
+            self._renewals[caller.user] = task
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), self._wait_bound)
+        except TimeoutError:
+            raise AuthFailed(
+                f"backend {self.name} needs a login that has not completed within "
+                f"{self._wait_bound:g}s: open the login URL in the gateway's log, then retry"
+            ) from None
+
+    async def _renew(
+        self,
+        caller: Caller,
+        challenge: wire.Challenge | None,
+        step_up: bool,
+        old: Token | None,
+    ) -> Token:
+        try:
+            token = await self._obtain(caller, challenge, step_up, old)
+        except (DiscoveryFailed, GrantFailed, FetchFailed) as exc:
+            raise AuthFailed(f"backend {self.name}: {exc}") from None
+        except TimeoutError:
+            raise AuthFailed(f"backend {self.name}: the login was not completed in time") from None
+        self._tokens[caller.user] = token
+        await self._save(caller.user, token)
+        return token
+
+    async def _obtain(
+        self,
+        caller: Caller,
+        challenge: wire.Challenge | None,
+        step_up: bool,
+        old: Token | None,
+    ) -> Token:
+        config = self._config
+        moved = False
+        if challenge is not None:
+            # A refusal with a challenge: the backend may have moved to another authorization
+            # server (client-registration, Authorization Server Binding), so look again first.
+            before = self._info.issuer if self._info is not None else None
+            info = await self._server(challenge)
+            moved = before is not None and before != info.issuer
+        if old is not None and old.refresh_token and not step_up and not moved:
+            refreshed = await self._refresh(old)
+            if refreshed is not None:
+                return refreshed
+        info = await self._server(None)
+        previous = self._asked.get(caller.user, ()) if step_up else ()
+        scopes = wire.select_scopes(
+            challenge.scope if challenge is not None else None,
+            info.scopes_supported,
+            config.scopes,
+            info.strings("scopes_supported"),
+            previous,
+        )
+        self._asked[caller.user] = scopes
+        endpoint = _required(info, "token_endpoint")
+        if config.type == "client_credentials":
+            client = self._configured_client(info)
+            form = grants.client_credentials(info.resource, scopes)
+            return await grants.request_token(self._http, endpoint, client, form, scopes or None)
+        if config.type == "token_exchange":
+            if not caller.subject_token:
+                raise AuthFailed(
+                    f"backend {self.name} exchanges the caller's token, and this request "
+                    "carries none (turn on the listener's auth:)"
+                )
+            client = self._configured_client(info)
+            form = grants.token_exchange(
+                caller.subject_token,
+                config.subject_token_type,
+                info.resource,
+                config.audience,
+                scopes,
+            )
+            return await grants.request_token(self._http, endpoint, client, form, scopes or None)
+        return await self._login(info, scopes)
+
+    async def _refresh(self, old: Token) -> Token | None:
+        """A new token from the refresh token, or None (then a new grant is tried)."""
+        try:
+            info = self._info or await self._server(None)
+            client = await self._client(info, None)
+            form = grants.refresh(old.refresh_token or "", info.resource)
+            endpoint = _required(info, "token_endpoint")
+            return await grants.request_token(self._http, endpoint, client, form, old.scope, old)
+        except (DiscoveryFailed, GrantFailed, FetchFailed, AuthFailed) as exc:
+            log.info("backend %s: refresh failed (%s); a new grant follows", self.name, exc)
+            return None
+
+    async def _server(self, challenge: wire.Challenge | None) -> ServerInfo:
+        """The authorization server: discovered again when a challenge arrives (the backend may
+        have moved to another), else the one known."""
+        if self._info is not None and challenge is None:
+            return self._info
+        info = await discover(self._http, self._url, challenge, self._config.authorization_server)
+        if self._info is not None and self._info.issuer != info.issuer:
+            log.warning(
+                "backend %s: authorization server changed from %s to %s",
+                self.name,
+                self._info.issuer,
+                info.issuer,
+            )
+        self._info = info
+        return info
+
+    # --- who the gateway is at the authorization server ------------------------------------
+
+    def _configured_client(self, info: ServerInfo) -> Client:
+        config = self._config
+        assert config.client_id is not None
+        method = config.token_endpoint_auth_method or _method(
+            info.strings("token_endpoint_auth_methods_supported"),
+            config.client_secret is not None,
+            self._private_key is not None,
+        )
+        return Client(
+            client_id=config.client_id,
+            issuer=info.issuer,
+            method=method,
+            client_secret=config.client_secret,
+            private_key=self._private_key,
+            algorithm=config.signing_algorithm,
+            key_id=config.key_id,
+        )
+
+    async def _client(self, info: ServerInfo, redirect_uri: str | None) -> Client:
+        """client-registration's order: pre-registered, a Client ID Metadata Document where the
+        server supports one, else dynamic registration (again for a new issuer, or a new
+        redirect URI)."""
+        config = self._config
+        if config.client_id is not None:
+            return self._configured_client(info)
+        if config.client_metadata_url and info.supports_cimd:
+            return Client(client_id=config.client_metadata_url, issuer=info.issuer)
+        known = self._registered
+        if (
+            known is not None
+            and known.issuer == info.issuer
+            and (redirect_uri is None or known.redirect_uri == redirect_uri)
+        ):
+            return known
+        endpoint = info.endpoint("registration_endpoint")
+        if endpoint is None:
+            raise AuthFailed(
+                f"backend {self.name}: its authorization server {info.issuer} offers no "
+                "registration; configure auth.client_id (or client_metadata_url)"
+            )
+        if redirect_uri is None:
+            raise AuthFailed(f"backend {self.name}: no registration for {info.issuer}")
+        self._registered = await grants.register(
+            self._http,
+            endpoint,
+            info.issuer,
+            config.client_name,
+            redirect_uri,
+            info.strings("token_endpoint_auth_methods_supported"),
+            config.scopes,
+        )
+        return self._registered
+
+    # --- the authorization code flow ------------------------------------------------------
+
+    async def _login(self, info: ServerInfo, scopes: tuple[str, ...]) -> Token:
+        methods = info.strings("code_challenge_methods_supported") or []
+        if "S256" not in methods:
+            # basic/authorization/security-considerations: no advertised PKCE, no login.
+            raise AuthFailed(
+                f"backend {self.name}: authorization server {info.issuer} does not advertise "
+                "PKCE (S256); refusing to log in"
+            )
+        authorize = _required(info, "authorization_endpoint")
+        state = secrets.token_urlsafe(32)
+        proof = wire.pkce()
+        listener = RedirectListener(state)
+        await self._listen(listener)
+        try:
+            client = await self._client(info, listener.redirect_uri)
+            params = {
+                "response_type": "code",
+                "client_id": client.client_id,
+                "redirect_uri": listener.redirect_uri,
+                "state": state,
+                "code_challenge": proof.challenge,
+                "code_challenge_method": "S256",
+                "resource": info.resource,
+                **grants.scope_param(scopes),
+            }
+            url = wire.with_query(authorize, params)
+            log.warning("backend %s needs a login: open %s", self.name, url)
+            if self._config.open_browser:
+                self._spawn(self._opener(url))
+            with anyio.fail_after(self._config.login_timeout):
+                answer = await listener.wait()
+        finally:
+            await listener.close()
+        # RFC 9207 before anything else in the answer is acted on, errors included.
+        if (why := wire.iss_problem(info.sends_iss, answer.get("iss"), info.issuer)) is not None:
+            raise AuthFailed(f"backend {self.name}: {why}; login refused")
+        if "error" in answer:
+            raise AuthFailed(f"backend {self.name}: the login was refused: {answer['error']}")
+        code = answer.get("code")
+        if not code:
+            raise AuthFailed(f"backend {self.name}: the login answer carries no code")
+        form = grants.authorization_code(code, proof.verifier, listener.redirect_uri, info.resource)
+        endpoint = _required(info, "token_endpoint")
+        return await grants.request_token(self._http, endpoint, client, form, scopes or None)
+
+    async def _listen(self, listener: RedirectListener) -> None:
+        """The configured port, else the port of the registered redirect URI (so a registration
+        stays usable), else any free one."""
+        port = self._config.redirect_port
+        if not port and self._registered is not None and self._registered.redirect_uri:
+            port = wire.port_of(self._registered.redirect_uri)
+        try:
+            await listener.start(port)
+        except OSError as exc:
+            if self._config.redirect_port:
+                raise AuthFailed(
+                    f"backend {self.name}: cannot listen on 127.0.0.1:{port} for the login "
+                    f"redirect: {exc.strerror}"
+                ) from None
+            await listener.start(0)
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        async def run() -> None:
+            await work
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # --- the store ------------------------------------------------------------------------
+
+    def _key(self, user: str) -> store.Key:
+        config = self._config
+        client = config.client_id or config.client_metadata_url or REGISTERED
+        return store.Key(self._url, f"{config.type}:{client}", user)
+
+    def _load(self, user: str) -> None:
+        if user in self._loaded:
+            return
+        self._loaded.add(user)
+        if self._store is None:
+            return
+        record = self._store.load(self._key(user))
+        if record is None:
+            return
+        token = Token.from_record(record.get("token"))
+        if token is not None:
+            self._tokens.setdefault(user, token)
+        registered = Client.from_record(record.get("registration"))
+        if registered is not None and self._registered is None:
+            self._registered = registered
+
+    async def _save(self, user: str, token: Token) -> None:
+        if self._store is None:
+            return
+        record: dict[str, Any] = {
+            "backend": self.name,
+            "issuer": self._info.issuer if self._info is not None else None,
+            "token": token.as_record(),
+            "registration": self._registered.as_record() if self._registered else None,
+            "saved_at": time.time(),
+        }
+        try:
+            await anyio.to_thread.run_sync(self._store.save, self._key(user), record)
+        except OSError as exc:
+            log.warning("backend %s: token not stored: %s", self.name, exc.strerror)
+
+    async def close(self) -> None:
+        for task in [*self._renewals.values(), *self._background]:
+            task.cancel()
+
+
+def _required(info: ServerInfo, name: str) -> str:
+    value = info.endpoint(name)
+    if value is None:
+        raise DiscoveryFailed(f"the metadata of {info.issuer} has no {name}")
+    return value
+
+
+def _method(offered: list[str] | None, secret: bool, key: bool) -> str:
+    """The token endpoint authentication for a configured client, from what it holds and what
+    the server offers (RFC 8414: client_secret_basic when the server says nothing)."""
+    if key:
+        return "private_key_jwt"
+    if not secret:
+        return "none"
+    if offered is None or "client_secret_basic" in offered:
+        return "client_secret_basic"
+    return "client_secret_post" if "client_secret_post" in offered else "client_secret_basic"
+
+
+def _read_key(path: str | None) -> str | None:
+    return Path(path).read_text() if path else None

@@ -1,0 +1,30 @@
+"""An `Authorizer` from a backend's config: the HTTP client of its authorization server and the
+token store, with their limits."""
+
+from __future__ import annotations
+
+from gateway import __version__
+from gateway.config import BackendConfig, HttpTarget, SseTarget
+from gateway.oauth.authorizer import Authorizer
+from gateway.oauth.fetch import OAuthHttp
+from gateway.oauth.store import TokenStore, state_dir
+
+# One request to an authorization server or for a metadata document, in seconds.
+FETCH_TIMEOUT = 10.0
+# A metadata document, registration or token answer larger than this is refused: they are small.
+MAX_RESPONSE_BYTES = 256 * 1024
+
+
+def authorizer(config: BackendConfig) -> Authorizer | None:
+    if config.auth is None:
+        return None
+    assert isinstance(config.target, HttpTarget | SseTarget)
+    http = OAuthHttp(FETCH_TIMEOUT, MAX_RESPONSE_BYTES, f"mcp-gateway/{__version__}")
+    return Authorizer(
+        config.name,
+        config.target.url,
+        config.auth,
+        http,
+        TokenStore(state_dir()),
+        wait_bound=config.connect_timeout,
+    )
