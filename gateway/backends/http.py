@@ -39,10 +39,10 @@ from gateway.errors import (
     SessionExpired,
 )
 from gateway.oauth import setup as oauth_setup
-from gateway.oauth.authorizer import GATEWAY, AuthFailed, Authorizer, Caller
+from gateway.oauth.authorizer import AuthFailed, Authorizer
 from gateway.protocol import codes, headers, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import SERVING, Stats, Telemetry
+from gateway.telemetry.api import Stats, Telemetry
 
 log = logging.getLogger("gateway.backend")
 
@@ -289,7 +289,7 @@ class HttpBackend:
         if self._authorizer is not None:
             sent = sent.copy()
             with contextlib.suppress(AuthFailed):
-                header = await self._authorizer.authorization(self._caller())
+                header = await self._authorizer.authorization(web.caller(self._authorizer))
                 if header is not None:
                     sent["Authorization"] = header
         try:
@@ -422,40 +422,12 @@ class HttpBackend:
         within: float | None,
         deadline: aiohttp.ClientTimeout | None,
     ) -> aiohttp.ClientResponse:
-        """`_open` with the gateway's token (basic/authorization, Access Token Usage). A 401, or
-        a 403 `insufficient_scope`, means the server did not act on the request, so it is sent
-        again after a new token, at most `auth.max_attempts` times (the server's refusal then
-        stands)."""
-        caller = self._caller()
-        for attempt in itertools.count():
-            try:
-                header = await authorizer.authorization(caller)
-            except AuthFailed as exc:
-                raise BackendUnavailable(self.name, str(exc)) from None
-            headers = sent.copy()
-            if header is not None:
-                headers["Authorization"] = header
-            resp = await self._open_once(session, method, headers, body, within, deadline)
-            if resp.status not in (401, 403) or attempt >= authorizer.max_attempts:
-                return resp
-            challenges = resp.headers.getall("WWW-Authenticate", [])
-            if resp.status == 403 and not any("insufficient_scope" in c for c in challenges):
-                return resp
-            resp.release()
-            try:
-                await authorizer.refused(caller, resp.status, challenges, header)
-            except AuthFailed as exc:
-                raise BackendUnavailable(self.name, str(exc)) from None
-        raise AssertionError("unreachable")
+        """`_open` with the gateway's token, renewed when the backend refuses it."""
 
-    def _caller(self) -> Caller:
-        """Whose token: the gateway's own, except where each caller's token is exchanged."""
-        if self._authorizer is None or not self._authorizer.per_caller:
-            return GATEWAY
-        identity = SERVING.get()[1].identity
-        if identity is None:
-            return GATEWAY
-        return Caller(identity.key(), identity.token)
+        def send(headers: CIMultiDict[str]) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
+            return self._open_once(session, method, headers, body, within, deadline)
+
+        return await web.send_with_token(self.name, authorizer, web.caller(authorizer), send, sent)
 
     async def _post(
         self,

@@ -22,6 +22,7 @@ from gateway.backends import web
 from gateway.backends.channel import Channel
 from gateway.config import BackendConfig, SseTarget
 from gateway.errors import BackendError, BackendUnavailable
+from gateway.oauth import setup as oauth_setup
 from gateway.protocol import codes, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Stats
@@ -58,6 +59,8 @@ class SseBackend(Channel):
         self._streams: aiohttp.ClientSession | None = None
         self._posts: aiohttp.ClientSession | None = None
         self._endpoint: URL | None = None  # where messages go, once the stream has named it
+        # The gateway's login to this server (its `auth:`): on the stream's GET and each POST.
+        self._authorizer = oauth_setup.authorizer(config)
         self._ready: asyncio.Event | None = None
         self._opener: asyncio.Task[None] | None = None
         self._sending: set[asyncio.Task[None]] = set()  # held so they are not collected
@@ -95,6 +98,8 @@ class SseBackend(Channel):
                 self._streams = self._posts = None
                 for session in sessions:
                     await session.close()
+                if self._authorizer is not None:
+                    await self._authorizer.close()
 
     async def _keep_connected(self) -> None:
         backoff = FIRST_BACKOFF
@@ -130,8 +135,18 @@ class SseBackend(Channel):
 
     async def _connect_once(self) -> None:
         assert self._streams is not None
+        streams = self._streams
         async with asyncio.timeout(self._connect_timeout):
-            resp = await web.send(self._streams, "GET", self._url, self._stream_headers)
+            if self._authorizer is None:
+                resp = await web.send(streams, "GET", self._url, self._stream_headers)
+            else:
+                resp = await web.send_with_token(
+                    self.name,
+                    self._authorizer,
+                    web.caller(self._authorizer),
+                    lambda headers: web.send(streams, "GET", self._url, headers),
+                    self._stream_headers,
+                )
         try:
             if resp.status != 200 or resp.content_type != SSE:
                 raise BackendUnavailable(self.name, f"SSE stream answered HTTP {resp.status}")
@@ -197,7 +212,16 @@ class SseBackend(Channel):
         if self.tap is not None:
             self.tap.record("backend", "out", msg, backend=self.name)  # (fixed headers only)
         try:
-            resp = await web.send(posts, "POST", endpoint, self._post_headers, body)
+            if self._authorizer is None:
+                resp = await web.send(posts, "POST", endpoint, self._post_headers, body)
+            else:
+                resp = await web.send_with_token(
+                    self.name,
+                    self._authorizer,
+                    web.caller(self._authorizer),
+                    lambda headers: web.send(posts, "POST", endpoint, headers, body),
+                    self._post_headers,
+                )
             try:
                 await _drain(resp)
             finally:

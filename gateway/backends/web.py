@@ -8,10 +8,12 @@ max_field_size, max_headers), a session-wide proxy, and the documented `request_
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import ssl
 import urllib.request
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 from aiohttp import client_exceptions as failures
@@ -27,6 +29,8 @@ from gateway.errors import (
     BackendTimeout,
     BackendUnavailable,
 )
+from gateway.oauth.authorizer import GATEWAY, AuthFailed, Authorizer, Caller
+from gateway.telemetry.api import SERVING
 
 log = logging.getLogger("gateway.backend")
 
@@ -186,6 +190,57 @@ async def send(
         except StaleConnection:
             continue
     raise StaleConnection("every pooled connection held bytes nobody asked for")
+
+
+def caller(authorizer: Authorizer | None) -> Caller:
+    """Whose token a request takes: the gateway's own, except for a backend that exchanges each
+    caller's token (read from the request being served: the `Backend` seam carries no caller)."""
+    if authorizer is None or not authorizer.per_caller:
+        return GATEWAY
+    identity = SERVING.get()[1].identity
+    if identity is None:
+        return GATEWAY
+    return Caller(identity.key(), identity.token)
+
+
+async def send_with_token(
+    name: str,
+    authorizer: Authorizer,
+    caller: Caller,
+    send: Callable[[CIMultiDict[str]], Awaitable[aiohttp.ClientResponse]],
+    sent: CIMultiDict[str],
+) -> aiohttp.ClientResponse:
+    """`send(headers)` with the gateway's token (basic/authorization, Access Token Usage). A 401,
+    or a 403 `insufficient_scope`, means the server did not act on the request, so it is sent
+    again after a new token, at most `auth.max_attempts` times (the server's refusal then
+    stands, and the caller reports its status)."""
+    for attempt in itertools.count():
+        try:
+            header = await authorizer.authorization(caller)
+        except AuthFailed as exc:
+            raise BackendUnavailable(name, str(exc)) from None
+        headers = sent.copy()
+        if header is not None:
+            headers["Authorization"] = header
+        resp = await send(headers)
+        if resp.status not in (401, 403):
+            return resp
+        challenges = resp.headers.getall("WWW-Authenticate", [])
+        if resp.status == 403 and not any("insufficient_scope" in c for c in challenges):
+            return resp
+        resp.release()
+        if attempt >= authorizer.max_attempts:
+            raise BackendUnavailable(
+                name,
+                f"refuses the gateway's credentials (HTTP {resp.status}) after {attempt} new "
+                f"token(s); check its auth: section, or forget the stored login with "
+                f"`mcp-transparent-gateway auth logout {name}`",
+            )
+        try:
+            await authorizer.refused(caller, resp.status, challenges, header)
+        except AuthFailed as exc:
+            raise BackendUnavailable(name, str(exc)) from None
+    raise AssertionError("unreachable")
 
 
 def failure(name: str, exc: BaseException, within: float | None) -> BackendError:

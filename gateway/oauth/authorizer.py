@@ -199,19 +199,22 @@ class Authorizer:
         )
         self._asked[caller.user] = scopes
         endpoint = _required(info, "token_endpoint")
-        if config.type == "client_credentials":
+        exchanging = config.type == "token_exchange" and caller.user != ""
+        if exchanging and not caller.subject_token:
+            raise AuthFailed(
+                f"backend {self.name} takes the caller's token in exchange, and this caller "
+                "presented none (an API key or the stdio identity cannot be exchanged)"
+            )
+        if not exchanging and config.type != "oauth":
+            # client_credentials; and under token_exchange the gateway's own requests, which
+            # have no caller (discovery, the catalog), go as the gateway's client itself.
             client = self._configured_client(info)
             form = grants.client_credentials(info.resource, scopes)
             return await grants.request_token(self._http, endpoint, client, form, scopes or None)
-        if config.type == "token_exchange":
-            if not caller.subject_token:
-                raise AuthFailed(
-                    f"backend {self.name} exchanges the caller's token, and this request "
-                    "carries none (turn on the listener's auth:)"
-                )
+        if exchanging:
             client = self._configured_client(info)
             form = grants.token_exchange(
-                caller.subject_token,
+                caller.subject_token or "",
                 config.subject_token_type,
                 info.resource,
                 config.audience,
@@ -415,6 +418,7 @@ class Authorizer:
     async def close(self) -> None:
         for task in [*self._renewals.values(), *self._background]:
             task.cancel()
+        await self._http.close()
 
 
 def _required(info: ServerInfo, name: str) -> str:

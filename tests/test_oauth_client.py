@@ -1,0 +1,231 @@
+"""The gateway logging in to protected backends (basic/authorization, the client's half), end to
+end on 127.0.0.1: the gateway in-process, a small authorization server of the test and a
+protected MCP backend (tests/oauth_support.py) that accepts only tokens issued for it.
+
+Service accounts (client credentials), token exchange for each caller (RFC 8693: the caller's
+own token never reaches the backend), step-up on 403 `insufficient_scope`, a bounded number of
+attempts against a server that refuses every token, one renewal for many concurrent requests,
+the token store across restarts, and the SSRF rule for URLs a server names."""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import orjson
+import pytest
+import yaml
+
+from gateway.app import Gateway
+from gateway.config import parse
+from tests.auth_support import VERSION
+from tests.oauth_support import (
+    CLIENT_ID,
+    CLIENT_SECRET,
+    EXCHANGE,
+    TokenServer,
+    protected_backend,
+    token_server,
+)
+from tests.support import BOUND
+
+pytestmark = pytest.mark.anyio
+
+UNAVAILABLE = -31001
+GATEWAY_RESOURCE = "http://gateway.test/mcp"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's own token store (never the user's)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    return tmp_path / "mcp-gateway"
+
+
+def config(backend: str, login: dict[str, Any], **top: Any) -> str:
+    return yaml.safe_dump(
+        {
+            "listen": {"http": {"host": "127.0.0.1", "port": 0, "path": "/mcp"}},
+            "backends": {"p": {"http": {"url": backend}, "auth": login, "connect_timeout": 5}},
+            **top,
+        }
+    )
+
+
+CREDENTIALS = {"type": "client_credentials", "client_id": CLIENT_ID, "client_secret": CLIENT_SECRET}
+
+
+def call(tool: str = "whoami", id_: int = 1) -> dict[str, Any]:
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": VERSION,
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    params = {"name": tool, "arguments": {}, "_meta": meta}
+    return {"jsonrpc": "2.0", "id": id_, "method": "tools/call", "params": params}
+
+
+async def post(url: str, body: dict[str, Any], token: str | None = None) -> dict[str, Any]:
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": VERSION,
+        "Mcp-Method": body["method"],
+    }
+    if body["method"] == "tools/call":
+        headers["Mcp-Name"] = body["params"]["name"]
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    with anyio.fail_after(BOUND * 2):
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url, data=orjson.dumps(body), headers=headers) as resp,
+        ):
+            reply: dict[str, Any] = orjson.loads(await resp.read())
+            return reply
+
+
+def grants(auth: TokenServer, kind: str) -> list[dict[str, str]]:
+    return [g for g in auth.grants if g.get("grant_type") == kind]
+
+
+@pytest.fixture
+async def service() -> AsyncIterator[tuple[TokenServer, Any]]:
+    async with token_server() as auth, protected_backend(auth) as backend:
+        yield auth, backend
+
+
+async def test_a_service_account_token_reaches_the_backend_and_is_kept(
+    service: tuple[TokenServer, Any], state: Path
+) -> None:
+    auth, backend = service
+    async with Gateway(parse(config(backend.url, CREDENTIALS))) as gw:
+        assert gw.http_url is not None
+        reply = await post(gw.http_url, call())
+        assert "result" in reply, reply
+    # One token for the probe, the catalog and the call, issued for this backend only.
+    assert len(grants(auth, "client_credentials")) == 1
+    assert grants(auth, "client_credentials")[0]["resource"] == backend.url
+    assert backend.accepted and {c["aud"] for c in backend.accepted} == {backend.url}
+    files = list(state.iterdir())  # noqa: ASYNC240 (a test's look at a small directory)
+    assert len(files) == 1 and stat.S_IMODE(files[0].stat().st_mode) == 0o600
+    # A restart takes the stored token: no new grant.
+    async with Gateway(parse(config(backend.url, CREDENTIALS))) as gw:
+        assert gw.http_url is not None
+        assert "result" in await post(gw.http_url, call())
+    assert len(grants(auth, "client_credentials")) == 1
+
+
+async def test_without_the_store_nothing_is_written(
+    service: tuple[TokenServer, Any], state: Path
+) -> None:
+    _, backend = service
+    async with Gateway(parse(config(backend.url, {**CREDENTIALS, "store": False}))) as gw:
+        assert gw.http_url is not None
+        assert "result" in await post(gw.http_url, call())
+    assert not state.exists()  # noqa: ASYNC240
+
+
+async def test_a_403_insufficient_scope_steps_up_with_the_challenged_scope() -> None:
+    async with token_server() as auth, protected_backend(auth, call_scope="mcp:write") as backend:
+        async with Gateway(parse(config(backend.url, CREDENTIALS))) as gw:
+            assert gw.http_url is not None
+            reply = await post(gw.http_url, call())
+            assert "result" in reply, reply
+        assert backend.refused[403] == 1
+        asked = grants(auth, "client_credentials")
+        assert len(asked) == 2 and "mcp:write" in asked[1]["scope"].split()
+
+
+async def test_a_server_that_refuses_every_token_costs_a_bounded_number_of_grants() -> None:
+    async with token_server() as auth, protected_backend(auth) as backend:
+        text = config(backend.url, {**CREDENTIALS, "max_attempts": 2})
+        async with Gateway(parse(text)) as gw:
+            assert gw.http_url is not None
+            assert "result" in await post(gw.http_url, call())
+            backend.refuse_all = True
+            before, refused = len(auth.grants), backend.refused[401]
+            reply = await post(gw.http_url, call(id_=2))
+            assert reply["error"]["code"] == UNAVAILABLE
+            # The token it had, then two new ones, each refused once: no loop.
+            assert len(auth.grants) - before == 2
+            assert backend.refused[401] - refused == 3
+
+
+async def test_one_renewal_serves_many_concurrent_requests() -> None:
+    async with token_server() as auth, protected_backend(auth) as backend:
+        async with Gateway(parse(config(backend.url, CREDENTIALS))) as gw:
+            assert gw.http_url is not None
+            url = gw.http_url
+            replies: list[dict[str, Any]] = []
+
+            async def one(i: int) -> None:
+                replies.append(await post(url, call(id_=i)))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(20):
+                    tg.start_soon(one, i)
+        assert all("result" in r for r in replies)
+        assert len(grants(auth, "client_credentials")) == 1
+
+
+async def test_an_authorization_server_on_plain_http_elsewhere_is_never_asked() -> None:
+    # The PRM names an http:// authorization server off loopback: not fetched (SSRF, and
+    # basic/authorization's Communication Security), so the backend cannot be logged in to.
+    async with (
+        token_server() as auth,
+        protected_backend(auth, servers=["http://auth.example.invalid"]) as backend,
+    ):
+        async with Gateway(parse(config(backend.url, CREDENTIALS))) as gw:
+            assert gw.http_url is not None
+            reply = await post(gw.http_url, call())
+            assert reply["error"]["code"] == UNAVAILABLE
+            assert "p" in reply["error"]["message"]
+        assert not auth.grants and not backend.accepted
+
+
+# --- token exchange ---------------------------------------------------------------------------
+
+
+def exchange_config(auth: TokenServer, backend: str) -> str:
+    exchange = {"type": "token_exchange", "client_id": CLIENT_ID, "client_secret": CLIENT_SECRET}
+    listener_auth = {"issuer": auth.issuer, "resource": GATEWAY_RESOURCE}
+    return config(backend, exchange, auth=listener_auth)
+
+
+async def test_each_caller_s_token_is_exchanged_once_and_never_passed_through() -> None:
+    async with token_server() as auth, protected_backend(auth) as backend:
+        alice = auth.mint("alice", GATEWAY_RESOURCE, "mcp:call")
+        bob = auth.mint("bob", GATEWAY_RESOURCE, "mcp:call")
+        async with Gateway(parse(exchange_config(auth, backend.url))) as gw:
+            assert gw.http_url is not None
+            for token in (alice, alice, bob):
+                reply = await post(gw.http_url, call(), token)
+                assert "result" in reply, reply
+        exchanged = grants(auth, EXCHANGE)
+        # Cached per subject until it expires: alice's second call exchanges nothing.
+        assert [g["subject_token"] for g in exchanged] == [alice, bob]
+        assert all(g["resource"] == backend.url for g in exchanged)
+        calls = [c for c in backend.accepted if c["sub"] in ("alice", "bob")]
+        assert [c["sub"] for c in calls] == ["alice", "alice", "bob"]
+        # The callers' own tokens (for the gateway) never reached the backend.
+        assert alice not in backend.tokens and bob not in backend.tokens
+
+
+async def test_the_gateway_s_own_requests_go_as_its_client_under_token_exchange() -> None:
+    async with token_server() as auth, protected_backend(auth) as backend:
+        async with Gateway(parse(exchange_config(auth, backend.url))) as gw:
+            assert gw.http_url is not None
+            token = auth.mint("alice", GATEWAY_RESOURCE, "mcp:call")
+            assert "result" in await post(gw.http_url, call(), token)
+        # The probe and the catalog: as the gateway's client, never as a caller.
+        own = [c for c in backend.accepted if c["sub"] == CLIENT_ID]
+        assert own and len(grants(auth, "client_credentials")) == 1
