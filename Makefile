@@ -35,8 +35,9 @@ pytest: $(DEV_STAMP) npm-deps
 
 # npm tools the tests use (tests/npm/package.json, exact versions in its package-lock.json):
 # node 24 (the official conformance suite needs node >= 22; the machine's node may be older),
-# @modelcontextprotocol/conformance, the reference servers and oidc-provider (the authorization
-# server of tests/test_auth_oidc.py). Installed with the machine's
+# @modelcontextprotocol/conformance, the reference servers, oidc-provider (the authorization
+# server of tests/test_auth_oidc.py) and playwright-core (drives chromium through its login
+# page, tests/servers/browser_login.mjs). Installed with the machine's
 # npm into tests/npm/node_modules, again only when the lock file changes (the stamp). Without
 # npm (or when `npm ci` fails) it says so and those tests skip; with CI=true it fails instead.
 NPM_DIR := tests/npm
@@ -62,14 +63,21 @@ schema: install
 	$(PY) -m gateway schema > gateway/config/schema.json
 
 # System packages some tests use: Debian's `prometheus` (promtool, prometheus) for the Prometheus
-# config checks and the real-scrape test. Without apt (or root) it says so; those tests then skip
-# with the reason outside CI and fail under CI=true.
+# config checks and the real-scrape test, and Debian's `chromium` (headless, driven by npm's
+# playwright-core) for the browser logins at the authorization server
+# (tests/servers/browser_login.mjs). Without apt (or root) it says so; those tests then skip with
+# the reason outside CI and fail under CI=true.
 ci-deps:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  sudo=; [ "$$(id -u)" = 0 ] || sudo='sudo -n'; \
 	  { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
 	      apt-get install -y -qq --no-install-recommends prometheus; } >/dev/null \
 	  || echo "ci-deps: could not install prometheus with apt; its tests will skip" >&2; }
+	@[ -x /usr/bin/chromium ] || { \
+	  sudo=; [ "$$(id -u)" = 0 ] || sudo='sudo -n'; \
+	  { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends chromium; } >/dev/null \
+	  || echo "ci-deps: could not install chromium with apt; the browser login tests will skip" >&2; }
 
 # The benchmark (bench/README.md); e.g. `make bench ARGS="--quick --no-proxies"`.
 bench: $(RUN_STAMP)

@@ -16,7 +16,6 @@ import base64
 import hashlib
 import hmac
 import logging
-import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from tests.oidc_support import (
     SigningKey,
     challenge,
     claims,
+    free_ports,
     unsigned,
 )
 from tests.support import (
@@ -69,19 +69,6 @@ SDK = OAuthClient("sdk-client", "sdk-secret")
 # Other resource servers of the same authorization server: their tokens are not for us.
 ELSEWHERE = "http://127.0.0.1:9/elsewhere/mcp"
 ELSEWHERE_OPAQUE = "http://127.0.0.1:9/elsewhere-opaque/mcp"
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct loopback ports nothing listens on (bound together, then released): a gateway's
-    canonical URI (its `resource`) must be known before it and the authorization server start."""
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 @dataclass(frozen=True)
