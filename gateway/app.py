@@ -32,6 +32,7 @@ from gateway.backends.era import EraBackend
 from gateway.backends.health import Guarded, Health
 from gateway.backends.http import HttpBackend
 from gateway.backends.isolated import IsolatedBackend
+from gateway.backends.login_gate import LoginGate
 from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
 from gateway.config import (
@@ -52,6 +53,8 @@ from gateway.frontends import http as http_frontend
 from gateway.frontends.listener import BindError, Listener
 from gateway.frontends.ops import Operations, admin_handler
 from gateway.frontends.stdio import StdioFrontend, open_process_stdio
+from gateway.oauth.authorizer import Authorizer
+from gateway.oauth.desk import LoginDesk
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
 from gateway.telemetry.api import STDIO_ORIGIN, Origin, Stats
@@ -84,6 +87,15 @@ def make_backend(
     if isinstance(config.target, SseTarget):
         return SseBackend(config, stats)
     return HttpBackend(config, stats)
+
+
+def login_desk(config: Config) -> LoginDesk | None:
+    """Where callers log in to per-user backends: the origin of the listener's own resource URI
+    (the address clients already reach the gateway at), when some backend needs it."""
+    if config.auth is None or not any(b.auth and b.auth.per_user for b in config.backends):
+        return None
+    parts = urlsplit(config.auth.resource)
+    return LoginDesk(f"{parts.scheme}://{parts.netloc}")
 
 
 def legacy_lane(
@@ -224,9 +236,20 @@ class Gateway:
         self.health = [
             t.health if isinstance(t, StdioBackend) else Health(t.name) for t in self.transports
         ]
+        # Per-user backend logins are served by the HTTP listener (frontends/logins.py); a
+        # caller who has none is sent its link by the gate above the era layer.
+        self.logins = login_desk(config)
+        gated: list[Backend] = []
+        for layer, transport in zip(self.layers, self.transports, strict=True):
+            authorizer = getattr(transport, "authorizer", None)
+            if isinstance(authorizer, Authorizer) and authorizer.per_user:
+                authorizer.desk = self.logins
+                gated.append(LoginGate(layer))
+            else:
+                gated.append(layer)
         self.guarded = [
             Guarded(e, h, supervised=isinstance(t, StdioBackend | IsolatedBackend))
-            for e, h, t in zip(self.layers, self.health, self.transports, strict=True)
+            for e, h, t in zip(gated, self.health, self.transports, strict=True)
         ]
         self.eras = [e for e in self.layers if isinstance(e, EraBackend)]
         self.backends: list[Backend] = [
@@ -361,7 +384,7 @@ class Gateway:
         listen = self.config.listen.http
         assert listen is not None
         self._endpoint = http_frontend.Endpoint(
-            self.dispatcher, listen, self.operations, self.authenticator
+            self.dispatcher, listen, self.operations, self.authenticator, self.logins
         )
         # A client that drops its connection cancels its request (listener.py).
         self._http = Listener(

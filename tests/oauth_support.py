@@ -37,6 +37,7 @@ class TokenServer:
     url: str = ""
     expires_in: int = 3600
     issue_refresh: bool = True
+    login_as: str = "alice"  # who logs in at /authorize (the user behind the browser)
     asked: Counter[str] = field(default_factory=Counter)
     grants: list[dict[str, str]] = field(default_factory=list)  # every token request's form
     registrations: list[dict[str, Any]] = field(default_factory=list)
@@ -115,7 +116,7 @@ class TokenServer:
         query = dict(request.query)
         self.authorizations.append(query)
         code = f"code-{len(self.authorizations)}"
-        self._codes[code] = query
+        self._codes[code] = {**query, "user": self.login_as}
         back = {"code": code, "state": query.get("state", ""), "iss": self.issuer}
         raise web.HTTPFound(f"{query['redirect_uri']}?{urlencode(back)}")
 
@@ -128,7 +129,7 @@ class TokenServer:
             challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier).digest()).rstrip(b"=")
             if asked is None or asked.get("code_challenge") != challenge.decode():
                 return web.json_response({"error": "invalid_grant"}, status=400)
-            user, scope = "alice", asked.get("scope", "")
+            user, scope = asked["user"], asked.get("scope", "")
         elif grant == "refresh_token":
             refresh = form.get("refresh_token", "")
             if not refresh.startswith("refresh:"):

@@ -122,6 +122,7 @@ HTTP_MODULES = {
     "gateway.auth.fetch",
     "gateway.oauth.fetch",
     "gateway.oauth.redirect",
+    "gateway.frontends.logins",
     "gateway.app",
 }
 

@@ -9,8 +9,11 @@ the token store across restarts, and the SSRF rule for URLs a server names."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ import pytest
 import yaml
 
 from gateway.app import Gateway
-from gateway.config import parse
+from gateway.config import ConfigInvalid, parse
 from tests.auth_support import VERSION
 from tests.oauth_support import (
     CLIENT_ID,
@@ -31,6 +34,7 @@ from tests.oauth_support import (
     protected_backend,
     token_server,
 )
+from tests.oidc_support import free_ports
 from tests.support import BOUND
 
 pytestmark = pytest.mark.anyio
@@ -229,3 +233,133 @@ async def test_the_gateway_s_own_requests_go_as_its_client_under_token_exchange(
         # The probe and the catalog: as the gateway's client, never as a caller.
         own = [c for c in backend.accepted if c["sub"] == CLIENT_ID]
         assert own and len(grants(auth, "client_credentials")) == 1
+
+
+# --- per-user logins --------------------------------------------------------------------------
+
+
+def modern(body: dict[str, Any], url_elicitation: bool) -> dict[str, Any]:
+    caps: dict[str, Any] = {"elicitation": {"form": {}, "url": {}}} if url_elicitation else {}
+    body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = caps
+    return body
+
+
+async def open_link(url: str) -> tuple[int, str]:
+    """What a browser does with a login link: follow the redirects (the test authorization
+    server approves at once) to the gateway's callback page."""
+    with anyio.fail_after(BOUND):
+        async with aiohttp.ClientSession() as session, session.get(url) as resp:
+            return resp.status, await resp.text()
+
+
+class LinkWatch(logging.Handler):
+    """The first operator login link the gateway logs, as an event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = asyncio.Event()
+        self.link = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "operator's login" in message and not self.seen.is_set():
+            self.link = message.rsplit("open ", 1)[1]
+            self.seen.set()
+
+
+@contextmanager
+def watching() -> Iterator[LinkWatch]:
+    watch = LinkWatch()
+    logger = logging.getLogger("gateway.oauth")
+    logger.addHandler(watch)
+    try:
+        yield watch
+    finally:
+        logger.removeHandler(watch)
+
+
+async def operator_login(watch: LinkWatch) -> None:
+    """The gateway's own login (its catalog), whose link it logs for the operator."""
+    with anyio.fail_after(BOUND):
+        await watch.seen.wait()
+    assert (await open_link(watch.link))[0] == 200
+
+
+def per_user_config(port: int, auth: TokenServer, backend: str) -> str:
+    return yaml.safe_dump(
+        {
+            "listen": {"http": {"host": "127.0.0.1", "port": port, "path": "/mcp"}},
+            "backends": {
+                "p": {"http": {"url": backend}, "auth": {"type": "oauth", "per_user": True}}
+            },
+            "auth": {"issuer": auth.issuer, "resource": f"http://127.0.0.1:{port}/mcp"},
+        }
+    )
+
+
+async def test_each_caller_logs_in_through_a_link_and_only_their_token_is_sent() -> None:
+    (port,) = free_ports(1)
+    resource = f"http://127.0.0.1:{port}/mcp"
+    async with token_server() as auth, protected_backend(auth) as backend:
+        alice = auth.mint("alice", resource, "mcp:call")
+        bob = auth.mint("bob", resource, "mcp:call")
+        with watching() as watch:
+            auth.login_as = "operator"
+            async with Gateway(parse(per_user_config(port, auth, backend.url))) as gw:
+                assert gw.http_url == resource
+                await operator_login(watch)
+                await alice_and_bob(auth, resource, alice, bob)
+        calls = [c for c in backend.accepted if c["sub"] in ("alice", "bob")]
+        assert [c["sub"] for c in calls] == ["alice"]
+        # The operator's token served discovery and lists only; no caller's token crossed.
+        assert alice not in backend.tokens and bob not in backend.tokens
+        registered = auth.registrations[0]["redirect_uris"]
+        assert registered == [f"http://127.0.0.1:{port}/oauth/callback"]
+
+
+async def alice_and_bob(auth: TokenServer, resource: str, alice: str, bob: str) -> None:
+    # Alice has no login yet: she is sent a link, by URL-mode elicitation.
+    first = await post(resource, modern(call(), True), alice)
+    result = first["result"]
+    assert result["resultType"] == "input_required"
+    (ask,) = result["inputRequests"].values()
+    assert ask["method"] == "elicitation/create" and ask["params"]["mode"] == "url"
+    auth.login_as = "alice"
+    status, page = await open_link(ask["params"]["url"])
+    assert status == 200 and "logged in" in page
+    # A link is good for one login.
+    assert (await open_link(ask["params"]["url"]))[0] == 404
+    retry = modern(call(id_=2), True)
+    retry["params"]["requestState"] = result["requestState"]
+    retry["params"]["inputResponses"] = {k: {"action": "accept"} for k in result["inputRequests"]}
+    done = await post(resource, retry, alice)
+    assert "content" in done["result"], done
+    # Bob has none: a client that cannot open URLs gets -32042 with his own link.
+    refused = await post(resource, modern(call(id_=3), False), bob)
+    assert refused["error"]["code"] == -32042
+    link = refused["error"]["data"]["elicitations"][0]["url"]
+    assert link != ask["params"]["url"]
+    # Lists are the gateway's own requests: Bob sees the tools before he logs in.
+    listing = {
+        **call(id_=4),
+        "method": "tools/list",
+        "params": {"_meta": call()["params"]["_meta"]},
+    }
+    assert "tools" in (await post(resource, listing, bob))["result"]
+
+
+async def test_a_forged_callback_or_an_unknown_link_changes_nothing() -> None:
+    (port,) = free_ports(1)
+    async with token_server() as auth, protected_backend(auth) as backend:
+        async with Gateway(parse(per_user_config(port, auth, backend.url))):
+            forged = f"http://127.0.0.1:{port}/oauth/callback?code=x&state=forged&iss={auth.issuer}"
+            assert (await open_link(forged))[0] == 400
+            assert (await open_link(f"http://127.0.0.1:{port}/oauth/login?id=nope"))[0] == 404
+        assert not grants(auth, "authorization_code")
+
+
+def test_per_user_needs_the_listener_s_identities() -> None:
+    text = config("https://b.example.com/mcp", {"type": "oauth", "per_user": True})
+    with pytest.raises(ConfigInvalid) as refused:
+        parse(text)
+    assert any("per_user" in p for p in refused.value.problems)

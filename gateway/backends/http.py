@@ -147,6 +147,10 @@ class HttpBackend:
     def up(self) -> bool:
         return self._up
 
+    @property
+    def authorizer(self) -> Authorizer | None:
+        return self._authorizer
+
     # --- the legacy era (2025-11-25 transports, Session Management) -------------------------
 
     def begin_session(self) -> None:
@@ -230,7 +234,7 @@ class HttpBackend:
         reading: resume.Reading,
         deliver: Callable[[str, Message], None],
     ) -> bool:
-        resp = await self._open(session, "GET", sent, None, None)
+        resp = await self._open(session, "GET", sent, None, None, shared=True)
         try:
             if resp.status == 405:
                 return False
@@ -289,7 +293,7 @@ class HttpBackend:
         if self._authorizer is not None:
             sent = sent.copy()
             with contextlib.suppress(AuthFailed):
-                header = await self._authorizer.authorization(web.caller(self._authorizer))
+                header = await self._authorizer.authorization(web.caller(self._authorizer, True))
                 if header is not None:
                     sent["Authorization"] = header
         try:
@@ -385,11 +389,15 @@ class HttpBackend:
         body: bytes | None,
         within: float | None,
         deadline: aiohttp.ClientTimeout | None = None,
+        *,
+        shared: bool = False,
     ) -> aiohttp.ClientResponse:
-        """Send one request; its response once the head has arrived."""
+        """Send one request; its response once the head has arrived. `shared`: one the gateway
+        makes for everyone (the catalog, discovery), under its own login even where each
+        caller has one of their own."""
         if self._authorizer is not None:
             return await self._open_authorized(
-                self._authorizer, session, method, sent, body, within, deadline
+                self._authorizer, session, method, sent, body, within, deadline, shared
             )
         return await self._open_once(session, method, sent, body, within, deadline)
 
@@ -421,13 +429,16 @@ class HttpBackend:
         body: bytes | None,
         within: float | None,
         deadline: aiohttp.ClientTimeout | None,
+        shared: bool,
     ) -> aiohttp.ClientResponse:
         """`_open` with the gateway's token, renewed when the backend refuses it."""
 
         def send(headers: CIMultiDict[str]) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
             return self._open_once(session, method, headers, body, within, deadline)
 
-        return await web.send_with_token(self.name, authorizer, web.caller(authorizer), send, sent)
+        return await web.send_with_token(
+            self.name, authorizer, web.caller(authorizer, shared), send, sent
+        )
 
     async def _post(
         self,
@@ -450,7 +461,9 @@ class HttpBackend:
         if self.takes_requests and "id" in msg:
             self._asking[asking] = sink
         try:
-            resp = await self._open(session, "POST", headers, body, within, deadline)
+            resp = await self._open(
+                session, "POST", headers, body, within, deadline, shared=web.shared(msg)
+            )
         except (asyncio.CancelledError, BackendTimeout):
             self._asking.pop(asking, None)
             self._cancel_legacy(sent, msg)  # (it went out: the server may be at work on it)

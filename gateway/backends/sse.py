@@ -23,6 +23,7 @@ from gateway.backends.channel import Channel
 from gateway.config import BackendConfig, SseTarget
 from gateway.errors import BackendError, BackendUnavailable
 from gateway.oauth import setup as oauth_setup
+from gateway.oauth.authorizer import Authorizer
 from gateway.protocol import codes, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Stats
@@ -71,6 +72,10 @@ class SseBackend(Channel):
     @property
     def up(self) -> bool:
         return self._ready is not None and self._ready.is_set()
+
+    @property
+    def authorizer(self) -> Authorizer | None:
+        return self._authorizer
 
     async def run(self) -> None:
         self._ready = asyncio.Event()
@@ -143,7 +148,7 @@ class SseBackend(Channel):
                 resp = await web.send_with_token(
                     self.name,
                     self._authorizer,
-                    web.caller(self._authorizer),
+                    web.caller(self._authorizer, True),
                     lambda headers: web.send(streams, "GET", self._url, headers),
                     self._stream_headers,
                 )
@@ -218,7 +223,7 @@ class SseBackend(Channel):
                 resp = await web.send_with_token(
                     self.name,
                     self._authorizer,
-                    web.caller(self._authorizer),
+                    web.caller(self._authorizer, web.shared(msg)),
                     lambda headers: web.send(posts, "POST", endpoint, headers, body),
                     self._post_headers,
                 )

@@ -30,6 +30,7 @@ from gateway.errors import (
     BackendUnavailable,
 )
 from gateway.oauth.authorizer import GATEWAY, AuthFailed, Authorizer, Caller
+from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import SERVING
 
 log = logging.getLogger("gateway.backend")
@@ -192,10 +193,33 @@ async def send(
     raise StaleConnection("every pooled connection held bytes nobody asked for")
 
 
-def caller(authorizer: Authorizer | None) -> Caller:
+# What a per-user backend is asked under the gateway's own login: what everyone sees alike
+# (discovery, lists, the legacy handshake). Everything else goes with the caller's own token.
+SHARED_METHODS = frozenset(
+    {
+        "server/discover",
+        "initialize",
+        "notifications/initialized",
+        "ping",
+        "tools/list",
+        "prompts/list",
+        "resources/list",
+        "resources/templates/list",
+    }
+)
+
+
+def shared(msg: Message) -> bool:
+    return msg.get("method") in SHARED_METHODS
+
+
+def caller(authorizer: Authorizer | None, shared: bool = False) -> Caller:
     """Whose token a request takes: the gateway's own, except for a backend that exchanges each
-    caller's token (read from the request being served: the `Backend` seam carries no caller)."""
+    caller's token, or where each caller logs in (per_user) and the request is not `shared`.
+    The caller is read from the request being served: the `Backend` seam carries none."""
     if authorizer is None or not authorizer.per_caller:
+        return GATEWAY
+    if shared and authorizer.per_user:
         return GATEWAY
     identity = SERVING.get()[1].identity
     if identity is None:

@@ -268,6 +268,13 @@ def parse(
         audit=limit_sections.audit(check, top.get("audit"), lambda p: _beside(source, p)),
         auth=auth_section.auth(check, top.get("auth"), listen.http),
     )
+    unserved = config.auth is None or config.listen.http is None
+    for backend in config.backends:
+        if unserved and backend.auth is not None and backend.auth.per_user:
+            reader.problem(
+                ("backends", backend.name, "auth", "per_user"),
+                "needs listen.http with auth: (callers' identities; logins are served there)",
+            )
     if reader.problems:
         raise ConfigInvalid(reader.problems)
     return config

@@ -24,11 +24,13 @@ from gateway.core.dispatcher import Dispatcher
 from gateway.core.legacy import LEGACY_VERSIONS, LegacyFront, is_legacy_opening, is_modern
 from gateway.core.ratelimit import retry_after_header
 from gateway.frontends import guard
+from gateway.frontends import logins as login_routes
 from gateway.frontends.bearer import Bearer, identity_of
 from gateway.frontends.bodies import BodyError
 from gateway.frontends.listener import CLOSE, CUT, Handler, read_body, start_stream
 from gateway.frontends.ops import Operations, operation_routes
 from gateway.frontends.sessions import HttpSession, SessionStore, owner_of
+from gateway.oauth.desk import LoginDesk
 from gateway.protocol import codes, headers, jsonrpc, sse
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
@@ -125,6 +127,7 @@ class Endpoint:
         listen: HttpListen,
         ops: Operations | None = None,
         auth: Authenticator | None = None,
+        logins: LoginDesk | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.listen = listen
@@ -142,6 +145,8 @@ class Endpoint:
         self._bearer = None if auth is None else Bearer(auth, listen.path, self._stats)
         if self._bearer is not None:
             self._routes.update(self._bearer.routes())
+        if logins is not None:  # per-user backend logins (frontends/logins.py)
+            self._routes.update(login_routes.routes(logins))
 
     def closing(self) -> None:
         """The listener is about to close: end the legacy sessions' GET streams, so that they

@@ -24,6 +24,7 @@ import anyio
 
 from gateway.config import BackendAuth
 from gateway.oauth import grants, store, wire
+from gateway.oauth.desk import LoginDesk, LoginRequired
 from gateway.oauth.discovery import DiscoveryFailed, ServerInfo, discover
 from gateway.oauth.fetch import FetchFailed, OAuthHttp
 from gateway.oauth.grants import Client, GrantFailed
@@ -79,6 +80,8 @@ class Authorizer:
         self._registered: Client | None = None
         self._renewals: dict[str, asyncio.Task[Token]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        # Where callers log in (per_user): the gateway's HTTP listener, set by the app.
+        self.desk: LoginDesk | None = None
 
     @property
     def max_attempts(self) -> int:
@@ -86,7 +89,12 @@ class Authorizer:
 
     @property
     def per_caller(self) -> bool:
-        return self._config.type == "token_exchange"
+        """Whether each caller has a token of their own (token exchange, per-user logins)."""
+        return self._config.type == "token_exchange" or self._config.per_user
+
+    @property
+    def per_user(self) -> bool:
+        return self._config.per_user
 
     # --- what the HTTP backend asks -------------------------------------------------------
 
@@ -98,6 +106,8 @@ class Authorizer:
         if token is not None and token.usable(time.time(), self._config.refresh_margin):
             return f"Bearer {token.access_token}"
         if token is None and self._config.type == "oauth":
+            if self._config.per_user and caller.user:
+                raise self._login_required(caller.user, None)
             return None
         token = await self._join(caller, None, step_up=False)
         return f"Bearer {token.access_token}"
@@ -188,6 +198,9 @@ class Authorizer:
             refreshed = await self._refresh(old)
             if refreshed is not None:
                 return refreshed
+        if config.per_user and caller.user:
+            # A caller's own login happens in their browser, through a link they are given.
+            raise self._login_required(caller.user, challenge.scope if challenge else None)
         info = await self._server(None)
         previous = self._asked.get(caller.user, ()) if step_up else ()
         scopes = wire.select_scopes(
@@ -221,6 +234,8 @@ class Authorizer:
                 scopes,
             )
             return await grants.request_token(self._http, endpoint, client, form, scopes or None)
+        if config.per_user:
+            return await self._operator_login(scopes)
         return await self._login(info, scopes)
 
     async def _refresh(self, old: Token) -> Token | None:
@@ -309,31 +324,14 @@ class Authorizer:
     # --- the authorization code flow ------------------------------------------------------
 
     async def _login(self, info: ServerInfo, scopes: tuple[str, ...]) -> Token:
-        methods = info.strings("code_challenge_methods_supported") or []
-        if "S256" not in methods:
-            # basic/authorization/security-considerations: no advertised PKCE, no login.
-            raise AuthFailed(
-                f"backend {self.name}: authorization server {info.issuer} does not advertise "
-                "PKCE (S256); refusing to log in"
-            )
-        authorize = _required(info, "authorization_endpoint")
+        """The authorization code flow in the browser of whoever runs the gateway, with the
+        redirect to a loopback listener of its own (RFC 8252 7.3)."""
         state = secrets.token_urlsafe(32)
         proof = wire.pkce()
         listener = RedirectListener(state)
         await self._listen(listener)
         try:
-            client = await self._client(info, listener.redirect_uri)
-            params = {
-                "response_type": "code",
-                "client_id": client.client_id,
-                "redirect_uri": listener.redirect_uri,
-                "state": state,
-                "code_challenge": proof.challenge,
-                "code_challenge_method": "S256",
-                "resource": info.resource,
-                **grants.scope_param(scopes),
-            }
-            url = wire.with_query(authorize, params)
+            url, context = await self.begin_login("", listener.redirect_uri, state, proof, scopes)
             log.warning("backend %s needs a login: open %s", self.name, url)
             if self._config.open_browser:
                 self._spawn(self._opener(url))
@@ -341,6 +339,86 @@ class Authorizer:
                 answer = await listener.wait()
         finally:
             await listener.close()
+        return await self._redeem(context, proof, answer)
+
+    async def _operator_login(self, scopes: tuple[str, ...]) -> Token:
+        """Under per_user, the gateway's own login (its requests: discovery, the catalog) goes
+        through the same link and callback as the callers', logged for the operator."""
+        desk = self._desk()
+        login = desk.open(self, "", scopes, self._config.login_timeout)
+        log.warning(
+            "backend %s needs the operator's login (for the gateway's own requests: discovery "
+            "and the catalog): open %s",
+            self.name,
+            desk.link(login),
+        )
+        with anyio.fail_after(self._config.login_timeout):
+            await login.done.wait()
+        token = self._tokens.get("")
+        if login.failure is not None or token is None:
+            raise AuthFailed(f"backend {self.name}: the login failed ({login.failure})")
+        return token
+
+    def _desk(self) -> LoginDesk:
+        if self.desk is None:
+            raise AuthFailed(f"backend {self.name}: per-user logins need the HTTP listener")
+        return self.desk
+
+    def _login_required(self, user: str, challenged: tuple[str, ...] | None) -> LoginRequired:
+        desk = self._desk()
+        scopes = tuple(challenged or ())
+        if challenged is not None:
+            previous = self._asked.get(user, ())
+            scopes = previous + tuple(s for s in challenged if s not in previous)
+        login = desk.open(self, user, scopes, self._config.login_timeout)
+        return LoginRequired(self.name, desk.link(login), login.id)
+
+    async def begin_login(
+        self, user: str, redirect_uri: str, state: str, proof: wire.Pkce, scopes: tuple[str, ...]
+    ) -> tuple[str, Any]:
+        """The authorization URL of one flow, and what its redemption needs."""
+        info = await self._server(None)
+        methods = info.strings("code_challenge_methods_supported") or []
+        if "S256" not in methods:
+            # basic/authorization/security-considerations: no advertised PKCE, no login.
+            raise AuthFailed(
+                f"backend {self.name}: authorization server {info.issuer} does not advertise "
+                "PKCE (S256); refusing to log in"
+            )
+        if not scopes or user:
+            scopes = wire.select_scopes(
+                scopes or None,
+                info.scopes_supported,
+                self._config.scopes,
+                info.strings("scopes_supported"),
+                self._asked.get(user, ()) if scopes else (),
+            )
+        authorize = _required(info, "authorization_endpoint")
+        client = await self._client(info, redirect_uri)
+        params = {
+            "response_type": "code",
+            "client_id": client.client_id,
+            "redirect_uri": redirect_uri,
+            "state": state,
+            "code_challenge": proof.challenge,
+            "code_challenge_method": "S256",
+            "resource": info.resource,
+            **grants.scope_param(scopes),
+        }
+        return wire.with_query(authorize, params), (user, info, client, redirect_uri, scopes)
+
+    async def finish_login(self, user: str, context: Any, answer: dict[str, str]) -> None:
+        """A per-user flow's redirect: the caller's token, kept for them."""
+        flow, proof = context
+        try:
+            token = await self._redeem(flow, proof, answer)
+        except (GrantFailed, FetchFailed, DiscoveryFailed) as exc:
+            raise AuthFailed(f"backend {self.name}: {exc}") from None
+        self._tokens[user] = token
+        await self._save(user, token)
+
+    async def _redeem(self, context: Any, proof: wire.Pkce, answer: dict[str, str]) -> Token:
+        user, info, client, redirect_uri, scopes = context
         # RFC 9207 before anything else in the answer is acted on, errors included.
         if (why := wire.iss_problem(info.sends_iss, answer.get("iss"), info.issuer)) is not None:
             raise AuthFailed(f"backend {self.name}: {why}; login refused")
@@ -349,9 +427,11 @@ class Authorizer:
         code = answer.get("code")
         if not code:
             raise AuthFailed(f"backend {self.name}: the login answer carries no code")
-        form = grants.authorization_code(code, proof.verifier, listener.redirect_uri, info.resource)
+        form = grants.authorization_code(code, proof.verifier, redirect_uri, info.resource)
         endpoint = _required(info, "token_endpoint")
-        return await grants.request_token(self._http, endpoint, client, form, scopes or None)
+        token = await grants.request_token(self._http, endpoint, client, form, scopes or None)
+        self._asked[user] = scopes
+        return token
 
     async def _listen(self, listener: RedirectListener) -> None:
         """The configured port, else the port of the registered redirect URI (so a registration

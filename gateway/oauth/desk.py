@@ -1,0 +1,146 @@
+"""Logins of individual callers (`per_user: true`), served by the gateway's HTTP listener.
+
+A caller without a token for a per-user backend is sent (by URL-mode elicitation) to
+`{base}/oauth/login?id=...`, a link bound to that caller and that backend, good for one
+login within `login_timeout`. Opening it starts the authorization-code flow with PKCE, whose
+redirect comes back to `{base}/oauth/callback`; the token is then the caller's, and their
+next request goes through. A link names no user and carries nothing secret; the `state` of each
+flow is used once (client/elicitation, Safe URL Handling; basic/authorization)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import urlencode
+
+from gateway.oauth import wire
+
+LOGIN_PATH = "/oauth/login"
+CALLBACK_PATH = "/oauth/callback"
+
+
+class DeskError(Exception):
+    """A login link or redirect that cannot be served: a status and one line for the page."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class LoginRequired(Exception):
+    """A caller must log in to a backend before their request can go: the link to give them."""
+
+    def __init__(self, backend: str, url: str, login_id: str) -> None:
+        super().__init__(
+            f"Log in to {backend} to continue: open {url}, then retry (the gateway keeps your "
+            "login for this backend)"
+        )
+        self.backend = backend
+        self.url = url
+        self.login_id = login_id
+
+
+class Party(Protocol):
+    """The authorizer of one backend, as the desk uses it."""
+
+    name: str
+
+    async def begin_login(
+        self, user: str, redirect_uri: str, state: str, proof: wire.Pkce, scopes: tuple[str, ...]
+    ) -> tuple[str, Any]: ...
+
+    async def finish_login(self, user: str, context: Any, answer: dict[str, str]) -> None: ...
+
+
+@dataclass
+class Pending:
+    id: str
+    party: Party
+    user: str
+    scopes: tuple[str, ...]
+    expires_at: float
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    failure: str | None = None
+
+
+@dataclass
+class _Flow:
+    login: Pending
+    proof: wire.Pkce
+    context: Any
+
+
+class LoginDesk:
+    def __init__(self, base: str, clock: Callable[[], float] = time.time) -> None:
+        self.base = base.rstrip("/")
+        self._clock = clock
+        self._pending: dict[str, Pending] = {}
+        self._by_caller: dict[tuple[int, str], Pending] = {}
+        self._flows: dict[str, _Flow] = {}
+
+    @property
+    def redirect_uri(self) -> str:
+        return self.base + CALLBACK_PATH
+
+    def link(self, login: Pending) -> str:
+        return f"{self.base}{LOGIN_PATH}?{urlencode({'id': login.id})}"
+
+    def open(self, party: Party, user: str, scopes: tuple[str, ...], lifetime: float) -> Pending:
+        """The caller's login to this backend: the one already open, else a new one."""
+        self._sweep()
+        key = (id(party), user)
+        found = self._by_caller.get(key)
+        if found is not None and not found.done.is_set():
+            return found
+        login = Pending(secrets.token_urlsafe(24), party, user, scopes, self._clock() + lifetime)
+        self._pending[login.id] = login
+        self._by_caller[key] = login
+        return login
+
+    async def begin(self, login_id: str) -> str:
+        """Where the browser goes for a login link: the authorization server's page."""
+        self._sweep()
+        login = self._pending.get(login_id)
+        if login is None or login.done.is_set():
+            raise DeskError(404, "This login link is unknown, used or expired; ask again.")
+        state = secrets.token_urlsafe(32)
+        proof = wire.pkce()
+        url, context = await login.party.begin_login(
+            login.user, self.redirect_uri, state, proof, login.scopes
+        )
+        self._flows[state] = _Flow(login, proof, context)
+        return url
+
+    async def complete(self, answer: dict[str, str]) -> str:
+        """The authorization server's redirect: the token for the caller who was sent the link.
+        A `state` is taken once, so a replayed or forged redirect changes nothing."""
+        flow = self._flows.pop(answer.get("state") or "", None)
+        if flow is None:
+            raise DeskError(400, "This login is unknown or already finished.")
+        login = flow.login
+        if login.done.is_set() or login.expires_at <= self._clock():
+            raise DeskError(400, "This login has expired; ask again.")
+        await login.party.finish_login(login.user, (flow.context, flow.proof), answer)
+        self._finish(login, None)
+        return f"You are logged in to {login.party.name}. You can close this window."
+
+    def fail(self, login: Pending, why: str) -> None:
+        self._finish(login, why)
+
+    def _finish(self, login: Pending, failure: str | None) -> None:
+        login.failure = failure
+        login.done.set()
+        self._pending.pop(login.id, None)
+        if self._by_caller.get((id(login.party), login.user)) is login:
+            del self._by_caller[(id(login.party), login.user)]
+        for state in [s for s, f in self._flows.items() if f.login is login]:
+            del self._flows[state]
+
+    def _sweep(self) -> None:
+        now = self._clock()
+        for login in [p for p in self._pending.values() if p.expires_at <= now]:
+            self._finish(login, "expired")
