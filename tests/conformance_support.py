@@ -5,7 +5,8 @@ The suite and node 24 (it needs node >= 22) come from tests/npm/package.json, in
 `make npm-deps`. A server run (`conformance server --url URL --requirements R`) runs every
 server scenario of requirement set R, each writing `server-<scenario>-<time>/checks.json`;
 a client run (`conformance client --command CMD --scenario S --spec-version R`) starts the
-scenario's mock server and runs CMD with its URL. A scenario passes when none of its checks
+scenario's mock server and runs CMD with its URL (for `auth/` scenarios, with the
+scenario's client credentials in MCP_CONFORMANCE_CONTEXT). A scenario passes when none of its checks
 is a FAILURE (WARNING and SKIPPED do not fail a scenario, as in the suite's own summary).
 """
 
@@ -141,9 +142,12 @@ def run_client_scenario(command: str, scenario: str, revision: str, out: Path) -
     target = out / scenario.replace("/", "_")
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
+    # --force: a single scenario that is an extension (`auth/client-credentials-*`,
+    # `auth/dpop`, ...) is skipped at any --spec-version without it; the requirement set
+    # lists it (not scored), and `--requirements R` runs it too.
     subprocess.run(
         [str(NODE), str(SUITE_CLI), "client", "--command", command, "--scenario", scenario]
-        + ["--spec-version", revision, "-o", str(target)],
+        + ["--spec-version", revision, "--force", "-o", str(target)],
         cwd=target,
         env=_suite_env(),
         stdout=subprocess.DEVNULL,
@@ -151,18 +155,23 @@ def run_client_scenario(command: str, scenario: str, revision: str, out: Path) -
         timeout=RUN_BOUND,
         check=False,
     )
-    runs = [d for d in target.iterdir() if d.is_dir()]
+    # `<scenario>-<time>`, so `auth/x` writes its checks in target/auth/x-<time>.
+    runs = [d for d in target.glob(f"{scenario}-*") if d.is_dir()]
     if len(runs) != 1:
         return Outcome(failures=["no-run-recorded"])
     return read_checks(runs[0])
 
 
 def client_scenarios(revision: str) -> list[str]:
-    """What the client leg of `revision` runs, scored or not, without `auth/` (the gateway
-    is no OAuth client: a client's authorization is its own, end to end)."""
+    """What the client leg of `revision` runs, scored or not, `auth/` included (through the
+    gateway, the gateway is the OAuth client the mock's authorization server judges)."""
     req = requirements(revision)
-    names = list(req.client) + sorted(req.not_scored["client"])
-    return [n for n in names if not n.startswith("auth/")]
+    return list(req.client) + sorted(req.not_scored["client"])
+
+
+def is_auth(scenario: str) -> bool:
+    """An authorization scenario: its mock server answers 401 until the client logs in."""
+    return scenario.startswith("auth/")
 
 
 def server_scenarios(revision: str) -> list[str]:
