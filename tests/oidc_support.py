@@ -302,6 +302,20 @@ class AuthServer:
         self.proc = Proc([str(NODE), str(SCRIPT), str(config)])
         self.port = int(self.proc.wait_for(r"^READY (\d+)$", stream="stdout").group(1))
 
+    def events(self, name: str, at_least: int = 0, **match: str) -> list[dict[str, Any]]:
+        """The fields of every `name` event the server printed since it (re)started
+        (oidc_provider.mjs: registration, authorization, grant) whose fields include `match`,
+        waiting, bounded, until there are `at_least` (the server prints one before its answer
+        leaves, and a thread reads it)."""
+        assert self.proc is not None
+        prefix = f"EVENT {name} "
+
+        def found(lines: list[str]) -> list[dict[str, Any]]:
+            events = [orjson.loads(x[len(prefix) :]) for x in lines if x.startswith(prefix)]
+            return [e for e in events if all(e.get(k) == v for k, v in match.items())]
+
+        return found(self.proc.wait_lines(lambda seen: len(found(seen)) >= at_least, "stdout"))
+
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.stop()

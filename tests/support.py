@@ -123,6 +123,19 @@ class Proc:
                     )
                 self._changed.wait(min(left, 0.5))
 
+    def wait_lines(
+        self, done: Callable[[list[str]], bool], stream: str = "stderr", timeout: float = BOUND
+    ) -> list[str]:
+        """The lines of `stream` once `done(lines)` holds (e.g. a count reached), bounded."""
+        with self._changed:
+            end = time.monotonic() + timeout
+            while not done(self.lines[stream]):
+                left = end - time.monotonic()
+                if left <= 0 or (self.popen.poll() is not None and self._drained()):
+                    raise AssertionError(f"not seen on {stream} of {self.args}:\n{self.output()}")
+                self._changed.wait(min(left, 0.5))
+            return list(self.lines[stream])
+
     def _drained(self) -> bool:
         return self._closed == 2
 

@@ -35,7 +35,10 @@
 // discovery document says authorization_response_iss_parameter_supported) and knows no
 // `features.issAuthResp` any more (an unknown feature is a TypeError at start).
 //
-// Prints `READY <port>` on stdout once it accepts connections; SIGTERM stops it.
+// Prints `READY <port>` on stdout once it accepts connections; SIGTERM stops it. Then one line
+// per event a test counts, `EVENT <name> <JSON>`: `registration` (the registered client's
+// metadata), `authorization` (a successful authorization response: client_id, code) and
+// `grant` (a token endpoint success: grant_type, client_id).
 
 import { generateKeyPairSync } from 'node:crypto';
 import { readFileSync } from 'node:fs';
@@ -147,6 +150,16 @@ server.listen(config.port ?? 0, '127.0.0.1', () => {
     // Fixed secrets: this server lives for one test module on loopback, and nothing it
     // issues outlives it.
     cookies: { keys: ['oidc-provider-test-cookie-key'] },
+  });
+  const event = (name, fields) => process.stdout.write(`EVENT ${name} ${JSON.stringify(fields)}\n`);
+  provider.on('registration_create.success', (_ctx, client) => {
+    event('registration', client.metadata());
+  });
+  provider.on('authorization.success', (ctx, out) => {
+    event('authorization', { client_id: ctx.oidc.client?.clientId, code: out?.code });
+  });
+  provider.on('grant.success', (ctx) => {
+    event('grant', { grant_type: ctx.oidc.params.grant_type, client_id: ctx.oidc.client?.clientId });
   });
   server.on('request', provider.callback());
   process.stdout.write(`READY ${port}\n`);
