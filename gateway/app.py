@@ -27,6 +27,8 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from gateway import __version__
 from gateway.auth.authenticator import Authenticator
 from gateway.auth.identity import CONFIGURED, Identity
+from gateway.auth.outage import Unavailable
+from gateway.auth.tokens import Rejected
 from gateway.backends.base import Backend
 from gateway.backends.era import EraBackend
 from gateway.backends.health import Guarded, Health
@@ -54,7 +56,9 @@ from gateway.frontends.listener import BindError, Listener
 from gateway.frontends.ops import Operations, admin_handler
 from gateway.frontends.stdio import StdioFrontend, open_process_stdio
 from gateway.oauth.authorizer import Authorizer
+from gateway.oauth.caller_check import CallerCheck
 from gateway.oauth.desk import LoginDesk
+from gateway.oauth.fetch import OAuthHttp
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
 from gateway.telemetry.api import STDIO_ORIGIN, Origin, Stats
@@ -89,13 +93,34 @@ def make_backend(
     return HttpBackend(config, stats)
 
 
-def login_desk(config: Config) -> LoginDesk | None:
+def login_desk(config: Config, authenticator: Authenticator | None) -> LoginDesk | None:
     """Where callers log in to per-user backends: the origin of the listener's own resource URI
-    (the address clients already reach the gateway at), when some backend needs it."""
-    if config.auth is None or not any(b.auth and b.auth.per_user for b in config.backends):
+    (the address clients already reach the gateway at), when some backend needs it; whoever
+    opens a link signs in at the listener's issuer first (oauth/caller_check.py)."""
+    auth = config.auth
+    if auth is None or not any(b.auth and b.auth.per_user for b in config.backends):
         return None
-    parts = urlsplit(config.auth.resource)
-    return LoginDesk(f"{parts.scheme}://{parts.netloc}")
+    check = None
+    if authenticator is not None and auth.issuer and auth.login_client_id:
+
+        async def identify(token: str) -> tuple[str | None, str]:
+            try:
+                identity = await authenticator.authenticate(token)
+            except (Rejected, Unavailable) as exc:
+                raise ValueError(type(exc).__name__) from None
+            return identity.issuer, identity.subject
+
+        http = OAuthHttp(auth.fetch_timeout, auth.max_response_bytes, f"mcp-gateway/{__version__}")
+        check = CallerCheck(
+            http,
+            auth.issuer,
+            auth.login_client_id,
+            auth.login_client_secret,
+            auth.resource,
+            identify,
+        )
+    parts = urlsplit(auth.resource)
+    return LoginDesk(f"{parts.scheme}://{parts.netloc}", check)
 
 
 def legacy_lane(
@@ -238,7 +263,9 @@ class Gateway:
         ]
         # Per-user backend logins are served by the HTTP listener (frontends/logins.py); a
         # caller who has none is sent its link by the gate above the era layer.
-        self.logins = login_desk(config)
+        # The HTTP listener's token checks (`auth:`); None: no authentication.
+        self.authenticator = Authenticator(config.auth) if config.auth is not None else None
+        self.logins = login_desk(config, self.authenticator)
         gated: list[Backend] = []
         for layer, transport in zip(self.layers, self.transports, strict=True):
             authorizer = getattr(transport, "authorizer", None)
@@ -285,8 +312,6 @@ class Gateway:
         self.admin_url: str | None = None
         self._http: Listener | None = None
         self._endpoint: http_frontend.Endpoint | None = None
-        # The HTTP listener's token checks (`auth:`); None: no authentication.
-        self.authenticator = Authenticator(config.auth) if config.auth is not None else None
         self._tg: anyio.abc.TaskGroup | None = None
         self.http_url: str | None = None
 
@@ -419,6 +444,8 @@ class Gateway:
             self._endpoint.close()
         if self.authenticator is not None:
             await self.authenticator.close()
+        if self.logins is not None:
+            await self.logins.close()
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
         try:

@@ -292,7 +292,11 @@ def per_user_config(port: int, auth: TokenServer, backend: str) -> str:
             "backends": {
                 "p": {"http": {"url": backend}, "auth": {"type": "oauth", "per_user": True}}
             },
-            "auth": {"issuer": auth.issuer, "resource": f"http://127.0.0.1:{port}/mcp"},
+            "auth": {
+                "issuer": auth.issuer,
+                "resource": f"http://127.0.0.1:{port}/mcp",
+                "login_client_id": "gateway-login",
+            },
         }
     )
 
@@ -315,6 +319,9 @@ async def test_each_caller_logs_in_through_a_link_and_only_their_token_is_sent()
         assert alice not in backend.tokens and bob not in backend.tokens
         registered = auth.registrations[0]["redirect_uris"]
         assert registered == [f"http://127.0.0.1:{port}/oauth/callback"]
+        # Alice signed in at the listener's issuer first, as the gateway's login client.
+        signed_in = [g for g in grants(auth, "authorization_code") if g["resource"] == resource]
+        assert [g["client_id"] for g in signed_in] == ["gateway-login"]
 
 
 async def alice_and_bob(auth: TokenServer, resource: str, alice: str, bob: str) -> None:
@@ -346,6 +353,34 @@ async def alice_and_bob(auth: TokenServer, resource: str, alice: str, bob: str) 
         "params": {"_meta": call()["params"]["_meta"]},
     }
     assert "tools" in (await post(resource, listing, bob))["result"]
+
+
+async def test_a_link_opened_by_someone_else_binds_nothing() -> None:
+    # client/elicitation, Phishing: Alice's link, opened by Bob, gives Alice nothing of Bob's.
+    (port,) = free_ports(1)
+    resource = f"http://127.0.0.1:{port}/mcp"
+    async with token_server() as auth, protected_backend(auth) as backend:
+        alice = auth.mint("alice", resource, "mcp:call")
+        with watching() as watch:
+            auth.login_as = "operator"
+            async with Gateway(parse(per_user_config(port, auth, backend.url))):
+                await operator_login(watch)
+                first = (await post(resource, modern(call(), True), alice))["result"]
+                (ask,) = first["inputRequests"].values()
+                auth.login_as = "bob"
+                assert (await open_link(ask["params"]["url"]))[0] == 403
+                # The link is spent; Alice is still asked to log in, with a new link.
+                assert (await open_link(ask["params"]["url"]))[0] == 404
+                again = (await post(resource, modern(call(id_=2), True), alice))["result"]
+                assert again["resultType"] == "input_required"
+                (ask_again,) = again["inputRequests"].values()
+                assert ask_again["params"]["url"] != ask["params"]["url"]
+        # Bob's sign-in reached the check only: no backend login was redeemed for anyone.
+        backend_logins = [
+            g for g in grants(auth, "authorization_code") if g["resource"] == backend.url
+        ]
+        assert len(backend_logins) == 1  # the operator's
+        assert not [c for c in backend.accepted if c["sub"] in ("alice", "bob")]
 
 
 async def test_a_forged_callback_or_an_unknown_link_changes_nothing() -> None:

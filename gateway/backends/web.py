@@ -224,7 +224,7 @@ def caller(authorizer: Authorizer | None, shared: bool = False) -> Caller:
     identity = SERVING.get()[1].identity
     if identity is None:
         return GATEWAY
-    return Caller(identity.key(), identity.token)
+    return Caller(identity.key(), identity.token, (identity.issuer, identity.subject))
 
 
 async def send_with_token(

@@ -269,12 +269,18 @@ def parse(
         auth=auth_section.auth(check, top.get("auth"), listen.http),
     )
     unserved = config.auth is None or config.listen.http is None
+    unchecked = config.auth is None or not (config.auth.issuer and config.auth.login_client_id)
     for backend in config.backends:
-        if unserved and backend.auth is not None and backend.auth.per_user:
-            reader.problem(
-                ("backends", backend.name, "auth", "per_user"),
-                "needs listen.http with auth: (callers' identities; logins are served there)",
-            )
+        if backend.auth is None or not backend.auth.per_user:
+            continue
+        where = ("backends", backend.name, "auth", "per_user")
+        if unserved:
+            why = "needs listen.http with auth: (callers' identities; logins are served there)"
+            reader.problem(where, why)
+        elif unchecked:
+            # client/elicitation, Phishing: who opens a link must be shown to be its caller.
+            why = "needs auth.issuer and auth.login_client_id (to check who opens a login link)"
+            reader.problem(where, why)
     if reader.problems:
         raise ConfigInvalid(reader.problems)
     return config

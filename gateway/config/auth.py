@@ -175,4 +175,6 @@ def auth(c: _Check, raw: Any, http: HttpListen | None) -> AuthConfig | None:
         fetch_timeout=c.field(body, path, "fetch_timeout", t["fetch_timeout"]),
         max_response_bytes=c.field(body, path, "max_response_bytes", t["max_response_bytes"]),
         token_cache_size=c.field(body, path, "token_cache_size", t["token_cache_size"]),
+        login_client_id=c.field(body, path, "login_client_id", t["login_client_id"]),
+        login_client_secret=c.field(body, path, "login_client_secret", t["login_client_secret"]),
     )

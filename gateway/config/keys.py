@@ -494,6 +494,12 @@ SECTIONS: dict[str, dict[str, Key]] = {
             DEFAULT_TOKEN_CACHE_SIZE,
             minimum=1,
         ),
+        "login_client_id": Key(
+            "string",
+            "The gateway's client at the issuer, for per-user backend logins: who opens a login "
+            "link signs in here first and must be the caller it was made for.",
+        ),
+        "login_client_secret": Key("string", "Its secret, if it is confidential (use ${VAR})."),
     },
     "backend_auth": {
         "type": Key(

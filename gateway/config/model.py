@@ -299,6 +299,10 @@ class AuthConfig:
     fetch_timeout: float = DEFAULT_AUTH_FETCH_TIMEOUT
     max_response_bytes: int = DEFAULT_AUTH_MAX_RESPONSE_BYTES
     token_cache_size: int = DEFAULT_TOKEN_CACHE_SIZE
+    # The gateway's own client at `issuer`, for checking who opens a per-user login link (the
+    # browser's user logs in there first, and must be the caller the link was made for).
+    login_client_id: str | None = None
+    login_client_secret: str | None = field(default=None, repr=False)
 
     @property
     def expected_audience(self) -> str:

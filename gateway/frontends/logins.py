@@ -43,12 +43,14 @@ def routes(desk: LoginDesk) -> dict[str, Handler]:
         if request.method != "GET":
             return page(405, "GET only.")
         try:
-            done = await desk.complete({k: v for k, v in request.query.items()})
+            onward, said = await desk.complete({k: v for k, v in request.query.items()})
         except DeskError as exc:
             return page(exc.status, str(exc))
         except AuthFailed as exc:
             log.warning("per-user login failed: %s", exc)
             return page(400, "The login did not succeed; ask for a new link.")
-        return page(200, done)
+        if onward is not None:  # signed in: on to the backend's own login
+            return web.Response(status=302, headers={"Location": onward, **_HEADERS})
+        return page(200, said)
 
     return {LOGIN_PATH: login, CALLBACK_PATH: callback}

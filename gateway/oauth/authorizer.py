@@ -16,7 +16,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,8 @@ class Caller:
     the token it presented."""
 
     user: str = ""
-    subject_token: str | None = None
+    subject_token: str | None = field(default=None, repr=False)
+    who: tuple[str | None, str] | None = None  # (issuer, subject), for a per-user login link
 
 
 GATEWAY = Caller()
@@ -107,7 +108,7 @@ class Authorizer:
             return f"Bearer {token.access_token}"
         if token is None and self._config.type == "oauth":
             if self._config.per_user and caller.user:
-                raise self._login_required(caller.user, None)
+                raise self._login_required(caller, None)
             return None
         token = await self._join(caller, None, step_up=False)
         return f"Bearer {token.access_token}"
@@ -200,7 +201,7 @@ class Authorizer:
                 return refreshed
         if config.per_user and caller.user:
             # A caller's own login happens in their browser, through a link they are given.
-            raise self._login_required(caller.user, challenge.scope if challenge else None)
+            raise self._login_required(caller, challenge.scope if challenge else None)
         info = await self._server(None)
         previous = self._asked.get(caller.user, ()) if step_up else ()
         scopes = wire.select_scopes(
@@ -364,13 +365,14 @@ class Authorizer:
             raise AuthFailed(f"backend {self.name}: per-user logins need the HTTP listener")
         return self.desk
 
-    def _login_required(self, user: str, challenged: tuple[str, ...] | None) -> LoginRequired:
+    def _login_required(self, caller: Caller, challenged: tuple[str, ...] | None) -> LoginRequired:
         desk = self._desk()
         scopes = tuple(challenged or ())
         if challenged is not None:
-            previous = self._asked.get(user, ())
+            previous = self._asked.get(caller.user, ())
             scopes = previous + tuple(s for s in challenged if s not in previous)
-        login = desk.open(self, user, scopes, self._config.login_timeout)
+        lifetime = self._config.login_timeout
+        login = desk.open(self, caller.user, scopes, lifetime, caller.who or ("", caller.user))
         return LoginRequired(self.name, desk.link(login), login.id)
 
     async def begin_login(

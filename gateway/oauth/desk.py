@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from urllib.parse import urlencode
 
 from gateway.oauth import wire
+from gateway.oauth.caller_check import CallerCheck, CheckFailed
 
 LOGIN_PATH = "/oauth/login"
 CALLBACK_PATH = "/oauth/callback"
@@ -63,8 +64,10 @@ class Pending:
     user: str
     scopes: tuple[str, ...]
     expires_at: float
+    who: tuple[str | None, str] | None  # the caller's (issuer, subject); None: the operator
     done: asyncio.Event = field(default_factory=asyncio.Event)
     failure: str | None = None
+    checked: bool = False  # the browser's user was shown to be `who`
 
 
 @dataclass
@@ -72,11 +75,15 @@ class _Flow:
     login: Pending
     proof: wire.Pkce
     context: Any
+    checking: bool = False  # the sign-in that shows who is at the browser
 
 
 class LoginDesk:
-    def __init__(self, base: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, base: str, check: CallerCheck | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.base = base.rstrip("/")
+        self._check = check
         self._clock = clock
         self._pending: dict[str, Pending] = {}
         self._by_caller: dict[tuple[int, str], Pending] = {}
@@ -89,44 +96,78 @@ class LoginDesk:
     def link(self, login: Pending) -> str:
         return f"{self.base}{LOGIN_PATH}?{urlencode({'id': login.id})}"
 
-    def open(self, party: Party, user: str, scopes: tuple[str, ...], lifetime: float) -> Pending:
+    def open(
+        self,
+        party: Party,
+        user: str,
+        scopes: tuple[str, ...],
+        lifetime: float,
+        who: tuple[str | None, str] | None = None,
+    ) -> Pending:
         """The caller's login to this backend: the one already open, else a new one."""
         self._sweep()
         key = (id(party), user)
         found = self._by_caller.get(key)
         if found is not None and not found.done.is_set():
             return found
-        login = Pending(secrets.token_urlsafe(24), party, user, scopes, self._clock() + lifetime)
+        expires = self._clock() + lifetime
+        login = Pending(secrets.token_urlsafe(24), party, user, scopes, expires, who)
         self._pending[login.id] = login
         self._by_caller[key] = login
         return login
 
     async def begin(self, login_id: str) -> str:
-        """Where the browser goes for a login link: the authorization server's page."""
+        """Where the browser goes for a login link: first the sign-in that shows who is at the
+        browser (a caller's link), then the backend's authorization server."""
         self._sweep()
         login = self._pending.get(login_id)
         if login is None or login.done.is_set():
             raise DeskError(404, "This login link is unknown, used or expired; ask again.")
         state = secrets.token_urlsafe(32)
         proof = wire.pkce()
+        if login.who is not None and not login.checked:
+            if self._check is None:
+                raise DeskError(500, "Per-user logins are not set up on this gateway.")
+            try:
+                url = await self._check.authorization_url(state, proof, self.redirect_uri)
+            except CheckFailed as exc:
+                raise DeskError(502, f"Sign-in unavailable: {exc}") from None
+            self._flows[state] = _Flow(login, proof, None, checking=True)
+            return url
         url, context = await login.party.begin_login(
             login.user, self.redirect_uri, state, proof, login.scopes
         )
         self._flows[state] = _Flow(login, proof, context)
         return url
 
-    async def complete(self, answer: dict[str, str]) -> str:
-        """The authorization server's redirect: the token for the caller who was sent the link.
-        A `state` is taken once, so a replayed or forged redirect changes nothing."""
+    async def complete(self, answer: dict[str, str]) -> tuple[str | None, str]:
+        """The redirect back from a sign-in or a login: where the browser goes next (None: it
+        is done) and what to tell it. A `state` is taken once, so a replayed or forged
+        redirect changes nothing."""
         flow = self._flows.pop(answer.get("state") or "", None)
         if flow is None:
             raise DeskError(400, "This login is unknown or already finished.")
         login = flow.login
         if login.done.is_set() or login.expires_at <= self._clock():
             raise DeskError(400, "This login has expired; ask again.")
+        if flow.checking:
+            assert self._check is not None
+            try:
+                who = await self._check.who(answer, flow.proof, self.redirect_uri)
+            except CheckFailed as exc:
+                raise DeskError(400, f"Sign-in failed: {exc}") from None
+            if who != login.who:
+                self._finish(login, "opened by another user")
+                raise DeskError(403, "This link was made for another user; it is no longer valid.")
+            login.checked = True
+            return await self.begin(login.id), "Signed in."
         await login.party.finish_login(login.user, (flow.context, flow.proof), answer)
         self._finish(login, None)
-        return f"You are logged in to {login.party.name}. You can close this window."
+        return None, f"You are logged in to {login.party.name}. You can close this window."
+
+    async def close(self) -> None:
+        if self._check is not None:
+            await self._check.close()
 
     def fail(self, login: Pending, why: str) -> None:
         self._finish(login, why)
