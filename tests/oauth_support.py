@@ -38,6 +38,7 @@ class TokenServer:
     expires_in: int = 3600
     issue_refresh: bool = True
     login_as: str = "alice"  # who logs in at /authorize (the user behind the browser)
+    deny: bool = False  # the user refuses at /authorize
     asked: Counter[str] = field(default_factory=Counter)
     grants: list[dict[str, str]] = field(default_factory=list)  # every token request's form
     registrations: list[dict[str, Any]] = field(default_factory=list)
@@ -118,6 +119,8 @@ class TokenServer:
         code = f"code-{len(self.authorizations)}"
         self._codes[code] = {**query, "user": self.login_as}
         back = {"code": code, "state": query.get("state", ""), "iss": self.issuer}
+        if self.deny:
+            back = {"error": "access_denied", "state": query.get("state", ""), "iss": self.issuer}
         raise web.HTTPFound(f"{query['redirect_uri']}?{urlencode(back)}")
 
     def _token(self, form: dict[str, str], authorization: str | None) -> web.Response:

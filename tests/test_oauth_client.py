@@ -24,7 +24,10 @@ import pytest
 import yaml
 
 from gateway.app import Gateway
-from gateway.config import ConfigInvalid, parse
+from gateway.config import BackendAuth, ConfigInvalid, parse
+from gateway.oauth.authorizer import GATEWAY, AuthFailed, Authorizer
+from gateway.oauth.fetch import OAuthHttp
+from gateway.oauth.store import TokenStore
 from tests.auth_support import VERSION
 from tests.oauth_support import (
     CLIENT_ID,
@@ -398,3 +401,36 @@ def test_per_user_needs_the_listener_s_identities() -> None:
     with pytest.raises(ConfigInvalid) as refused:
         parse(text)
     assert any("per_user" in p for p in refused.value.problems)
+
+
+# --- the login in the browser -----------------------------------------------------------------
+
+
+async def test_a_refused_login_is_not_offered_again_at_once(state: Path) -> None:
+    async with token_server(deny=True) as auth, protected_backend(auth) as backend:
+        opened: list[str] = []
+
+        async def browser(url: str) -> None:
+            opened.append(url)
+            await open_link(url)
+
+        authorizer = Authorizer(
+            "p",
+            backend.url,
+            BackendAuth(type="oauth"),
+            OAuthHttp(5.0, 65536, "test"),
+            TokenStore(state),
+            wait_bound=BOUND,
+            opener=browser,
+        )
+        prm = backend.url.removesuffix("/mcp") + "/.well-known/oauth-protected-resource/mcp"
+        challenge = [f'Bearer resource_metadata="{prm}"']
+        try:
+            with pytest.raises(AuthFailed):
+                await authorizer.refused(GATEWAY, 401, challenge, None)
+            with pytest.raises(AuthFailed):
+                await authorizer.refused(GATEWAY, 401, challenge, None)
+        finally:
+            await authorizer.close()
+        assert len(opened) == 1 and len(auth.authorizations) == 1
+        assert not grants(auth, "authorization_code")

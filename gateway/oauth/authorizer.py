@@ -34,6 +34,9 @@ from gateway.oauth.tokens import Token
 log = logging.getLogger("gateway.oauth")
 
 Opener = Callable[[str], Awaitable[None]]
+# After a login refused in the browser (error=access_denied, say), no other is started for this
+# long: the requests that arrive meanwhile fail at once instead of opening the browser again.
+LOGIN_PAUSE = 30.0
 # How a dynamically registered client is named in the store's key.
 REGISTERED = "registered"
 
@@ -81,6 +84,7 @@ class Authorizer:
         self._registered: Client | None = None
         self._renewals: dict[str, asyncio.Task[Token]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._paused_until = 0.0  # no browser login before this (one was refused)
         # Where callers log in (per_user): the gateway's HTTP listener, set by the app.
         self.desk: LoginDesk | None = None
 
@@ -327,6 +331,11 @@ class Authorizer:
     async def _login(self, info: ServerInfo, scopes: tuple[str, ...]) -> Token:
         """The authorization code flow in the browser of whoever runs the gateway, with the
         redirect to a loopback listener of its own (RFC 8252 7.3)."""
+        if time.time() < self._paused_until:
+            raise AuthFailed(
+                f"backend {self.name}: the last login was refused in the browser; another is "
+                f"offered {LOGIN_PAUSE:g}s after it (or log in again with `connect`/a restart)"
+            )
         state = secrets.token_urlsafe(32)
         proof = wire.pkce()
         listener = RedirectListener(state)
@@ -340,6 +349,9 @@ class Authorizer:
                 answer = await listener.wait()
         finally:
             await listener.close()
+        if "error" in answer:
+            # A person said no: every request would open the browser again at once otherwise.
+            self._paused_until = time.time() + LOGIN_PAUSE
         return await self._redeem(context, proof, answer)
 
     async def _operator_login(self, scopes: tuple[str, ...]) -> Token:
