@@ -434,3 +434,46 @@ async def test_a_refused_login_is_not_offered_again_at_once(state: Path) -> None
             await authorizer.close()
         assert len(opened) == 1 and len(auth.authorizations) == 1
         assert not grants(auth, "authorization_code")
+
+
+async def test_a_request_waits_for_a_login_only_so_long_and_the_login_goes_on(
+    state: Path,
+) -> None:
+    async with token_server() as auth, protected_backend(auth) as backend:
+        opened: list[str] = []
+        shown = asyncio.Event()
+
+        async def browser(url: str) -> None:  # a person who has not looked yet
+            opened.append(url)
+            shown.set()
+
+        authorizer = Authorizer(
+            "p",
+            backend.url,
+            BackendAuth(type="oauth"),
+            OAuthHttp(5.0, 65536, "test"),
+            TokenStore(state),
+            wait_bound=0.2,
+            opener=browser,
+        )
+        prm = backend.url.removesuffix("/mcp") + "/.well-known/oauth-protected-resource/mcp"
+        challenge = [f'Bearer resource_metadata="{prm}"']
+        try:
+            with pytest.raises(AuthFailed) as waited:
+                await authorizer.refused(GATEWAY, 401, challenge, None)
+            assert "backend p" in str(waited.value)
+            # A second request joins the same login rather than starting another.
+            with pytest.raises(AuthFailed):
+                await authorizer.refused(GATEWAY, 401, challenge, None)
+            with anyio.fail_after(BOUND):
+                await shown.wait()
+            assert len(opened) == 1 and len(auth.registrations) == 1
+            # The person logs in later: the next request has its token.
+            assert (await open_link(opened[0]))[0] == 200
+            # (A refusal now joins the login while it finishes its exchange, or finds its token.)
+            await authorizer.refused(GATEWAY, 401, challenge, None)
+            header = await authorizer.authorization(GATEWAY)
+            assert header is not None and header.startswith("Bearer ")
+        finally:
+            await authorizer.close()
+        assert len(auth.authorizations) == 1

@@ -162,9 +162,12 @@ class Authorizer:
         try:
             return await asyncio.wait_for(asyncio.shield(task), self._wait_bound)
         except TimeoutError:
+            if self._config.type == "oauth":
+                why = "needs a login: open the login URL in the gateway's log, then retry"
+            else:
+                why = "is waiting for its authorization server to issue a token"
             raise AuthFailed(
-                f"backend {self.name} needs a login that has not completed within "
-                f"{self._wait_bound:g}s: open the login URL in the gateway's log, then retry"
+                f"backend {self.name} {why} (waited {self._wait_bound:g}s; it goes on)"
             ) from None
 
     async def _renew(
