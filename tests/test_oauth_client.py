@@ -22,13 +22,14 @@ import anyio
 import orjson
 import pytest
 import yaml
+from aiohttp import web
 
 from gateway.app import Gateway
 from gateway.config import BackendAuth, ConfigInvalid, parse
 from gateway.oauth.authorizer import GATEWAY, AuthFailed, Authorizer
-from gateway.oauth.fetch import OAuthHttp
+from gateway.oauth.fetch import FetchFailed, OAuthHttp
 from gateway.oauth.store import TokenStore
-from tests.auth_support import VERSION
+from tests.auth_support import VERSION, serving
 from tests.oauth_support import (
     CLIENT_ID,
     CLIENT_SECRET,
@@ -477,3 +478,23 @@ async def test_a_request_waits_for_a_login_only_so_long_and_the_login_goes_on(
         finally:
             await authorizer.close()
         assert len(auth.authorizations) == 1
+
+
+async def test_a_redirect_from_a_metadata_url_is_not_followed() -> None:
+    asked: list[str] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        asked.append(request.path)
+        if request.path == "/elsewhere":
+            return web.json_response({"issuer": "x"})
+        raise web.HTTPFound("/elsewhere")
+
+    async with serving(handle) as origin:
+        http = OAuthHttp(5.0, 65536, "test")
+        try:
+            reply = await http.get(origin + "/.well-known/oauth-authorization-server")
+            with pytest.raises(FetchFailed):
+                await http.get("http://example.com/.well-known/oauth-authorization-server")
+        finally:
+            await http.close()
+    assert reply.status == 302 and asked == ["/.well-known/oauth-authorization-server"]
