@@ -38,6 +38,7 @@ from gateway.config import (
 from gateway.config.naming import backend_name
 from gateway.config.schema import schema_text
 from gateway.oauth.store import TokenStore, state_dir
+from gateway.oauth.wire import outbound_problem
 from gateway.telemetry.tap import DEFAULT_TOP, Summarizer, follow, format_call, format_summary
 
 PYTHON_VAR = "MCP_GATEWAY_PYTHON"
@@ -212,6 +213,18 @@ def _parse_header(_: click.Context, __: click.Parameter, values: tuple[str, ...]
     help="private_key_jwt: the assertion's algorithm.",
 )
 @click.option("--scope", "scopes", multiple=True, help="A scope to ask for (repeatable).")
+@click.option(
+    "--authorization-server",
+    help="Pin the issuer to log in at (the server's metadata must list it).",
+)
+@click.option(
+    "--redirect-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Port of the 127.0.0.1 login redirect (0: any free one); for a pre-registered client.",
+)
+@click.option("--no-store", is_flag=True, help="Keep the login in memory only, not on disk.")
 @click.option("--no-browser", is_flag=True, help="Do not open a browser; only log the login URL.")
 @log_level
 def connect(
@@ -227,6 +240,9 @@ def connect(
     private_key_file: str | None,
     signing_algorithm: str,
     scopes: tuple[str, ...],
+    authorization_server: str | None,
+    redirect_port: int,
+    no_store: bool,
     no_browser: bool,
     log_level: str,
 ) -> None:
@@ -240,6 +256,8 @@ def connect(
     kept under $XDG_STATE_HOME/mcp-gateway for next time (`auth list`, `auth logout`).
     """
     _setup_logging(log_level)
+    if authorization_server and (why := outbound_problem(authorization_server)):
+        raise click.BadParameter(why, param_hint="--authorization-server")
     auth = None
     if auth_type != "none":
         auth = BackendAuth(
@@ -252,6 +270,9 @@ def connect(
             signing_algorithm=signing_algorithm,
             scopes=scopes,
             open_browser=not no_browser,
+            authorization_server=authorization_server,
+            redirect_port=redirect_port,
+            store=not no_store,
         )
         if auth_type == "client_credentials" and not (
             client_id and (auth.client_secret or private_key_file)

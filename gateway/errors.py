@@ -85,6 +85,11 @@ class BackendDown(BackendUnavailable):
     requests fail at once instead of waiting, and its outage was logged once, not per request."""
 
 
+class BackendLoginNeeded(BackendUnavailable):
+    """The gateway has no token the backend accepts (yet): a login is needed or under way. The
+    backend was reached, but told nothing of itself, so nothing (its era) is learnt from it."""
+
+
 class SessionExpired(BackendUnavailable):
     """A legacy HTTP backend no longer knows the gateway's session (404): initialise again."""
 

@@ -195,6 +195,7 @@ class Backend:
     url: str = ""
     accepted: list[dict[str, Any]] = field(default_factory=list)
     tokens: list[str] = field(default_factory=list)  # every token presented
+    methods: list[str] = field(default_factory=list)  # every accepted request's method
     servers: list[str] | None = None  # the PRM's authorization_servers (default: the one)
     refused: Counter[int] = field(default_factory=Counter)
     call_scope: str | None = None  # a tools/call needs this scope (403 insufficient_scope)
@@ -231,6 +232,7 @@ async def protected_backend(auth: TokenServer, **options: Any) -> AsyncIterator[
             extra = f', error="insufficient_scope", scope="{state.call_scope}"'
             return web.Response(status=403, headers={"WWW-Authenticate": challenge(extra)})
         state.accepted.append(claims)
+        state.methods.append(body["method"])
         return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": result(body)})
 
     async with serving(handle) as origin:

@@ -26,8 +26,10 @@ from aiohttp import web
 
 from gateway.app import Gateway
 from gateway.config import BackendAuth, ConfigInvalid, parse
-from gateway.oauth.authorizer import GATEWAY, AuthFailed, Authorizer
+from gateway.oauth.authorizer import GATEWAY, Authorizer
+from gateway.oauth.failures import AuthFailed
 from gateway.oauth.fetch import FetchFailed, OAuthHttp
+from gateway.oauth.redirect import RedirectListener
 from gateway.oauth.store import TokenStore
 from tests.auth_support import VERSION, serving
 from tests.oauth_support import (
@@ -196,7 +198,7 @@ async def test_an_authorization_server_on_plain_http_elsewhere_is_never_asked() 
             assert gw.http_url is not None
             reply = await post(gw.http_url, call())
             assert reply["error"]["code"] == UNAVAILABLE
-            assert "p" in reply["error"]["message"]
+            assert "backend 'p'" in reply["error"]["message"]
         assert not auth.grants and not backend.accepted
 
 
@@ -204,7 +206,12 @@ async def test_an_authorization_server_on_plain_http_elsewhere_is_never_asked() 
 
 
 def exchange_config(auth: TokenServer, backend: str) -> str:
-    exchange = {"type": "token_exchange", "client_id": CLIENT_ID, "client_secret": CLIENT_SECRET}
+    exchange = {
+        "type": "token_exchange",
+        "client_id": CLIENT_ID,
+        "client_secret": CLIENT_SECRET,
+        "authorization_server": auth.issuer,
+    }
     listener_auth = {"issuer": auth.issuer, "resource": GATEWAY_RESOURCE}
     return config(backend, exchange, auth=listener_auth)
 
@@ -257,23 +264,24 @@ async def open_link(url: str) -> tuple[int, str]:
 
 
 class LinkWatch(logging.Handler):
-    """The first operator login link the gateway logs, as an event."""
+    """The first login link the gateway logs (by default the operator's), as an event."""
 
-    def __init__(self) -> None:
+    def __init__(self, said: str = "operator's login") -> None:
         super().__init__()
+        self.said = said
         self.seen = asyncio.Event()
         self.link = ""
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        if "operator's login" in message and not self.seen.is_set():
+        if self.said in message and not self.seen.is_set():
             self.link = message.rsplit("open ", 1)[1]
             self.seen.set()
 
 
 @contextmanager
-def watching() -> Iterator[LinkWatch]:
-    watch = LinkWatch()
+def watching(said: str = "operator's login") -> Iterator[LinkWatch]:
+    watch = LinkWatch(said)
     logger = logging.getLogger("gateway.oauth")
     logger.addHandler(watch)
     try:
@@ -394,6 +402,13 @@ async def test_a_forged_callback_or_an_unknown_link_changes_nothing() -> None:
             forged = f"http://127.0.0.1:{port}/oauth/callback?code=x&state=forged&iss={auth.issuer}"
             assert (await open_link(forged))[0] == 400
             assert (await open_link(f"http://127.0.0.1:{port}/oauth/login?id=nope"))[0] == 404
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(f"http://127.0.0.1:{port}/oauth/callback") as resp,
+            ):
+                assert resp.status == 405
+                assert resp.headers["Cache-Control"] == "no-store"
+                assert resp.headers["Referrer-Policy"] == "no-referrer"
         assert not grants(auth, "authorization_code")
 
 
@@ -462,7 +477,7 @@ async def test_a_request_waits_for_a_login_only_so_long_and_the_login_goes_on(
         try:
             with pytest.raises(AuthFailed) as waited:
                 await authorizer.refused(GATEWAY, 401, challenge, None)
-            assert "backend p" in str(waited.value)
+            assert "needs a login" in str(waited.value)
             # A second request joins the same login rather than starting another.
             with pytest.raises(AuthFailed):
                 await authorizer.refused(GATEWAY, 401, challenge, None)
@@ -498,3 +513,107 @@ async def test_a_redirect_from_a_metadata_url_is_not_followed() -> None:
         finally:
             await http.close()
     assert reply.status == 302 and asked == ["/.well-known/oauth-authorization-server"]
+
+
+async def test_a_pinned_authorization_server_is_the_only_one_asked() -> None:
+    # The backend names another server: the gateway's credentials never go there.
+    async with token_server() as auth, token_server() as other:
+        async with protected_backend(auth, servers=[other.issuer]) as backend:
+            pinned = {**CREDENTIALS, "authorization_server": auth.issuer}
+            async with Gateway(parse(config(backend.url, pinned))) as gw:
+                assert gw.http_url is not None
+                reply = await post(gw.http_url, call())
+                assert reply["error"]["code"] == UNAVAILABLE
+        assert not other.asked and not auth.grants
+
+
+def test_token_exchange_needs_a_pinned_server_and_the_listener_s_identities() -> None:
+    exchange = {"type": "token_exchange", "client_id": "c", "client_secret": "s"}
+    with pytest.raises(ConfigInvalid) as refused:
+        parse(config("https://b.example.com/mcp", exchange))
+    problems = " ".join(refused.value.problems)
+    assert "authorization_server" in problems and "auth.type" in problems
+
+
+async def test_a_login_slower_than_the_probe_leaves_the_era_undecided() -> None:
+    # The era probe meets a 401 and no login within connect_timeout: that teaches nothing of
+    # the server, which stays modern once the login is done (no `initialize` is ever sent).
+    async with token_server() as auth, protected_backend(auth) as backend:
+        login = {"type": "oauth", "open_browser": False}
+        text = yaml.safe_dump(
+            {
+                "listen": {"http": {"host": "127.0.0.1", "port": 0, "path": "/mcp"}},
+                "backends": {
+                    "p": {"http": {"url": backend.url}, "auth": login, "connect_timeout": 0.3}
+                },
+            }
+        )
+        with watching("needs a login") as watch:
+            async with Gateway(parse(text)) as gw:
+                assert gw.http_url is not None
+                with anyio.fail_after(BOUND):
+                    await watch.seen.wait()
+                early = await post(gw.http_url, call())
+                assert early["error"]["code"] == UNAVAILABLE
+                assert (await open_link(watch.link))[0] == 200
+                later = await post(gw.http_url, call(id_=2))
+                assert "content" in later["result"], later
+        assert "initialize" not in backend.methods and "tools/call" in backend.methods
+
+
+async def test_a_document_past_the_size_bound_is_refused() -> None:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"issuer": "x" * 4096})
+
+    async with serving(handle) as origin:
+        http = OAuthHttp(5.0, 1024, "test")
+        try:
+            with pytest.raises(FetchFailed):
+                await http.get(origin + "/.well-known/oauth-authorization-server")
+        finally:
+            await http.close()
+
+
+async def test_the_redirect_listener_answers_only_its_own_state() -> None:
+    listener = RedirectListener("the-state")
+    uri = await listener.start(0)
+    try:
+        assert (await open_link(uri + "?code=c&state=other"))[0] == 404
+        assert (await open_link(uri.replace("/callback", "/x") + "?state=the-state"))[0] == 404
+        assert (await open_link(uri + "?code=c&state=the-state"))[0] == 200
+        with anyio.fail_after(BOUND):
+            assert (await listener.wait())["code"] == "c"
+    finally:
+        await listener.close()
+
+
+async def test_no_login_with_a_server_that_does_not_advertise_s256(state: Path) -> None:
+    class NoPkce(TokenServer):
+        def metadata(self) -> dict[str, Any]:
+            return {
+                k: v
+                for k, v in super().metadata().items()
+                if k != "code_challenge_methods_supported"
+            }
+
+    server = NoPkce()
+    async with serving(server.handle) as url:
+        server.url = url
+        async with protected_backend(server) as backend:
+            authorizer = Authorizer(
+                "p",
+                backend.url,
+                BackendAuth(type="oauth"),
+                OAuthHttp(5.0, 65536, "test"),
+                TokenStore(state),
+                wait_bound=BOUND,
+            )
+            prm = backend.url.removesuffix("/mcp") + "/.well-known/oauth-protected-resource/mcp"
+            try:
+                with pytest.raises(AuthFailed):
+                    await authorizer.refused(
+                        GATEWAY, 401, [f'Bearer resource_metadata="{prm}"'], None
+                    )
+            finally:
+                await authorizer.close()
+    assert not server.authorizations and not server.registrations

@@ -17,10 +17,13 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from gateway.backends import probe
 from gateway.config import BackendAuth, ConfigInvalid, parse
+from gateway.errors import BackendLoginNeeded
 from gateway.oauth import grants, store, tokens, wire
 from gateway.oauth.grants import Client
 from gateway.oauth.tokens import Token
+from gateway.protocol.jsonrpc import Message
 
 # --- challenges -------------------------------------------------------------------------------
 
@@ -379,3 +382,22 @@ def test_a_client_secret_comes_from_the_environment() -> None:
     auth = parse(text, env={"SECRET": "s3"}).backends[0].auth
     assert auth is not None and auth.client_secret == "s3"
     assert "s3" not in repr(auth)
+
+
+# --- the era probe ----------------------------------------------------------------------------
+
+
+class _Refusing:
+    """A link whose server answered 401 and got no login in time (web.send_with_token)."""
+
+    up = True
+
+    async def exchange(self, msg: Message, sink: object, within: float | None) -> Message:
+        raise BackendLoginNeeded("p", "needs a login")
+
+
+@pytest.mark.anyio
+async def test_a_login_still_needed_teaches_the_era_probe_nothing() -> None:
+    # Reached, but refused for want of a login: not a legacy server (basic/versioning).
+    with pytest.raises(BackendLoginNeeded):
+        await probe.probe(_Refusing(), channel=False, within=1.0)  # type: ignore[arg-type]

@@ -39,7 +39,8 @@ from gateway.errors import (
     SessionExpired,
 )
 from gateway.oauth import setup as oauth_setup
-from gateway.oauth.authorizer import AuthFailed, Authorizer
+from gateway.oauth.authorizer import Authorizer
+from gateway.oauth.failures import AuthFailed
 from gateway.protocol import codes, headers, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Stats, Telemetry

@@ -16,7 +16,12 @@ from gateway import __version__
 from gateway.backends import discovery
 from gateway.backends.link import Link
 from gateway.backends.translate import LegacySession, session_from
-from gateway.errors import BackendProtocolError, BackendTimeout, BackendUnavailable
+from gateway.errors import (
+    BackendLoginNeeded,
+    BackendProtocolError,
+    BackendTimeout,
+    BackendUnavailable,
+)
 from gateway.protocol import meta
 from gateway.protocol.jsonrpc import Message
 
@@ -65,9 +70,9 @@ async def probe(link: Link, channel: bool, within: float) -> tuple[str, list[str
         reply = await link.exchange(msg, ignore, within)
     except (BackendTimeout, BackendProtocolError):
         return "legacy", None
-    except BackendUnavailable:
-        if channel or not link.up:
-            raise  # not reached at all: nothing learnt
+    except BackendUnavailable as exc:
+        if channel or not link.up or isinstance(exc, BackendLoginNeeded):
+            raise  # not reached at all, or refused for want of a login: nothing learnt
         return "legacy", None  # an HTTP refusal without a modern error
     if discovery.is_modern_error(reply):
         return "modern", discovery.supported_versions(reply) or []

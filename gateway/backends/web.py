@@ -25,11 +25,13 @@ from gateway.config import BackendConfig, ConfigInvalid, HttpTarget, SseTarget
 from gateway.errors import (
     BackendConnectionLost,
     BackendError,
+    BackendLoginNeeded,
     BackendProtocolError,
     BackendTimeout,
     BackendUnavailable,
 )
-from gateway.oauth.authorizer import GATEWAY, AuthFailed, Authorizer, Caller
+from gateway.oauth.authorizer import GATEWAY, Authorizer, Caller
+from gateway.oauth.failures import AuthFailed
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import SERVING
 
@@ -193,8 +195,8 @@ async def send(
     raise StaleConnection("every pooled connection held bytes nobody asked for")
 
 
-# What a per-user backend is asked under the gateway's own login: what everyone sees alike
-# (discovery, lists, the legacy handshake). Everything else goes with the caller's own token.
+# What a backend with per-caller tokens is asked under the gateway's own: what everyone sees
+# alike (discovery, lists, the legacy handshake). Everything else goes with the caller's token.
 SHARED_METHODS = frozenset(
     {
         "server/discover",
@@ -214,12 +216,13 @@ def shared(msg: Message) -> bool:
 
 
 def caller(authorizer: Authorizer | None, shared: bool = False) -> Caller:
-    """Whose token a request takes: the gateway's own, except for a backend that exchanges each
-    caller's token, or where each caller logs in (per_user) and the request is not `shared`.
-    The caller is read from the request being served: the `Backend` seam carries none."""
+    """Whose token a request takes: the gateway's own, except where each caller has a token of
+    their own (token exchange, per_user) and the request is not `shared` (what everyone sees
+    alike, and the streams that carry everyone's replies). The caller is read from the request
+    being served: the `Backend` seam carries none."""
     if authorizer is None or not authorizer.per_caller:
         return GATEWAY
-    if shared and authorizer.per_user:
+    if shared:
         return GATEWAY
     identity = SERVING.get()[1].identity
     if identity is None:
@@ -242,7 +245,7 @@ async def send_with_token(
         try:
             header = await authorizer.authorization(caller)
         except AuthFailed as exc:
-            raise BackendUnavailable(name, str(exc)) from None
+            raise BackendLoginNeeded(name, str(exc)) from None
         headers = sent.copy()
         if header is not None:
             headers["Authorization"] = header
@@ -254,7 +257,7 @@ async def send_with_token(
             return resp
         resp.release()
         if attempt >= authorizer.max_attempts:
-            raise BackendUnavailable(
+            raise BackendLoginNeeded(
                 name,
                 f"refuses the gateway's credentials (HTTP {resp.status}) after {attempt} new "
                 f"token(s); check its auth: section, or forget the stored login with "
@@ -263,7 +266,7 @@ async def send_with_token(
         try:
             await authorizer.refused(caller, resp.status, challenges, header)
         except AuthFailed as exc:
-            raise BackendUnavailable(name, str(exc)) from None
+            raise BackendLoginNeeded(name, str(exc)) from None
     raise AssertionError("unreachable")
 
 

@@ -271,6 +271,9 @@ def parse(
     unserved = config.auth is None or config.listen.http is None
     unchecked = config.auth is None or not (config.auth.issuer and config.auth.login_client_id)
     for backend in config.backends:
+        if backend.auth is not None and backend.auth.type == "token_exchange" and unserved:
+            why = "needs listen.http with auth: (the callers' tokens it exchanges)"
+            reader.problem(("backends", backend.name, "auth", "type"), why)
         if backend.auth is None or not backend.auth.per_user:
             continue
         where = ("backends", backend.name, "auth", "per_user")

@@ -78,6 +78,9 @@ def _rules(c: _Check, path: Path_, v: dict[str, Any]) -> None:
             c.r.problem(path + ("client_id",), f"is required for {v['type']}")
         elif not (v["client_secret"] or v["private_key_file"]):
             c.r.problem(path, f"{v['type']} needs client_secret or private_key_file")
+    if v["type"] == "token_exchange" and not v["authorization_server"]:
+        # The callers' tokens go there: never to a server the backend names.
+        c.r.problem(path + ("authorization_server",), "is required for token_exchange")
     if v["per_user"] and v["type"] != "oauth":
         c.r.problem(path + ("per_user",), "only applies to type oauth")
     if v["type"] != "token_exchange":

@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.oauth.authorizer import AuthFailed
 from gateway.oauth.desk import CALLBACK_PATH, LOGIN_PATH, DeskError, LoginDesk
 
 log = logging.getLogger("gateway.oauth")
@@ -34,9 +33,6 @@ def routes(desk: LoginDesk) -> dict[str, Handler]:
             where = await desk.begin(request.query.get("id", ""))
         except DeskError as exc:
             return page(exc.status, str(exc))
-        except AuthFailed as exc:
-            log.warning("per-user login not started: %s", exc)
-            return page(502, "The backend's authorization server cannot be used now.")
         return web.Response(status=302, headers={"Location": where, **_HEADERS})
 
     async def callback(request: web.BaseRequest) -> web.StreamResponse:
@@ -46,9 +42,6 @@ def routes(desk: LoginDesk) -> dict[str, Handler]:
             onward, said = await desk.complete({k: v for k, v in request.query.items()})
         except DeskError as exc:
             return page(exc.status, str(exc))
-        except AuthFailed as exc:
-            log.warning("per-user login failed: %s", exc)
-            return page(400, "The login did not succeed; ask for a new link.")
         if onward is not None:  # signed in: on to the backend's own login
             return web.Response(status=302, headers={"Location": onward, **_HEADERS})
         return page(200, said)

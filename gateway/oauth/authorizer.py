@@ -26,6 +26,7 @@ from gateway.config import BackendAuth
 from gateway.oauth import grants, store, wire
 from gateway.oauth.desk import LoginDesk, LoginRequired
 from gateway.oauth.discovery import DiscoveryFailed, ServerInfo, discover
+from gateway.oauth.failures import AuthFailed
 from gateway.oauth.fetch import FetchFailed, OAuthHttp
 from gateway.oauth.grants import Client, GrantFailed
 from gateway.oauth.redirect import RedirectListener, open_browser
@@ -39,10 +40,6 @@ Opener = Callable[[str], Awaitable[None]]
 LOGIN_PAUSE = 30.0
 # How a dynamically registered client is named in the store's key.
 REGISTERED = "registered"
-
-
-class AuthFailed(Exception):
-    """No token could be had: the message names the backend and what the operator can do."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +82,8 @@ class Authorizer:
         self._renewals: dict[str, asyncio.Task[Token]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._paused_until = 0.0  # no browser login before this (one was refused)
+        # The issuer a configured client was first used with (from the store across restarts).
+        self._bound_issuer: str | None = config.authorization_server
         # Where callers log in (per_user): the gateway's HTTP listener, set by the app.
         self.desk: LoginDesk | None = None
 
@@ -128,12 +127,12 @@ class Authorizer:
             return  # another request has renewed it meanwhile: try that one
         if status == 403:
             if challenge is None or challenge.error != "insufficient_scope":
-                raise AuthFailed(f"backend {self.name} refused the gateway's token (HTTP 403)")
+                raise AuthFailed("refused the gateway's token (HTTP 403)")
             held = set(self._asked.get(caller.user, ()))
             if current is not None and set(challenge.scope or ()) <= held:
                 # The token already carries what is asked for: another login cannot help.
                 raise AuthFailed(
-                    f"backend {self.name} refuses the gateway's token although it carries the "
+                    f"refuses the gateway's token although it carries the "
                     f"scopes it asks for ({' '.join(challenge.scope or ()) or 'none named'})"
                 )
             await self._join(caller, challenge, step_up=True)
@@ -165,10 +164,8 @@ class Authorizer:
             if self._config.type == "oauth":
                 why = "needs a login: open the login URL in the gateway's log, then retry"
             else:
-                why = "is waiting for its authorization server to issue a token"
-            raise AuthFailed(
-                f"backend {self.name} {why} (waited {self._wait_bound:g}s; it goes on)"
-            ) from None
+                why = "its authorization server has not issued a token yet"
+            raise AuthFailed(f"{why} (waited {self._wait_bound:g}s; it goes on)") from None
 
     async def _renew(
         self,
@@ -180,9 +177,9 @@ class Authorizer:
         try:
             token = await self._obtain(caller, challenge, step_up, old)
         except (DiscoveryFailed, GrantFailed, FetchFailed) as exc:
-            raise AuthFailed(f"backend {self.name}: {exc}") from None
+            raise AuthFailed(f"{exc}") from None
         except TimeoutError:
-            raise AuthFailed(f"backend {self.name}: the login was not completed in time") from None
+            raise AuthFailed("the login was not completed in time") from None
         self._tokens[caller.user] = token
         await self._save(caller.user, token)
         return token
@@ -223,7 +220,7 @@ class Authorizer:
         exchanging = config.type == "token_exchange" and caller.user != ""
         if exchanging and not caller.subject_token:
             raise AuthFailed(
-                f"backend {self.name} takes the caller's token in exchange, and this caller "
+                "takes the caller's token in exchange, and this caller "
                 "presented none (an API key or the stdio identity cannot be exchanged)"
             )
         if not exchanging and config.type != "oauth":
@@ -264,6 +261,15 @@ class Authorizer:
         if self._info is not None and challenge is None:
             return self._info
         info = await discover(self._http, self._url, challenge, self._config.authorization_server)
+        bound = self._bound_issuer
+        if self._config.client_id is not None and bound is not None and info.issuer != bound:
+            # client-registration, Authorization Server Binding: configured credentials belong
+            # to the server they were first used with, and are never sent to another.
+            raise AuthFailed(
+                f"its authorization server is now {info.issuer}, not {bound}, which the "
+                "configured client belongs to; set auth.authorization_server and the client of "
+                "the new server (or `auth logout` this backend)"
+            )
         if self._info is not None and self._info.issuer != info.issuer:
             log.warning(
                 "backend %s: authorization server changed from %s to %s",
@@ -313,11 +319,11 @@ class Authorizer:
         endpoint = info.endpoint("registration_endpoint")
         if endpoint is None:
             raise AuthFailed(
-                f"backend {self.name}: its authorization server {info.issuer} offers no "
+                f"its authorization server {info.issuer} offers no "
                 "registration; configure auth.client_id (or client_metadata_url)"
             )
         if redirect_uri is None:
-            raise AuthFailed(f"backend {self.name}: no registration for {info.issuer}")
+            raise AuthFailed(f"no registration for {info.issuer}")
         self._registered = await grants.register(
             self._http,
             endpoint,
@@ -336,7 +342,7 @@ class Authorizer:
         redirect to a loopback listener of its own (RFC 8252 7.3)."""
         if time.time() < self._paused_until:
             raise AuthFailed(
-                f"backend {self.name}: the last login was refused in the browser; another is "
+                f"the last login was refused in the browser; another is "
                 f"offered {LOGIN_PAUSE:g}s after it (or log in again with `connect`/a restart)"
             )
         state = secrets.token_urlsafe(32)
@@ -372,12 +378,12 @@ class Authorizer:
             await login.done.wait()
         token = self._tokens.get("")
         if login.failure is not None or token is None:
-            raise AuthFailed(f"backend {self.name}: the login failed ({login.failure})")
+            raise AuthFailed(f"the login failed ({login.failure})")
         return token
 
     def _desk(self) -> LoginDesk:
         if self.desk is None:
-            raise AuthFailed(f"backend {self.name}: per-user logins need the HTTP listener")
+            raise AuthFailed("per-user logins need the HTTP listener")
         return self.desk
 
     def _login_required(self, caller: Caller, challenged: tuple[str, ...] | None) -> LoginRequired:
@@ -399,7 +405,7 @@ class Authorizer:
         if "S256" not in methods:
             # basic/authorization/security-considerations: no advertised PKCE, no login.
             raise AuthFailed(
-                f"backend {self.name}: authorization server {info.issuer} does not advertise "
+                f"authorization server {info.issuer} does not advertise "
                 "PKCE (S256); refusing to log in"
             )
         if not scopes or user:
@@ -430,7 +436,7 @@ class Authorizer:
         try:
             token = await self._redeem(flow, proof, answer)
         except (GrantFailed, FetchFailed, DiscoveryFailed) as exc:
-            raise AuthFailed(f"backend {self.name}: {exc}") from None
+            raise AuthFailed(f"{exc}") from None
         self._tokens[user] = token
         await self._save(user, token)
 
@@ -438,12 +444,12 @@ class Authorizer:
         user, info, client, redirect_uri, scopes = context
         # RFC 9207 before anything else in the answer is acted on, errors included.
         if (why := wire.iss_problem(info.sends_iss, answer.get("iss"), info.issuer)) is not None:
-            raise AuthFailed(f"backend {self.name}: {why}; login refused")
+            raise AuthFailed(f"{why}; login refused")
         if "error" in answer:
-            raise AuthFailed(f"backend {self.name}: the login was refused: {answer['error']}")
+            raise AuthFailed(f"the login was refused: {answer['error']}")
         code = answer.get("code")
         if not code:
-            raise AuthFailed(f"backend {self.name}: the login answer carries no code")
+            raise AuthFailed("the login answer carries no code")
         form = grants.authorization_code(code, proof.verifier, redirect_uri, info.resource)
         endpoint = _required(info, "token_endpoint")
         token = await grants.request_token(self._http, endpoint, client, form, scopes or None)
@@ -461,8 +467,7 @@ class Authorizer:
         except OSError as exc:
             if self._config.redirect_port:
                 raise AuthFailed(
-                    f"backend {self.name}: cannot listen on 127.0.0.1:{port} for the login "
-                    f"redirect: {exc.strerror}"
+                    f"cannot listen on 127.0.0.1:{port} for the login redirect: {exc.strerror}"
                 ) from None
             await listener.start(0)
 
@@ -493,11 +498,16 @@ class Authorizer:
         token = Token.from_record(record.get("token"))
         if token is not None:
             self._tokens.setdefault(user, token)
+        issuer = record.get("issuer")
+        if self._bound_issuer is None and self._config.client_id and isinstance(issuer, str):
+            self._bound_issuer = issuer
         registered = Client.from_record(record.get("registration"))
         if registered is not None and self._registered is None:
             self._registered = registered
 
     async def _save(self, user: str, token: Token) -> None:
+        if self._bound_issuer is None and self._config.client_id and self._info is not None:
+            self._bound_issuer = self._info.issuer
         if self._store is None:
             return
         record: dict[str, Any] = {

@@ -10,6 +10,7 @@ flow is used once (client/elicitation, Safe URL Handling; basic/authorization)."
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -19,6 +20,9 @@ from urllib.parse import urlencode
 
 from gateway.oauth import wire
 from gateway.oauth.caller_check import CallerCheck, CheckFailed
+from gateway.oauth.failures import AuthFailed
+
+log = logging.getLogger("gateway.oauth")
 
 LOGIN_PATH = "/oauth/login"
 CALLBACK_PATH = "/oauth/callback"
@@ -132,11 +136,17 @@ class LoginDesk:
                 url = await self._check.authorization_url(state, proof, self.redirect_uri)
             except CheckFailed as exc:
                 raise DeskError(502, f"Sign-in unavailable: {exc}") from None
+            self._forget_flows(login)
             self._flows[state] = _Flow(login, proof, None, checking=True)
             return url
-        url, context = await login.party.begin_login(
-            login.user, self.redirect_uri, state, proof, login.scopes
-        )
+        try:
+            url, context = await login.party.begin_login(
+                login.user, self.redirect_uri, state, proof, login.scopes
+            )
+        except AuthFailed as exc:
+            log.warning("backend %s: a login could not start: %s", login.party.name, exc)
+            raise DeskError(502, "The backend's authorization server cannot be used now.") from None
+        self._forget_flows(login)  # (one flow per link at a time: reloads do not pile up)
         self._flows[state] = _Flow(login, proof, context)
         return url
 
@@ -161,7 +171,11 @@ class LoginDesk:
                 raise DeskError(403, "This link was made for another user; it is no longer valid.")
             login.checked = True
             return await self.begin(login.id), "Signed in."
-        await login.party.finish_login(login.user, (flow.context, flow.proof), answer)
+        try:
+            await login.party.finish_login(login.user, (flow.context, flow.proof), answer)
+        except AuthFailed as exc:
+            log.warning("backend %s: a login failed: %s", login.party.name, exc)
+            raise DeskError(400, "The login did not succeed; ask for a new link.") from None
         self._finish(login, None)
         return None, f"You are logged in to {login.party.name}. You can close this window."
 
@@ -178,6 +192,9 @@ class LoginDesk:
         self._pending.pop(login.id, None)
         if self._by_caller.get((id(login.party), login.user)) is login:
             del self._by_caller[(id(login.party), login.user)]
+        self._forget_flows(login)
+
+    def _forget_flows(self, login: Pending) -> None:
         for state in [s for s, f in self._flows.items() if f.login is login]:
             del self._flows[state]
 

@@ -104,9 +104,18 @@ async def discover(
             )
         resource = advertised
         servers = prm.get("authorization_servers")
-        if isinstance(servers, list) and servers and isinstance(servers[0], str):
+        named = [s for s in servers if isinstance(s, str)] if isinstance(servers, list) else []
+        if configured_issuer is not None:
+            # Pinned: the backend may not send the gateway's credentials (or its callers'
+            # tokens, to exchange) to a server of its choosing.
+            if named and configured_issuer not in named:
+                raise DiscoveryFailed(
+                    f"{backend} names authorization servers {', '.join(named)}, not the "
+                    f"configured {configured_issuer}"
+                )
+        elif named:
             # RFC 9728 7.6: the choice is the client's; the first is the server's preference.
-            issuer = servers[0]
+            issuer = named[0]
         scopes = prm.get("scopes_supported")
         if isinstance(scopes, list) and all(isinstance(s, str) for s in scopes):
             supported = scopes

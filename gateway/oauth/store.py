@@ -59,6 +59,7 @@ class TokenStore:
 
     def save(self, key: Key, record: dict[str, Any]) -> None:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.directory, 0o700)  # (mkdir's mode does not apply to one already there)
         path = self.directory / key.filename()
         temp = path.with_suffix(f".{os.getpid()}.tmp")
         body = {**record, "resource": key.resource, "client": key.client, "user": key.user}
