@@ -19,10 +19,15 @@ from typing import Any
 
 import aiohttp
 import anyio
+import httpx2
 import orjson
 import pytest
 import yaml
 from aiohttp import web
+from mcp import Client
+from mcp.client.context import ClientRequestContext
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import ElicitRequestParams, ElicitRequestURLParams, ElicitResult, TextContent
 
 from gateway.app import Gateway
 from gateway.config import BackendAuth, ConfigInvalid, parse
@@ -617,3 +622,40 @@ async def test_no_login_with_a_server_that_does_not_advertise_s256(state: Path) 
             finally:
                 await authorizer.close()
     assert not server.authorizations and not server.registrations
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_the_sdk_client_is_sent_the_link_and_its_retry_goes_through(mode: str) -> None:
+    # The official SDK client, modern (input_required, retried with the gateway's
+    # requestState) and legacy (an elicitation/create request on its session): its URL-mode
+    # elicitation handler opens the link, and the call it made goes through with Alice's token.
+    (port,) = free_ports(1)
+    resource = f"http://127.0.0.1:{port}/mcp"
+    asked: list[str] = []
+
+    async def on_elicit(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        assert isinstance(params, ElicitRequestURLParams)
+        asked.append(params.url)
+        assert (await open_link(params.url))[0] == 200
+        return ElicitResult(action="accept")
+
+    async with token_server() as auth, protected_backend(auth) as backend:
+        alice = auth.mint("alice", resource, "mcp:call")
+        with watching() as watch:
+            auth.login_as = "operator"
+            async with Gateway(parse(per_user_config(port, auth, backend.url))):
+                await operator_login(watch)
+                auth.login_as = "alice"
+                with anyio.fail_after(BOUND * 2):
+                    async with (
+                        httpx2.AsyncClient(headers={"Authorization": f"Bearer {alice}"}) as http,
+                        Client(
+                            streamable_http_client(resource, http_client=http),
+                            mode=mode,
+                            elicitation_callback=on_elicit,
+                        ) as client,
+                    ):
+                        result = await client.call_tool("whoami", {})
+        assert isinstance(result.content[0], TextContent) and result.content[0].text == "ok"
+        assert len(asked) == 1
+        assert [c["sub"] for c in backend.accepted if c["sub"] != "operator"] == ["alice"]

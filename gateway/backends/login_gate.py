@@ -56,7 +56,14 @@ class LoginGate:
 
 
 def login_reply(msg: Message, needed: LoginRequired) -> Message:
-    elicit = {"mode": "url", "url": needed.url, "message": str(needed)}
+    # (elicitationId: a 2025-11-25 client requires it of a URL-mode request, which reaches it
+    # through the gateway's legacy front end; a 2026-07-28 client ignores it.)
+    elicit = {
+        "mode": "url",
+        "url": needed.url,
+        "message": str(needed),
+        "elicitationId": needed.login_id,
+    }
     if _opens_urls(msg):
         result: dict[str, Any] = {
             "resultType": "input_required",
@@ -64,7 +71,7 @@ def login_reply(msg: Message, needed: LoginRequired) -> Message:
             "requestState": STATE_PREFIX + needed.login_id,
         }
         return {"jsonrpc": "2.0", "id": msg.get("id"), "result": result}
-    data = {"elicitations": [{**elicit, "elicitationId": needed.login_id}]}
+    data = {"elicitations": [elicit]}
     error = {"code": URL_ELICITATION_REQUIRED, "message": str(needed), "data": data}
     return {"jsonrpc": "2.0", "id": msg.get("id"), "error": error}
 
