@@ -126,6 +126,8 @@ async def test_a_service_account_token_reaches_the_backend_and_is_kept(
         assert gw.http_url is not None
         reply = await post(gw.http_url, call())
         assert "result" in reply, reply
+        counted = gw.telemetry.stats.backend_tokens
+        assert counted == {("p", "client_credentials", "ok"): 1}
     # One token for the probe, the catalog and the call, issued for this backend only.
     assert len(grants(auth, "client_credentials")) == 1
     assert grants(auth, "client_credentials")[0]["resource"] == backend.url
@@ -170,6 +172,7 @@ async def test_a_server_that_refuses_every_token_costs_a_bounded_number_of_grant
             before, refused = len(auth.grants), backend.refused[401]
             reply = await post(gw.http_url, call(id_=2))
             assert reply["error"]["code"] == UNAVAILABLE
+            assert gw.telemetry.stats.backend_tokens["p", "client_credentials", "ok"] == 3
             # The token it had, then two new ones, each refused once: no loop.
             assert len(auth.grants) - before == 2
             assert backend.refused[401] - refused == 3
@@ -659,3 +662,15 @@ async def test_the_sdk_client_is_sent_the_link_and_its_retry_goes_through(mode: 
         assert isinstance(result.content[0], TextContent) and result.content[0].text == "ok"
         assert len(asked) == 1
         assert [c["sub"] for c in backend.accepted if c["sub"] != "operator"] == ["alice"]
+
+
+async def test_a_refused_grant_is_an_error_and_a_count(service: tuple[TokenServer, Any]) -> None:
+    _, backend = service
+    wrong = {**CREDENTIALS, "client_secret": "not-it"}
+    async with Gateway(parse(config(backend.url, wrong))) as gw:
+        assert gw.http_url is not None
+        reply = await post(gw.http_url, call())
+        assert reply["error"]["code"] == UNAVAILABLE
+        assert gw.telemetry.stats.backend_tokens["p", "client_credentials", "refused"] >= 1
+        assert not gw.telemetry.stats.backend_tokens["p", "client_credentials", "ok"]
+    assert not backend.accepted

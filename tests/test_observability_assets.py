@@ -60,6 +60,10 @@ EXPORTED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "mcp_gateway_auth_failures_total": ("counter", frozenset({"reason"})),
     "mcp_gateway_policy_denials_total": ("counter", frozenset({"reason"})),
     "mcp_gateway_rate_limited_total": ("counter", frozenset({"limit"})),
+    "mcp_gateway_backend_token_requests_total": (
+        "counter",
+        frozenset({"backend", "grant", "outcome"}),
+    ),
 }
 DATASOURCE = {"type": "prometheus", "uid": "prometheus"}
 SERVICES = {

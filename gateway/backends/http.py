@@ -107,6 +107,8 @@ class HttpBackend:
         self._background: set[asyncio.Task[None]] = set()
         # The gateway's login to this backend (its `auth:`), shared with its session views.
         self._authorizer: Authorizer | None = oauth_setup.authorizer(config)
+        if self._authorizer is not None:
+            self._authorizer.on_token = self._count_token
 
     def _deadline(self, within: float | None) -> aiohttp.ClientTimeout:
         """A ClientTimeout per distinct deadline, built once (there are a handful)."""
@@ -151,6 +153,9 @@ class HttpBackend:
     @property
     def authorizer(self) -> Authorizer | None:
         return self._authorizer
+
+    def _count_token(self, grant: str, outcome: str) -> None:
+        self._stats.backend_tokens[self.name, grant, outcome] += 1
 
     # --- the legacy era (2025-11-25 transports, Session Management) -------------------------
 

@@ -62,6 +62,8 @@ class SseBackend(Channel):
         self._endpoint: URL | None = None  # where messages go, once the stream has named it
         # The gateway's login to this server (its `auth:`): on the stream's GET and each POST.
         self._authorizer = oauth_setup.authorizer(config)
+        if self._authorizer is not None:
+            self._authorizer.on_token = self._count_token
         self._ready: asyncio.Event | None = None
         self._opener: asyncio.Task[None] | None = None
         self._sending: set[asyncio.Task[None]] = set()  # held so they are not collected
@@ -76,6 +78,9 @@ class SseBackend(Channel):
     @property
     def authorizer(self) -> Authorizer | None:
         return self._authorizer
+
+    def _count_token(self, grant: str, outcome: str) -> None:
+        self._stats.backend_tokens[self.name, grant, outcome] += 1
 
     async def run(self) -> None:
         self._ready = asyncio.Event()

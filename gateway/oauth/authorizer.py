@@ -84,6 +84,8 @@ class Authorizer:
         self._paused_until = 0.0  # no browser login before this (one was refused)
         # The issuer a configured client was first used with (from the store across restarts).
         self._bound_issuer: str | None = config.authorization_server
+        # Told of each token request (grant, outcome) for the metrics; set by the transport.
+        self.on_token: Callable[[str, str], None] | None = None
         # Where callers log in (per_user): the gateway's HTTP listener, set by the app.
         self.desk: LoginDesk | None = None
 
@@ -228,7 +230,7 @@ class Authorizer:
             # have no caller (discovery, the catalog), go as the gateway's client itself.
             client = self._configured_client(info)
             form = grants.client_credentials(info.resource, scopes)
-            return await grants.request_token(self._http, endpoint, client, form, scopes or None)
+            return await self._request(endpoint, client, form, scopes or None)
         if exchanging:
             client = self._configured_client(info)
             form = grants.token_exchange(
@@ -238,7 +240,7 @@ class Authorizer:
                 config.audience,
                 scopes,
             )
-            return await grants.request_token(self._http, endpoint, client, form, scopes or None)
+            return await self._request(endpoint, client, form, scopes or None)
         if config.per_user:
             return await self._operator_login(scopes)
         return await self._login(info, scopes)
@@ -250,7 +252,7 @@ class Authorizer:
             client = await self._client(info, None)
             form = grants.refresh(old.refresh_token or "", info.resource)
             endpoint = _required(info, "token_endpoint")
-            return await grants.request_token(self._http, endpoint, client, form, old.scope, old)
+            return await self._request(endpoint, client, form, old.scope, old)
         except (DiscoveryFailed, GrantFailed, FetchFailed, AuthFailed) as exc:
             log.info("backend %s: refresh failed (%s); a new grant follows", self.name, exc)
             return None
@@ -279,6 +281,27 @@ class Authorizer:
             )
         self._info = info
         return info
+
+    async def _request(
+        self,
+        endpoint: str,
+        client: Client,
+        form: dict[str, str],
+        asked: tuple[str, ...] | None,
+        previous: Token | None = None,
+    ) -> Token:
+        """A token request, counted by grant and outcome."""
+        outcome = "unreachable"
+        try:
+            token = await grants.request_token(self._http, endpoint, client, form, asked, previous)
+            outcome = "ok"
+            return token
+        except GrantFailed:
+            outcome = "refused"
+            raise
+        finally:
+            if self.on_token is not None:
+                self.on_token(form["grant_type"].rsplit(":", 1)[-1], outcome)
 
     # --- who the gateway is at the authorization server ------------------------------------
 
@@ -452,7 +475,7 @@ class Authorizer:
             raise AuthFailed("the login answer carries no code")
         form = grants.authorization_code(code, proof.verifier, redirect_uri, info.resource)
         endpoint = _required(info, "token_endpoint")
-        token = await grants.request_token(self._http, endpoint, client, form, scopes or None)
+        token = await self._request(endpoint, client, form, scopes or None)
         self._asked[user] = scopes
         return token
 

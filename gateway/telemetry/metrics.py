@@ -227,6 +227,14 @@ class GatewayCollector(Collector):
             for value, count in sorted(counts.items()):
                 family.add_metric([value], count)
             yield family
+        tokens = CounterMetricFamily(
+            "mcp_gateway_backend_token_requests",
+            "The gateway's token requests for its backends, by grant and outcome.",
+            labels=["backend", "grant", "outcome"],
+        )
+        for (backend, grant, outcome), count in sorted(self._stats.backend_tokens.items()):
+            tokens.add_metric([backend, grant, outcome], count)
+        yield tokens
 
     def _backend_metrics(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
