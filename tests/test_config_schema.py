@@ -166,6 +166,7 @@ BASE: dict[str, Any] = {
         "introspection": {"client_id": "gw", "client_secret": "s"},
         "api_keys": [{"name": "k", "sha256": "0" * 64}],
     },
+    "cluster": {"secrets": ["s" * 32]},
 }
 WHERE: dict[str, tuple[str | int, ...]] = {
     "config": (),
@@ -197,6 +198,7 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "auth": ("auth",),
     "introspection": ("auth", "introspection"),
     "api_key": ("auth", "api_keys", 0),
+    "cluster": ("cluster",),
 }
 # A value of the wrong type for each kind of key.
 WRONG: dict[str, Any] = {
@@ -273,6 +275,14 @@ def test_a_backend_needs_exactly_one_transport_in_the_schema_too() -> None:
     both = _with("backend", "http", {"url": "http://127.0.0.1:1/mcp"})
     none = copy.deepcopy(BASE)
     del none["backends"]["b"]["stdio"]
+    for doc in (both, none):
+        assert not loader_accepts(_text(doc)) and schema_errors(doc)
+
+
+def test_a_cluster_needs_exactly_one_source_of_secrets_in_the_schema_too() -> None:
+    both = _with("cluster", "secrets_file", "secrets.txt")
+    none = copy.deepcopy(BASE)
+    none["cluster"] = {}
     for doc in (both, none):
         assert not loader_accepts(_text(doc)) and schema_errors(doc)
 

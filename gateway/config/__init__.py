@@ -16,6 +16,7 @@ import yaml
 
 from gateway.config import auth as auth_section
 from gateway.config import backend_auth as backend_auth_section
+from gateway.config import cluster as cluster_section
 from gateway.config import http as http_sections
 from gateway.config import keys
 from gateway.config import limits as limit_sections
@@ -56,6 +57,7 @@ from gateway.config.model import (
     BackendConfig,
     BackendLimits,
     ClientTls,
+    ClusterConfig,
     Config,
     ConfigInvalid,
     ConfiguredIdentity,
@@ -267,6 +269,7 @@ def parse(
         rate_limits=limit_sections.rate_limits(check, top.get("rate_limits")),
         audit=limit_sections.audit(check, top.get("audit"), lambda p: _beside(source, p)),
         auth=auth_section.auth(check, top.get("auth"), listen.http),
+        cluster=cluster_section.cluster(check, top.get("cluster"), lambda p: _beside(source, p)),
     )
     unserved = config.auth is None or config.listen.http is None
     unchecked = config.auth is None or not (config.auth.issuer and config.auth.login_client_id)
@@ -459,6 +462,8 @@ def describe(config: Config) -> str:
         lines.append(f"  policy       default {p.default}, rules: {len(p.rules)}")
     if config.auth is not None:
         lines.append(_describe_auth(config.auth))
+    if config.cluster is not None:
+        lines.append(_describe_cluster(config.cluster))
     if config.tap is not None:
         tap = config.tap
         lines.append(
@@ -509,6 +514,16 @@ def _describe_auth(auth: AuthConfig) -> str:
     return f"  auth         resource {auth.resource} ({', '.join(who)}){needs}"
 
 
+def _describe_cluster(cluster: ClusterConfig) -> str:
+    # How many and from where, never what: this output is pasted into tickets.
+    count = len(cluster.secrets)
+    where = f" from {cluster.secrets_file}" if cluster.secrets_file else ""
+    return (
+        f"  cluster      {count} secret{'s' if count != 1 else ''}{where} (the first signs, "
+        "any is accepted): cursors are valid on every replica"
+    )
+
+
 def _mib(size: int) -> str:
     return f"{size / (1024 * 1024):g} MiB" if size >= 1024 * 1024 else f"{size} bytes"
 
@@ -541,6 +556,7 @@ __all__ = [
     "BackendConfig",
     "BackendLimits",
     "ClientTls",
+    "ClusterConfig",
     "Config",
     "ConfigInvalid",
     "ConfiguredIdentity",

@@ -190,6 +190,11 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "auth": Key(
             "section", "Require OAuth bearer tokens (or API keys) on listen.http.", section="auth"
         ),
+        "cluster": Key(
+            "section",
+            "Identical replicas behind a load balancer: the secrets they sign with.",
+            section="cluster",
+        ),
     },
     "listen": {
         "http": Key("section", "The Streamable HTTP front end.", section="listen_http"),
@@ -594,6 +599,16 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "count", "Answers kept at most.", DEFAULT_INTROSPECTION_CACHE_SIZE, minimum=1
         ),
     },
+    "cluster": {
+        "secrets": Key(
+            "strings",
+            "Each at least 32 characters (use ${VAR}); the first signs, all are accepted.",
+        ),
+        "secrets_file": Key(
+            "string",
+            "A file with one secret per line, relative to the config file (instead of secrets).",
+        ),
+    },
     "api_key": {
         "name": Key(
             "string", "A label (logs, audit, client id).", pattern=_NAME_PATTERN, required=True
@@ -612,7 +627,11 @@ SECTIONS: dict[str, dict[str, Key]] = {
 # A backend names exactly one of these (its transport).
 TRANSPORTS = ("stdio", "http", "sse")
 # Sections whose mappings name exactly one of some keys (the schema's `oneOf`).
-ONE_OF: Mapping[str, tuple[str, ...]] = {"backend": TRANSPORTS, "policy_rule": RULE_EFFECTS}
+ONE_OF: Mapping[str, tuple[str, ...]] = {
+    "backend": TRANSPORTS,
+    "policy_rule": RULE_EFFECTS,
+    "cluster": ("secrets", "secrets_file"),
+}
 
 
 def names(section: str) -> set[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -120,6 +122,10 @@ DEFAULT_OAUTH_MAX_ATTEMPTS = 3
 DEFAULT_OAUTH_REFRESH_MARGIN = 60.0
 # Per-user logins (per_user: true) wait this long for their user at most; the link expires then.
 DEFAULT_OAUTH_LOGIN_TIMEOUT = 600.0
+# `cluster.secrets`: each at least this many characters. The keys derived from a secret sign
+# what replicas hand each other through clients (cursors); a short one could be guessed
+# offline from one signed cursor. 32 characters of `openssl rand -base64 32` carry 192 bits.
+MIN_CLUSTER_SECRET_LENGTH = 32
 # `telemetry.access_log: stderr` logs to the gateway's stderr; any other value is a file path.
 ACCESS_LOG_STDERR = "stderr"
 
@@ -496,6 +502,23 @@ class Namespacing:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """What identical replicas behind a load balancer share (`cluster:`): the secrets that
+    replace each process's own random keys, so what one replica signs another accepts."""
+
+    # The first signs, every one is accepted (rotation: add the new one second, then move it
+    # first, then drop the old one). Never in a repr, a log line or an error.
+    secrets: tuple[str, ...] = field(repr=False)
+    secrets_file: str | None = None  # the absolute path they were read from, if a file
+
+    def keys(self, purpose: bytes) -> tuple[bytes, ...]:
+        """One key per secret, in the secrets' order, for one use (`purpose`, e.g.
+        b"mcp-gateway cursor v1"): HMAC-SHA256(secret, purpose), so a key for one use is
+        worth nothing for another, and none reveals its secret."""
+        return tuple(hmac.new(s.encode(), purpose, hashlib.sha256).digest() for s in self.secrets)
+
+
+@dataclass(frozen=True)
 class Config:
     listen: Listen
     backends: tuple[BackendConfig, ...]
@@ -508,3 +531,4 @@ class Config:
     rate_limits: RateLimits | None = None
     audit: AuditConfig | None = None
     auth: AuthConfig | None = None  # None: no authentication (today's behaviour)
+    cluster: ClusterConfig | None = None  # None: every key is the process's own (one replica)
