@@ -59,6 +59,7 @@ from gateway.oauth.authorizer import Authorizer
 from gateway.oauth.caller_check import CallerCheck
 from gateway.oauth.desk import LoginDesk
 from gateway.oauth.fetch import OAuthHttp
+from gateway.routing import cursor as cursors
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
 from gateway.telemetry.api import STDIO_ORIGIN, Origin, Stats
@@ -292,6 +293,7 @@ class Gateway:
             self.telemetry,
             policy=Policy(config.policy) if config.policy is not None else None,
             limiter=limiter(config, stats),
+            cursor_keys=config.cluster.keys(cursors.PURPOSE) if config.cluster else (),
         )
         for era in self.layers:
             era.on_notification = self.dispatcher.backend_notification

@@ -198,41 +198,41 @@ def test_cursor_round_trips() -> None:
     positions: list[cursor.Position] = [("alpha", "abc"), ("beta", None), ("gamma", "")]
     token = cursor.encode(positions, KEY, "tools/list")
     assert isinstance(token, str)
-    assert cursor.decode(token, KEY, "tools/list") == positions
+    assert cursor.decode(token, (KEY,), "tools/list") == positions
 
 
 def test_cursor_round_trips_an_empty_position_list() -> None:
     token = cursor.encode([], KEY, "prompts/list")
-    assert cursor.decode(token, KEY, "prompts/list") == []
+    assert cursor.decode(token, (KEY,), "prompts/list") == []
 
 
 def test_cursor_with_tampered_body_is_refused() -> None:
     token = cursor.encode([("alpha", "page-2")], KEY, "tools/list")
     body, _, signature = token.rpartition(".")
     flipped = ("B" if body[0] != "B" else "C") + body[1:]
-    assert cursor.decode(f"{flipped}.{signature}", KEY, "tools/list") is None
-    assert cursor.decode(f"{body}x.{signature}", KEY, "tools/list") is None
+    assert cursor.decode(f"{flipped}.{signature}", (KEY,), "tools/list") is None
+    assert cursor.decode(f"{body}x.{signature}", (KEY,), "tools/list") is None
 
 
 def test_cursor_with_tampered_signature_is_refused() -> None:
     token = cursor.encode([("alpha", "page-2")], KEY, "tools/list")
     body, _, signature = token.rpartition(".")
     flipped = "0" if signature[-1] != "0" else "1"
-    assert cursor.decode(f"{body}.{signature[:-1]}{flipped}", KEY, "tools/list") is None
-    assert cursor.decode(f"{body}.", KEY, "tools/list") is None
-    assert cursor.decode(body, KEY, "tools/list") is None
-    assert cursor.decode(f"{body}.{signature.upper()}", KEY, "tools/list") is None
+    assert cursor.decode(f"{body}.{signature[:-1]}{flipped}", (KEY,), "tools/list") is None
+    assert cursor.decode(f"{body}.", (KEY,), "tools/list") is None
+    assert cursor.decode(body, (KEY,), "tools/list") is None
+    assert cursor.decode(f"{body}.{signature.upper()}", (KEY,), "tools/list") is None
 
 
 def test_cursor_for_another_list_is_refused() -> None:
     token = cursor.encode([("alpha", None)], KEY, "tools/list")
-    assert cursor.decode(token, KEY, "resources/list") is None
-    assert cursor.decode(token, KEY, "tools/list") == [("alpha", None)]
+    assert cursor.decode(token, (KEY,), "resources/list") is None
+    assert cursor.decode(token, (KEY,), "tools/list") == [("alpha", None)]
 
 
 def test_cursor_signed_with_another_key_is_refused() -> None:
     token = cursor.encode([("alpha", None)], b"other-key", "tools/list")
-    assert cursor.decode(token, KEY, "tools/list") is None
+    assert cursor.decode(token, (KEY,), "tools/list") is None
 
 
 @pytest.mark.parametrize(
@@ -240,12 +240,12 @@ def test_cursor_signed_with_another_key_is_refused() -> None:
     ["", ".", "..", "abc", "abc.def", "eyJwYWdlIjogM30=", "!!!.???", "a" * 500],
 )
 def test_garbage_cursor_strings_are_refused(garbage: str) -> None:
-    assert cursor.decode(garbage, KEY, "tools/list") is None
+    assert cursor.decode(garbage, (KEY,), "tools/list") is None
 
 
 @pytest.mark.parametrize("value", [None, 1, 1.5, True, [], {}, ["a", None], b"abc.def"])
 def test_non_string_cursors_are_refused(value: object) -> None:
-    assert cursor.decode(value, KEY, "tools/list") is None
+    assert cursor.decode(value, (KEY,), "tools/list") is None
 
 
 @pytest.mark.parametrize(
@@ -266,12 +266,12 @@ def test_non_string_cursors_are_refused(value: object) -> None:
 def test_signed_cursor_with_malformed_payload_is_refused(payload: bytes) -> None:
     body = base64.urlsafe_b64encode(payload).decode().rstrip("=")
     forged = f"{body}.{cursor._sign(body, KEY)}"
-    assert cursor.decode(forged, KEY, "tools/list") is None
+    assert cursor.decode(forged, (KEY,), "tools/list") is None
 
 
 @pytest.mark.parametrize("garbage", ["é.é", "abc.ü", "x.\u2603", "\ud800.abc"])
 def test_non_ascii_cursor_strings_are_refused(garbage: str) -> None:
-    assert cursor.decode(garbage, KEY, "tools/list") is None
+    assert cursor.decode(garbage, (KEY,), "tools/list") is None
 
 
 # --- merge ------------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ class Dispatcher:
         telemetry: Telemetry | None = None,
         policy: Policy | None = None,
         limiter: RateLimiter | None = None,
+        cursor_keys: Sequence[bytes] = (),
     ) -> None:
         self.telemetry: Telemetry = telemetry or NoTelemetry()
         self._policy = policy  # None: every caller may see and call everything
@@ -87,9 +88,11 @@ class Dispatcher:
         self._info = info
         self._fail_open = on_failure == FAIL_OPEN
         self.catalogs = Catalogs(backends, exposures, naming, info.as_implementation())
-        # Cursors are signed with a per-process key: a forged one is refused, and one from
-        # before a restart is stale (the spec lets cursors expire).
-        self._cursor_key = os.urandom(32)
+        # Cursors are signed so a forged one is refused. `cursor_keys` (from cluster.secrets:
+        # the signing key first, then older ones still accepted) let a page from one replica
+        # continue on another; without them the key is this process's own, and a cursor from
+        # another process or from before a restart is stale (the spec lets cursors expire).
+        self._cursor_keys: tuple[bytes, ...] = tuple(cursor_keys) or (os.urandom(32),)
         self.fan_out_failures: dict[str, int] = {}
         self.subscriptions = Subscriptions(self.backends, self.catalogs, self._exposures, naming)
 
@@ -473,7 +476,7 @@ class Dispatcher:
                     items.append(shown)
             if isinstance(result.get("nextCursor"), str):
                 following.append((backend, result["nextCursor"]))
-        next_cursor = cursors.encode(following, self._cursor_key, method) if following else None
+        next_cursor = cursors.encode(following, self._cursor_keys[0], method) if following else None
         base = parts[0][1] if len(self._order) == 1 and parts else {}
         result = merge.list_result(
             key, items, [r for _, r in parts], next_cursor, self._info.as_implementation(), base
@@ -484,8 +487,14 @@ class Dispatcher:
         if cursor is None:
             capability = merge.LIST_CAPABILITY[method]
             return [(b, None) for b in self._order if self.catalogs.has_capability(b, capability)]
-        positions = cursors.decode(cursor, self._cursor_key, method)
-        if positions is None or any(b not in self.backends for b, _ in positions):
+        positions = cursors.decode(cursor, self._cursor_keys, method)
+        # A cursor we issued names each backend once; one that names a backend twice was made
+        # with a leaked key, and would make one request many backend requests.
+        if (
+            positions is None
+            or any(b not in self.backends for b, _ in positions)
+            or len({b for b, _ in positions}) != len(positions)
+        ):
             raise Refused(codes.INVALID_PARAMS, "Invalid or expired cursor", "invalid_cursor")
         return positions
 

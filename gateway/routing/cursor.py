@@ -1,7 +1,9 @@
 """The gateway's pagination cursor (pure): where every backend of a merged list left off.
 
 Opaque to clients and signed, so a forged or mangled cursor is recognised and refused (-32602)
-instead of being passed to a backend.
+instead of being passed to a backend. The keys are the caller's to give: one process's own, or
+derived from `cluster.secrets` (PURPOSE), so that a page from one replica continues on another.
+It is signed with the first key and accepted with any, so the secrets can rotate.
 """
 
 from __future__ import annotations
@@ -10,12 +12,16 @@ import base64
 import binascii
 import hashlib
 import hmac
+from collections.abc import Sequence
 
 import orjson
 
 # (backend name, that backend's own cursor or None for its first page), in config order.
 Position = tuple[str, str | None]
 _VERSION = 1
+# What a key derived from a cluster secret for cursors is derived with (config.ClusterConfig.keys):
+# a key for cursors signs nothing else.
+PURPOSE = b"mcp-gateway cursor v1"
 
 
 def encode(positions: list[Position], key: bytes, scope: str) -> str:
@@ -24,14 +30,15 @@ def encode(positions: list[Position], key: bytes, scope: str) -> str:
     return f"{body}.{_sign(body, key)}"
 
 
-def decode(cursor: object, key: bytes, scope: str) -> list[Position] | None:
-    """The positions in a cursor this gateway issued for this list, or None if it is not one."""
+def decode(cursor: object, keys: Sequence[bytes], scope: str) -> list[Position] | None:
+    """The positions in a cursor signed with one of `keys` for this list, or None if it is
+    not one (`keys`: the signing key first, then those still accepted)."""
     if not isinstance(cursor, str):
         return None
     if not cursor.isascii():
         return None  # every cursor this gateway issues is ASCII
     body, dot, signature = cursor.rpartition(".")
-    if not dot or not hmac.compare_digest(signature, _sign(body, key)):
+    if not dot or not any(hmac.compare_digest(signature, _sign(body, k)) for k in keys):
         return None
     try:
         data = orjson.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
