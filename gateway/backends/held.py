@@ -34,11 +34,24 @@ log = logging.getLogger("gateway.backend")
 
 # How long a call held for client input waits for the client's retry.
 HOLD_TTL = 120.0
+# The refusal of a retry whose held call is not here. The reason most worth telling (to an
+# operator whose load balancer spreads one client's requests over replicas, or who restarted
+# the gateway) is the one the client cannot see: the call lives in one gateway process.
+UNKNOWN_STATE = (
+    "requestState is unknown, expired or not yours (a call held for a legacy backend "
+    "continues only in the gateway process that started it)"
+)
 
 
 class Sealer:
     """Tamper-proof, caller-bound, expiring `requestState` tokens (basic/patterns/mrtr: the
-    client sends the state back; it must not be able to forge or reuse someone else's)."""
+    client sends the state back; it must not be able to forge or reuse someone else's).
+
+    The key stays the process's own even under `cluster.secrets`: the state names a call held
+    in this process's memory, which no other replica could continue, so a shared key would
+    buy nothing, and it would let whoever learnt a cluster secret re-seal someone else's
+    handle (readable in the payload) for themselves. A retry that reaches another replica
+    is refused like any unknown state (-32602), saying where the call lives."""
 
     def __init__(self) -> None:
         self._key = secrets.token_bytes(32)
@@ -195,7 +208,7 @@ class HeldCalls:
         handle = self._sealer.open(state, caller, time.time()) if isinstance(state, str) else None
         call = self._held.pop(handle, None) if handle is not None else None
         if call is None:
-            raise Refused(codes.INVALID_PARAMS, "requestState is unknown, expired or not yours")
+            raise Refused(codes.INVALID_PARAMS, UNKNOWN_STATE)
         if call.expiry is not None:
             call.expiry.cancel()
             call.expiry = None
