@@ -32,6 +32,8 @@ from gateway.protocol import codes
 from gateway.routing import cursor as cursors
 from tests.support import (
     BOUND,
+    PYTHON,
+    ROOT,
     START_BOUND,
     VERSION,
     Message,
@@ -158,6 +160,16 @@ def test_a_bad_cluster_section_is_refused_where_it_is(
 def test_an_unset_variable_is_refused_not_read_as_an_empty_secret() -> None:
     found = problems(config_text({"secrets": ["${GATEWAY_SECRET}"]}))
     assert any("environment variable GATEWAY_SECRET is not set" in p for p in found), found
+
+
+def test_the_commented_example_in_config_example_yaml_loads() -> None:
+    text = (ROOT / "config.example.yaml").read_text(encoding="utf-8")
+    start = text.index("# cluster:")
+    end = text.index("\n\n", start)
+    block = "\n".join(line.removeprefix("# ") for line in text[start:end].splitlines())
+    env = {"MCP_GATEWAY_PYTHON": PYTHON, "GATEWAY_SECRET": NEW, "GATEWAY_OLD_SECRET": OLD}
+    config = parse(text[:start] + block + text[end:], env=env)
+    assert config.cluster == cluster(NEW, OLD)
 
 
 def write_secrets(directory: Path, text: str, mode: int = 0o600) -> Path:
