@@ -144,6 +144,7 @@ def test_without_cluster_there_are_no_shared_secrets() -> None:
         ({"secrets": [""]}, "cluster.secrets.0", "is empty"),
         ({"secrets": []}, "cluster.secrets", "name at least one secret"),
         ({"secrets": NEW}, "cluster.secrets", "must be a list of strings"),
+        ({"secrets": [{"value": NEW}]}, "cluster.secrets", "must be a list of strings"),
         ({"secrets": [NEW], "secrets_file": "s.txt"}, "cluster", "exactly one of"),
         ({}, "cluster", "exactly one of"),
         ({"secret": [NEW]}, "cluster.secret", "unknown key"),
@@ -155,6 +156,8 @@ def test_a_bad_cluster_section_is_refused_where_it_is(
 ) -> None:
     found = problems(config_text(section))
     assert any(f": {where}: " in p and says in p for p in found), found
+    # One mistake, one problem (a misspelt key also leaves the section without a source).
+    assert len(found) == 1 or "unknown key" in says, found
 
 
 def test_an_unset_variable_is_refused_not_read_as_an_empty_secret() -> None:

@@ -23,6 +23,8 @@ def cluster(c: _Check, raw: Any, beside: Callable[[str], Path]) -> ClusterConfig
         return None
     path = ("cluster",)
     body = c.mapping(raw, path, keys.names("cluster"))
+    if not isinstance(raw, dict):
+        return None  # c.mapping has said why
     given = [k for k in _SOURCES if body.get(k) is not None]
     if len(given) != 1:
         c.r.problem(path, "needs exactly one of secrets or secrets_file")
@@ -34,10 +36,9 @@ def cluster(c: _Check, raw: Any, beside: Callable[[str], Path]) -> ClusterConfig
 
 def _listed(c: _Check, raw: Any, path: tuple[str, ...]) -> ClusterConfig | None:
     secrets = c.strings(raw, path)
-    if not isinstance(raw, list):
-        return None  # c.strings said why
     if not secrets:
-        c.r.problem(path, f"name at least one secret ({_HOW})")
+        if raw == []:  # else c.strings has said why
+            c.r.problem(path, f"name at least one secret ({_HOW})")
         return None
     for i, secret in enumerate(secrets):
         if len(secret) < MIN_CLUSTER_SECRET_LENGTH:
