@@ -65,14 +65,22 @@ schema: install
 # System packages some tests use: Debian's `prometheus` (promtool, prometheus) for the Prometheus
 # config checks and the real-scrape test, and Debian's `chromium` (headless, driven by npm's
 # playwright-core) for the browser logins at the authorization server
-# (tests/servers/browser_login.mjs). Without apt (or root) it says so; those tests then skip with
-# the reason outside CI and fail under CI=true.
+# (tests/servers/browser_login.mjs), and Debian's `nginx` in front of gateway replicas
+# (tests/test_replicas_nginx.py runs deploy/nginx/mcp-gateway.conf; the service the package starts
+# is stopped: the tests run their own). Without apt (or root) it says so; those tests then skip
+# with the reason outside CI and fail under CI=true.
 ci-deps:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  sudo=; [ "$$(id -u)" = 0 ] || sudo='sudo -n'; \
 	  { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
 	      apt-get install -y -qq --no-install-recommends prometheus; } >/dev/null \
 	  || echo "ci-deps: could not install prometheus with apt; its tests will skip" >&2; }
+	@[ -x /usr/sbin/nginx ] || { \
+	  sudo=; [ "$$(id -u)" = 0 ] || sudo='sudo -n'; \
+	  { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends nginx; } >/dev/null \
+	  || echo "ci-deps: could not install nginx with apt; the replica tests will skip" >&2; \
+	  $$sudo service nginx stop >/dev/null 2>&1 || true; }
 	@[ -x /usr/bin/chromium ] || { \
 	  sudo=; [ "$$(id -u)" = 0 ] || sudo='sudo -n'; \
 	  { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \

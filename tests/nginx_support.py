@@ -1,0 +1,73 @@
+"""A real nginx (Debian's package, `make ci-deps`) on 127.0.0.1 in front of gateway replicas,
+running the shipped deploy/nginx/mcp-gateway.conf with only its upstream servers and listen port
+rewritten, inside a minimal main config of the test's (paths in a temporary directory, no
+daemon, errors to stderr)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.support import ROOT, Proc, missing
+
+SITE = ROOT / "deploy" / "nginx" / "mcp-gateway.conf"
+NGINX = "/usr/sbin/nginx"
+
+
+def site_for(upstreams: Sequence[int], port: int) -> str:
+    """The shipped site with the test's replicas and port."""
+    text = SITE.read_text()
+    servers = "".join(f"    server 127.0.0.1:{p};\n" for p in upstreams)
+    text, found = re.subn(r"(?:    server 127\.0\.0\.1:\d+;\n)+", servers, text, count=1)
+    assert found == 1, "the upstream's server lines moved"
+    text, found = re.subn(r"listen \d+;", f"listen 127.0.0.1:{port};", text, count=1)
+    assert found == 1, "the listen line moved"
+    return text
+
+
+@contextmanager
+def nginx(directory: Path, upstreams: Sequence[int], port: int) -> Iterator[Proc]:
+    if shutil.which(NGINX) is None and not Path(NGINX).exists():
+        missing("nginx", "make ci-deps installs Debian's nginx")
+    (directory / "site.conf").write_text(site_for(upstreams, port))
+    main = f"""
+daemon off;
+master_process off;
+pid {directory}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    client_body_temp_path {directory}/body;
+    proxy_temp_path {directory}/proxy;
+    fastcgi_temp_path {directory}/fastcgi;
+    uwsgi_temp_path {directory}/uwsgi;
+    scgi_temp_path {directory}/scgi;
+    include {directory}/site.conf;
+}}
+"""
+    (directory / "nginx.conf").write_text(main)
+    proc = Proc([NGINX, "-p", str(directory), "-c", str(directory / "nginx.conf")])
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def wait_accepting(port: int, bound: float) -> None:
+    """Until something accepts connections on 127.0.0.1:`port` (nginx says nothing when it
+    is ready), within `bound` seconds."""
+    deadline = time.monotonic() + bound
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=bound):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)  # (a port opening is not an event this process can wait on)
