@@ -48,6 +48,7 @@ from gateway.config import (
 )
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.instrument import InstrumentedBackend
+from gateway.core.overload import BACKEND, OVERALL, Bound, BoundedBackend
 from gateway.core.policy import Policy
 from gateway.core.ratelimit import RateLimiter
 from gateway.frontends import guard
@@ -279,9 +280,16 @@ class Gateway:
             for e, h, t in zip(gated, self.health, self.transports, strict=True)
         ]
         self.eras = [e for e in self.layers if isinstance(e, EraBackend)]
+        # Outermost, each backend's bound on requests in flight: a request refused there
+        # reaches nothing below (no span, no transport).
+        overload = config.overload
+        self.bounds = [
+            Bound(BACKEND, c.name, c.max_in_flight, overload, stats.overloaded)
+            for c in config.backends
+        ]
         self.backends: list[Backend] = [
-            InstrumentedBackend(g, self.telemetry, _address(c))
-            for g, c in zip(self.guarded, config.backends, strict=True)
+            BoundedBackend(InstrumentedBackend(g, self.telemetry, _address(c)), bound)
+            for g, c, bound in zip(self.guarded, config.backends, self.bounds, strict=True)
         ]
         self.dispatcher = Dispatcher(
             self.backends,
@@ -292,6 +300,7 @@ class Gateway:
             self.telemetry,
             policy=Policy(config.policy) if config.policy is not None else None,
             limiter=limiter(config, stats),
+            bound=Bound(OVERALL, "", overload.max_in_flight, overload, stats.overloaded),
         )
         for era in self.layers:
             era.on_notification = self.dispatcher.backend_notification
