@@ -312,10 +312,14 @@ class Gateway:
             GatewayCollector(self.telemetry.stats, self._backend_states, self._listens)
         )
         self._serving = False
+        # Set when shutdown begins (a signal, the end of stdin): /readyz answers 503 from then
+        # on, so a load balancer stops sending while what runs drains.
+        self.draining = False
         self.operations = Operations(
             metrics=self._render_metrics,
             backends=self._backends_up,
             serving=lambda: self._serving,
+            draining=lambda: self.draining,
         )
         self._admin: Listener | None = None
         self.admin_url: str | None = None
@@ -442,7 +446,7 @@ class Gateway:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.dispatcher.close_streams()
+        self.drain()
         if self._endpoint is not None:
             self._endpoint.closing()
         with anyio.CancelScope(shield=True):
@@ -466,6 +470,12 @@ class Gateway:
                 self.audit.close()
             if self._provider is not None and isinstance(self._provider, TracerProvider):
                 self._provider.force_flush()
+
+    def drain(self) -> None:
+        """Shutdown begins: unready from now on (/readyz), and open listen streams end with
+        their completion result; requests in flight get the front ends' drain or grace."""
+        self.draining = True
+        self.dispatcher.close_streams()
 
     async def serve_stdio(
         self, inbound: anyio.abc.ByteReceiveStream, outbound: anyio.abc.ByteSendStream
@@ -521,9 +531,10 @@ async def run(config: Config) -> None:
             tg.start_soon(serve_stdio, stdio)
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
+                # Unready before the line is logged: whoever sees the line sees /readyz 503.
+                gateway.drain()
                 log.info("received %s, shutting down", signal.Signals(signum).name)
                 break
-        gateway.dispatcher.close_streams()
         if stdio is not None:
             stdio.stop()  # serve_stdio drains, then cancels the group
         else:
