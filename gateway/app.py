@@ -48,6 +48,7 @@ from gateway.config import (
 )
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.instrument import InstrumentedBackend
+from gateway.core.overload import BACKEND, OVERALL, Bound, BoundedBackend
 from gateway.core.policy import Policy
 from gateway.core.ratelimit import RateLimiter
 from gateway.frontends import guard
@@ -280,9 +281,16 @@ class Gateway:
             for e, h, t in zip(gated, self.health, self.transports, strict=True)
         ]
         self.eras = [e for e in self.layers if isinstance(e, EraBackend)]
+        # Outermost, each backend's bound on requests in flight: a request refused there
+        # reaches nothing below (no span, no transport).
+        overload = config.overload
+        self.bounds = [
+            Bound(BACKEND, c.name, c.max_in_flight, overload, stats.overloaded)
+            for c in config.backends
+        ]
         self.backends: list[Backend] = [
-            InstrumentedBackend(g, self.telemetry, _address(c))
-            for g, c in zip(self.guarded, config.backends, strict=True)
+            BoundedBackend(InstrumentedBackend(g, self.telemetry, _address(c)), bound)
+            for g, c, bound in zip(self.guarded, config.backends, self.bounds, strict=True)
         ]
         self.dispatcher = Dispatcher(
             self.backends,
@@ -294,6 +302,7 @@ class Gateway:
             policy=Policy(config.policy) if config.policy is not None else None,
             limiter=limiter(config, stats),
             cursor_keys=config.cluster.keys(cursors.PURPOSE) if config.cluster else (),
+            bound=Bound(OVERALL, "", overload.max_in_flight, overload, stats.overloaded),
         )
         for era in self.layers:
             era.on_notification = self.dispatcher.backend_notification
@@ -305,10 +314,14 @@ class Gateway:
             GatewayCollector(self.telemetry.stats, self._backend_states, self._listens)
         )
         self._serving = False
+        # Set when shutdown begins (a signal, the end of stdin): /readyz answers 503 from then
+        # on, so a load balancer stops sending while what runs drains.
+        self.draining = False
         self.operations = Operations(
             metrics=self._render_metrics,
             backends=self._backends_up,
             serving=lambda: self._serving,
+            draining=lambda: self.draining,
         )
         self._admin: Listener | None = None
         self.admin_url: str | None = None
@@ -435,7 +448,7 @@ class Gateway:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.dispatcher.close_streams()
+        self.drain()
         if self._endpoint is not None:
             self._endpoint.closing()
         with anyio.CancelScope(shield=True):
@@ -459,6 +472,12 @@ class Gateway:
                 self.audit.close()
             if self._provider is not None and isinstance(self._provider, TracerProvider):
                 self._provider.force_flush()
+
+    def drain(self) -> None:
+        """Shutdown begins: unready from now on (/readyz), and open listen streams end with
+        their completion result; requests in flight get the front ends' drain or grace."""
+        self.draining = True
+        self.dispatcher.close_streams()
 
     async def serve_stdio(
         self, inbound: anyio.abc.ByteReceiveStream, outbound: anyio.abc.ByteSendStream
@@ -514,9 +533,10 @@ async def run(config: Config) -> None:
             tg.start_soon(serve_stdio, stdio)
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
+                # Unready before the line is logged: whoever sees the line sees /readyz 503.
+                gateway.drain()
                 log.info("received %s, shutting down", signal.Signals(signum).name)
                 break
-        gateway.dispatcher.close_streams()
         if stdio is not None:
             stdio.stop()  # serve_stdio drains, then cancels the group
         else:

@@ -3,14 +3,17 @@
     GatewayError
     ├── Refused                  answered by the gateway itself (unknown name, bad cursor, ...)
     │   ├── InsufficientScope    the caller's token lacks scopes the request needs (HTTP 403)
-    │   └── RateLimited          the caller is over a rate limit (HTTP 429)
+    │   ├── RateLimited          the caller is over a rate limit (HTTP 429)
+    │   └── Overloaded           too many requests in flight, and the queue full or waited out
+    │                            (HTTP 503)
     └── BackendError             a backend could not answer a request
         ├── BackendUnavailable   not running, crashed mid-call, connection refused
         │   └── BackendDown      known to be unreachable: failed at once, retried in the background
         ├── BackendConnectionLost  an HTTP connection broke after the request went out
         ├── BackendTimeout       no answer within the configured time
         ├── BackendProtocolError answered with something that is not MCP
-        └── BackendOverloaded    no room for another child (isolation: per_session)
+        └── BackendOverloaded    too many requests in flight to it, or no room for another
+                                 child (isolation: per_session) (HTTP 503)
 
 Every request the dispatcher handles ends as a JSON-RPC message: `to_wire` is where an
 exception becomes one, and `http_status` is the one table from error code to HTTP status.
@@ -32,6 +35,10 @@ log = logging.getLogger("gateway")
 
 class GatewayError(Exception):
     code: int = codes.INTERNAL_ERROR
+
+    def data(self) -> dict[str, Any] | None:
+        """The wire error's `data` member, for errors that tell the client how to act."""
+        return None
 
 
 class Refused(GatewayError):
@@ -63,6 +70,18 @@ class RateLimited(Refused):
 
     def __init__(self, retry_after: float, message: str) -> None:
         super().__init__(codes.RATE_LIMITED, message, "rate_limited")
+        self.retry_after = retry_after
+
+    def data(self) -> dict[str, Any]:
+        return {"retryAfter": self.retry_after}
+
+
+class Overloaded(Refused):
+    """More client requests in flight than `overload.max_in_flight`, and the queue full or its
+    wait over: come back in `retry_after` seconds (HTTP 503 with Retry-After)."""
+
+    def __init__(self, retry_after: float, message: str) -> None:
+        super().__init__(codes.GATEWAY_OVERLOADED, message, "overloaded")
         self.retry_after = retry_after
 
     def data(self) -> dict[str, Any]:
@@ -111,17 +130,24 @@ class BackendProtocolError(BackendError):
 
 
 class BackendOverloaded(BackendError):
-    """A backend with a child per client has all the children it may start; a backend error
-    (not a refusal) so that fan-outs skip it under fail_open like a backend that is down."""
+    """A backend has as many requests in flight as its `max_in_flight` (and its queue is full
+    or waited out), or, with a child per client, all the children it may start; a backend
+    error (not a refusal) so that fan-outs skip it under fail_open like a backend that is down.
+    `retry_after`: seconds after which the client may try again (HTTP: Retry-After)."""
 
     code = codes.GATEWAY_OVERLOADED
 
+    def __init__(self, backend: str, detail: str, retry_after: float = 1.0) -> None:
+        super().__init__(backend, detail)
+        self.retry_after = retry_after
+
+    def data(self) -> dict[str, Any]:
+        return {"retryAfter": self.retry_after}
+
 
 def to_wire(exc: Exception, id_: RequestId | None) -> Message:
-    if isinstance(exc, InsufficientScope | RateLimited):
-        return jsonrpc.error(id_, exc.code, str(exc), exc.data())
     if isinstance(exc, GatewayError):
-        return jsonrpc.error(id_, exc.code, str(exc))
+        return jsonrpc.error(id_, exc.code, str(exc), exc.data())
     log.exception("unexpected error while handling a request", exc_info=exc)
     return jsonrpc.error(id_, codes.INTERNAL_ERROR, "Internal gateway error")
 
@@ -135,10 +161,12 @@ HTTP_STATUS: Final[Mapping[int, int]] = MappingProxyType(
         codes.MISSING_REQUIRED_CLIENT_CAPABILITY: 400,
         codes.UNSUPPORTED_PROTOCOL_VERSION: 400,
         codes.METHOD_NOT_FOUND: 404,
-        # These two carry what a client needs to act (a scope to step up to, a delay), which
-        # clients and intermediaries read from the status and its header (RFC 6750, RFC 6585).
+        # These carry what a client needs to act (a scope to step up to, a delay), which
+        # clients and intermediaries read from the status and its header (RFC 6750, RFC 6585,
+        # RFC 9110 15.6.4: a load balancer sends a 503's request to another replica).
         codes.INSUFFICIENT_SCOPE: 403,
         codes.RATE_LIMITED: 429,
+        codes.GATEWAY_OVERLOADED: 503,
     }
 )
 

@@ -159,6 +159,7 @@ BASE: dict[str, Any] = {
     "telemetry": {},
     "policy": {"rules": [{"allow": {"backends": ["b"]}, "when": {}}]},
     "rate_limits": {"per_identity": {"rate": 1}},
+    "overload": {},
     "audit": {"path": "a.jsonl"},
     "auth": {
         "issuer": "http://127.0.0.1:9",
@@ -194,6 +195,7 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "policy_when": ("policy", "rules", 0, "when"),
     "rate_limits": ("rate_limits",),
     "rate": ("rate_limits", "per_identity"),
+    "overload": ("overload",),
     "audit": ("audit",),
     "auth": ("auth",),
     "introspection": ("auth", "introspection"),

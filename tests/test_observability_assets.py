@@ -60,6 +60,7 @@ EXPORTED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "mcp_gateway_auth_failures_total": ("counter", frozenset({"reason"})),
     "mcp_gateway_policy_denials_total": ("counter", frozenset({"reason"})),
     "mcp_gateway_rate_limited_total": ("counter", frozenset({"limit"})),
+    "mcp_gateway_overloaded_total": ("counter", frozenset({"scope", "backend"})),
     "mcp_gateway_backend_token_requests_total": (
         "counter",
         frozenset({"backend", "grant", "outcome"}),
@@ -213,10 +214,11 @@ def test_dashboard_has_the_operator_views() -> None:
     assert some(server, client, " - ") and some(f"{client}_sum", " / ", f"{server}_sum")
     assert some("mcp_gateway_backend_up") and some("mcp_gateway_backend_restarts_total")
     assert some("by (hop, direction)", "mcp_gateway_bytes_total")
-    # who was turned away: authentication, policy, rate limits
+    # who was turned away: authentication, policy, rate limits, overload
     assert some("by (reason)", "mcp_gateway_auth_failures_total")
     assert some("by (reason)", "mcp_gateway_policy_denials_total")
     assert some("by (limit)", "mcp_gateway_rate_limited_total")
+    assert some("by (scope, backend)", "mcp_gateway_overloaded_total")
 
 
 def test_dashboard_uses_the_provisioned_datasource() -> None:

@@ -67,6 +67,7 @@ from gateway.config.model import (
     Listen,
     ListenerLimits,
     Namespacing,
+    Overload,
     PolicyConfig,
     PolicyRule,
     PolicyTarget,
@@ -203,6 +204,7 @@ def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None
         isolation=isolation,
         child_idle_timeout=c.field(body, path, "child_idle_timeout", t["child_idle_timeout"]),
         max_children=c.field(body, path, "max_children", t["max_children"]),
+        max_in_flight=c.field(body, path, "max_in_flight", t["max_in_flight"]),
         auth=backend_auth_section.backend_auth(
             c, body.get("auth"), path + ("auth",), base, kinds[0]
         ),
@@ -267,6 +269,7 @@ def parse(
         telemetry=_telemetry(check, top.get("telemetry"), source),
         policy=policy_sections.policy(check, top.get("policy"), [b.name for b in backends]),
         rate_limits=limit_sections.rate_limits(check, top.get("rate_limits")),
+        overload=limit_sections.overload(check, top.get("overload")),
         audit=limit_sections.audit(check, top.get("audit"), lambda p: _beside(source, p)),
         auth=auth_section.auth(check, top.get("auth"), listen.http),
         cluster=cluster_section.cluster(check, top.get("cluster"), lambda p: _beside(source, p)),
@@ -566,6 +569,7 @@ __all__ = [
     "Listen",
     "ListenerLimits",
     "Namespacing",
+    "Overload",
     "PolicyConfig",
     "PolicyRule",
     "PolicyTarget",

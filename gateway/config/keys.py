@@ -28,6 +28,7 @@ from gateway.config.model import (
     DEFAULT_AUTH_FETCH_TIMEOUT,
     DEFAULT_AUTH_LEEWAY,
     DEFAULT_AUTH_MAX_RESPONSE_BYTES,
+    DEFAULT_BACKEND_MAX_IN_FLIGHT,
     DEFAULT_CHILD_IDLE_TIMEOUT,
     DEFAULT_HTTP_HOST,
     DEFAULT_HTTP_PATH,
@@ -37,10 +38,14 @@ from gateway.config.model import (
     DEFAULT_JWKS_MAX_AGE,
     DEFAULT_JWKS_REFRESH_INTERVAL,
     DEFAULT_MAX_CHILDREN,
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MAX_QUEUED,
     DEFAULT_OAUTH_CLIENT_NAME,
     DEFAULT_OAUTH_LOGIN_TIMEOUT,
     DEFAULT_OAUTH_MAX_ATTEMPTS,
     DEFAULT_OAUTH_REFRESH_MARGIN,
+    DEFAULT_OVERLOAD_RETRY_AFTER,
+    DEFAULT_QUEUE_TIMEOUT,
     DEFAULT_RATE_LIMIT_MAX_KEYS,
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SERVICE_NAME,
@@ -186,6 +191,11 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "rate_limits": Key(
             "section", "Token buckets per caller, per tool and overall.", section="rate_limits"
         ),
+        "overload": Key(
+            "section",
+            "Bounds on client requests in flight; past them a short queue, then 503.",
+            section="overload",
+        ),
         "audit": Key("section", "One JSON line per client request.", section="audit"),
         "auth": Key(
             "section", "Require OAuth bearer tokens (or API keys) on listen.http.", section="auth"
@@ -274,6 +284,12 @@ SECTIONS: dict[str, dict[str, Key]] = {
         ),
         "max_children": Key(
             "count", "per_session: children at most.", DEFAULT_MAX_CHILDREN, minimum=1
+        ),
+        "max_in_flight": Key(
+            "count",
+            "Requests sent to this backend at once (listen streams aside); then overload's queue.",
+            DEFAULT_BACKEND_MAX_IN_FLIGHT,
+            minimum=1,
         ),
         "roots": Key("roots", "Roots told to a legacy backend when no client's can be asked."),
         "auth": Key(
@@ -420,6 +436,28 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "Buckets kept per limit; the least recently used is dropped first.",
             DEFAULT_RATE_LIMIT_MAX_KEYS,
             minimum=1,
+        ),
+    },
+    "overload": {
+        "max_in_flight": Key(
+            "count",
+            "Client requests served at once (listen streams aside).",
+            DEFAULT_MAX_IN_FLIGHT,
+            minimum=1,
+        ),
+        "max_queued": Key(
+            "count",
+            "Requests past a bound that wait for a slot (per bound); more get -31004 at once.",
+            DEFAULT_MAX_QUEUED,
+            minimum=0,
+        ),
+        "queue_timeout": Key(
+            "number", "Seconds a queued request waits before -31004.", DEFAULT_QUEUE_TIMEOUT
+        ),
+        "retry_after": Key(
+            "number",
+            "Seconds a refusal tells the client to wait (Retry-After, data.retryAfter).",
+            DEFAULT_OVERLOAD_RETRY_AFTER,
         ),
     },
     "rate": {

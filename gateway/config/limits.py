@@ -1,5 +1,5 @@
-"""The sections on who may call how often and what is written down about it: `rate_limits:` and
-`audit:`."""
+"""The sections on who may call how often, how much may run at once, and what is written down
+about it: `rate_limits:`, `overload:` and `audit:`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import keys
-from gateway.config.model import _REDACT_PATH, AUDIT_STDERR, AuditConfig, Rate, RateLimits
+from gateway.config.model import (
+    _REDACT_PATH,
+    AUDIT_STDERR,
+    AuditConfig,
+    Overload,
+    Rate,
+    RateLimits,
+)
 from gateway.config.reader import _Check
 
 Path_ = tuple[str, ...]
@@ -32,6 +39,19 @@ def rate_limits(c: _Check, raw: Any) -> RateLimits | None:
         overall=_rate(c, body.get("overall"), path + ("overall",)),
         tools=tools,
         max_keys=c.field(body, path, "max_keys", t["max_keys"]),
+    )
+
+
+def overload(c: _Check, raw: Any) -> Overload:
+    """Always on: absent, every bound has its default."""
+    path = ("overload",)
+    body = c.mapping(raw, path, keys.names("overload"))
+    t = keys.table("overload")
+    return Overload(
+        max_in_flight=c.field(body, path, "max_in_flight", t["max_in_flight"]),
+        max_queued=c.field(body, path, "max_queued", t["max_queued"]),
+        queue_timeout=c.field(body, path, "queue_timeout", t["queue_timeout"]),
+        retry_after=c.field(body, path, "retry_after", t["retry_after"]),
     )
 
 

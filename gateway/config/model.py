@@ -76,6 +76,22 @@ DEFAULT_SERVICE_NAME = "mcp-gateway"
 # pairs) per limit; the least recently used goes first. A bucket idle long enough to be full
 # again is forgotten anyway, so this bounds memory under a flood of new callers only.
 DEFAULT_RATE_LIMIT_MAX_KEYS = 10_000
+# Overload protection (overload:, and max_in_flight per backend): client requests being served at
+# once, all backends together. Below the HTTP listener's 1024 connections, so that on the
+# defaults a flood is shed with a 503 and Retry-After (which clients and load balancers act on)
+# before connections are refused (which they see as a network failure).
+DEFAULT_MAX_IN_FLIGHT = 512
+# Requests past a bound wait this many at most (per bound, FIFO), each at most this long, then
+# get -31004: a short queue smooths a burst without hiding an overload. One second is long
+# next to a call's usual latency and short next to a client's retry with Retry-After.
+DEFAULT_MAX_QUEUED = 128
+DEFAULT_QUEUE_TIMEOUT = 1.0
+# What a refusal's Retry-After (and data.retryAfter) tells the client, in seconds.
+DEFAULT_OVERLOAD_RETRY_AFTER = 1.0
+# Requests one backend is sent at once. Above an HTTP backend's pool (100 connections), so the
+# pool is used in full, while one slow backend cannot take more than a quarter of the overall
+# bound: the others are still served.
+DEFAULT_BACKEND_MAX_IN_FLIGHT = 128
 # The audit log (audit:) rotates like the tap; audit lines are small, so 64 MiB is a long time,
 # and more old files are kept than of a recording: an audit trail is looked back on.
 DEFAULT_AUDIT_MAX_BYTES = 64 * 1024 * 1024
@@ -245,6 +261,18 @@ class RateLimits:
     overall: Rate | None = None  # all callers together
     tools: Mapping[str, Rate] = field(default_factory=dict)  # per_tool for these tools
     max_keys: int = DEFAULT_RATE_LIMIT_MAX_KEYS
+
+
+@dataclass(frozen=True)
+class Overload:
+    """Bounds on client requests in flight (`overload:`): overall here, per backend on each
+    backend (`max_in_flight`); past one, a short FIFO queue, then -31004 (HTTP 503 with
+    Retry-After). Listen streams are not counted (they last as long as their client)."""
+
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_queued: int = DEFAULT_MAX_QUEUED  # per bound
+    queue_timeout: float = DEFAULT_QUEUE_TIMEOUT
+    retry_after: float = DEFAULT_OVERLOAD_RETRY_AFTER
 
 
 @dataclass(frozen=True)
@@ -436,6 +464,9 @@ class BackendConfig:
     isolation: str = "shared"
     child_idle_timeout: float = DEFAULT_CHILD_IDLE_TIMEOUT
     max_children: int = DEFAULT_MAX_CHILDREN
+    # Requests sent to this backend at once (listen streams aside); past it, the queue of
+    # `overload:`, then -31004. Catalog loads count too: they load the backend like calls.
+    max_in_flight: int = DEFAULT_BACKEND_MAX_IN_FLIGHT
     # The answer to a legacy backend's `roots/list` asked outside any client's request (start-up,
     # catalog refresh), for a client without the roots capability, or when it is not certain
     # whose request it is for.
@@ -529,6 +560,7 @@ class Config:
     telemetry: TelemetryConfig = TelemetryConfig()
     policy: PolicyConfig | None = None  # None: every caller may see and call everything
     rate_limits: RateLimits | None = None
+    overload: Overload = Overload()
     audit: AuditConfig | None = None
     auth: AuthConfig | None = None  # None: no authentication (today's behaviour)
     cluster: ClusterConfig | None = None  # None: every key is the process's own (one replica)

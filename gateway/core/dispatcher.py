@@ -19,6 +19,7 @@ from gateway.auth.identity import Identity
 from gateway.backends.base import Backend, NotificationSink
 from gateway.core.catalog import Catalogs
 from gateway.core.listen import Subscriptions
+from gateway.core.overload import Bound
 from gateway.core.policy import PROMPT, RESOURCE, TEMPLATE, TOOL, Policy, View
 from gateway.core.ratelimit import RateLimiter
 from gateway.errors import InsufficientScope, Refused
@@ -43,6 +44,8 @@ log = logging.getLogger("gateway")
 
 # Client notifications the gateway consumes itself instead of forwarding.
 LOCAL_NOTIFICATIONS = frozenset({"notifications/cancelled"})
+# Not counted against the overall bound on requests in flight: a stream as long as its client.
+LISTEN = "subscriptions/listen"
 FAIL_OPEN = "fail_open"
 Finder = Callable[[RouteTable, str], Route | None]
 # A backend a caller can see nothing of: every list capability hidden from it.
@@ -77,10 +80,13 @@ class Dispatcher:
         policy: Policy | None = None,
         limiter: RateLimiter | None = None,
         cursor_keys: Sequence[bytes] = (),
+        bound: Bound | None = None,
     ) -> None:
         self.telemetry: Telemetry = telemetry or NoTelemetry()
         self._policy = policy  # None: every caller may see and call everything
         self.limiter = limiter
+        # Client requests in flight, all front ends together (None: unbounded, for tests).
+        self.bound = bound
         self.backends = {b.name: b for b in backends}
         self._order = [b.name for b in backends]
         self._exposures = {e.backend: e for e in exposures}
@@ -137,7 +143,20 @@ class Dispatcher:
                 try:
                     if self.limiter is not None:
                         self.limiter.admit(msg, origin)
-                    reply = await self._dispatch(msg, sink, origin)
+                    bound = self.bound
+                    if bound is None or msg["method"] == LISTEN:
+                        reply = await self._dispatch(msg, sink, origin)
+                    else:
+                        # After the rate limit: a refused request holds no slot. The fast
+                        # path is a comparison and an increment (core/overload.py).
+                        if bound.busy < bound.limit:
+                            bound.busy += 1
+                        else:
+                            await bound.queue()
+                        try:
+                            reply = await self._dispatch(msg, sink, origin)
+                        finally:
+                            bound.release()
                 except Exception as exc:
                     if isinstance(exc, Refused) and exc.reason is not None:
                         telemetry.stats.rejections[exc.reason] += 1
@@ -382,8 +401,10 @@ class Dispatcher:
             if not open_policy:
                 raise _as_failure(backend, reply)
             failed.append(_as_failure(backend, reply))
-            # A backend known to be down was logged when it went down, not per request.
-            level = logging.DEBUG if isinstance(reply, errors.BackendDown) else logging.WARNING
+            # A backend known to be down was logged when it went down, and an overloaded one
+            # is logged by its bound (at most every 10 s), not per request.
+            quiet = isinstance(reply, errors.BackendDown | errors.BackendOverloaded)
+            level = logging.DEBUG if quiet else logging.WARNING
             log.log(level, "fan-out: backend %s skipped: %s", backend, _describe(reply))
         if failed and not out:
             raise failed[0]  # nothing answered: an empty result would hide the outage

@@ -54,8 +54,13 @@ def json_response(status: int, msg: Message, **extra: str) -> web.Response:
     return web.Response(status=status, body=jsonrpc.encode(msg), content_type=JSON, headers=extra)
 
 
+# The errors whose status tells the client when to come back (429, 503): Retry-After, from the
+# delay the error carries in `data.retryAfter`.
+RETRY_LATER = frozenset({codes.RATE_LIMITED, codes.GATEWAY_OVERLOADED})
+
+
 def _reply_headers(reply: Message) -> dict[str, str] | None:
-    if jsonrpc.error_code(reply) == codes.RATE_LIMITED:
+    if jsonrpc.error_code(reply) in RETRY_LATER:
         data = reply["error"].get("data")
         delay = data.get("retryAfter") if isinstance(data, dict) else None
         if isinstance(delay, int | float) and not isinstance(delay, bool):
@@ -425,7 +430,7 @@ class Endpoint:
 
     def _status_headers(self, status: int, reply: Message) -> dict[str, str] | None:
         """403 for want of scopes: the insufficient_scope challenge, so a client can step up;
-        429: when to retry."""
+        429 and 503: when to retry."""
         if status == 403 and self._bearer is not None:
             return self._bearer.reply_headers(reply)
         return _reply_headers(reply)

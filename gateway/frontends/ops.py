@@ -25,6 +25,8 @@ class Operations:
     backends: Callable[[], Mapping[str, bool]]
     # the front ends are listening (the admin listener starts before them)
     serving: Callable[[], bool]
+    # shutdown has begun: requests in flight drain, and a load balancer should send no more
+    draining: Callable[[], bool] = lambda: False
 
 
 def _error(status: int, message: str, **extra: str) -> web.Response:
@@ -49,14 +51,16 @@ def operation_routes(ops: Operations) -> dict[str, Handler]:
         return web.Response(body=b'{"status":"ok"}', content_type=JSON)
 
     async def readyz(request: web.BaseRequest) -> web.StreamResponse:
-        """Ready when the front ends listen and every backend is reachable; the body says which."""
+        """Ready when the front ends listen, shutdown has not begun and every backend is
+        reachable; the body says which."""
         if request.method not in READ_METHODS:
             return _not_allowed()
         backends = dict(ops.backends())
         serving = ops.serving()
-        ready = serving and all(backends.values())
+        draining = ops.draining()
+        ready = serving and not draining and all(backends.values())
         status = "ready" if ready else "not ready"
-        body = {"status": status, "serving": serving, "backends": backends}
+        body = {"status": status, "serving": serving, "draining": draining, "backends": backends}
         return web.Response(
             status=200 if ready else 503, body=orjson.dumps(body), content_type=JSON
         )

@@ -142,6 +142,9 @@ class Stats:
     auth_failures: Counter[str] = field(default_factory=Counter)
     policy_denials: Counter[str] = field(default_factory=Counter)  # by reason
     rate_limited: Counter[str] = field(default_factory=Counter)  # by limit
+    # Requests refused past a bound on requests in flight, by (scope: overall or backend, the
+    # backend's name or "" overall).
+    overloaded: Counter[tuple[str, str]] = field(default_factory=Counter)
     # The gateway's token requests to its backends' authorization servers, by (backend, grant,
     # outcome: ok, refused, unreachable).
     backend_tokens: Counter[tuple[str, str, str]] = field(default_factory=Counter)

@@ -202,7 +202,7 @@ class GatewayCollector(Collector):
         yield from self._backend_metrics()
 
     def _access_metrics(self) -> Iterator[Metric]:
-        """Who was turned away: by authentication, by policy, by a rate limit."""
+        """Who was turned away: by authentication, by policy, by a rate limit, by overload."""
         for name, doc, label, counts in (
             (
                 "mcp_gateway_auth_failures",
@@ -235,6 +235,14 @@ class GatewayCollector(Collector):
         for (backend, grant, outcome), count in sorted(self._stats.backend_tokens.items()):
             tokens.add_metric([backend, grant, outcome], count)
         yield tokens
+        overloaded = CounterMetricFamily(
+            "mcp_gateway_overloaded",
+            "Requests refused past a bound on requests in flight, by scope (overall, backend).",
+            labels=["scope", "backend"],
+        )
+        for (scope, backend), count in sorted(self._stats.overloaded.items()):
+            overloaded.add_metric([scope, backend], count)
+        yield overloaded
 
     def _backend_metrics(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
