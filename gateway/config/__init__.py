@@ -82,6 +82,7 @@ from gateway.config.model import (
     Target,
     TelemetryConfig,
     default_connect_timeout,
+    redacted_url,
 )
 from gateway.config.reader import _Check, _Reader
 
@@ -521,10 +522,18 @@ def _describe_cluster(cluster: ClusterConfig) -> str:
     # How many and from where, never what: this output is pasted into tickets.
     count = len(cluster.secrets)
     where = f" from {cluster.secrets_file}" if cluster.secrets_file else ""
-    return (
+    line = (
         f"  cluster      {count} secret{'s' if count != 1 else ''}{where} (the first signs, "
         "any is accepted): cursors are valid on every replica"
     )
+    if cluster.redis is not None:
+        # Redacted: the URL may carry Redis's password.
+        line += (
+            f"\n  cluster      rate limits shared through {redacted_url(cluster.redis)} (each"
+            f" check waits {cluster.redis_timeout:g} s at most; unreachable: per replica,"
+            f" tried again after {cluster.redis_retry_interval:g} s)"
+        )
+    return line
 
 
 def _mib(size: int) -> str:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import stat
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.config import keys
-from gateway.config.model import MIN_CLUSTER_SECRET_LENGTH, ClusterConfig
+from gateway.config.model import MIN_CLUSTER_SECRET_LENGTH, REDIS_SCHEMES, ClusterConfig
 from gateway.config.reader import _Check
 
 _SOURCES = ("secrets", "secrets_file")
@@ -26,12 +28,41 @@ def cluster(c: _Check, raw: Any, beside: Callable[[str], Path]) -> ClusterConfig
     if not isinstance(raw, dict):
         return None  # c.mapping has said why
     given = [k for k in _SOURCES if body.get(k) is not None]
+    shared = _redis(c, body, path)
     if len(given) != 1:
         c.r.problem(path, "needs exactly one of secrets or secrets_file")
         return None
     if given[0] == "secrets":
-        return _listed(c, body["secrets"], path + ("secrets",))
-    return _from_file(c, body, path, beside)
+        found = _listed(c, body["secrets"], path + ("secrets",))
+    else:
+        found = _from_file(c, body, path, beside)
+    return None if found is None else replace(found, **shared)
+
+
+def _redis(c: _Check, body: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    table = keys.table("cluster")
+    url = c.field(body, path, "redis", table["redis"])
+    if url is not None:
+        where = path + ("redis",)
+        # Problems name the key, never the URL: it may carry Redis's password.
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 (a port that is not a number raises here)
+        except ValueError:
+            c.r.problem(where, "is not a URL (redis://HOST:PORT/DB)")
+        else:
+            if parts.scheme not in REDIS_SCHEMES or not parts.hostname:
+                c.r.problem(where, "must be a redis:// or rediss:// URL naming a host")
+            elif parts.path.strip("/") and not parts.path.strip("/").isdigit():
+                c.r.problem(where, "names its database by number (redis://HOST:PORT/0)")
+
+    return {
+        "redis": url,
+        "redis_timeout": c.field(body, path, "redis_timeout", table["redis_timeout"]),
+        "redis_retry_interval": c.field(
+            body, path, "redis_retry_interval", table["redis_retry_interval"]
+        ),
+    }
 
 
 def _listed(c: _Check, raw: Any, path: tuple[str, ...]) -> ClusterConfig | None:

@@ -47,6 +47,8 @@ from gateway.config.model import (
     DEFAULT_OVERLOAD_RETRY_AFTER,
     DEFAULT_QUEUE_TIMEOUT,
     DEFAULT_RATE_LIMIT_MAX_KEYS,
+    DEFAULT_REDIS_RETRY_INTERVAL,
+    DEFAULT_REDIS_TIMEOUT,
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SERVICE_NAME,
     DEFAULT_SESSION_IDLE_TIMEOUT,
@@ -645,6 +647,21 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "secrets_file": Key(
             "string",
             "A file with one secret per line, relative to the config file (instead of secrets).",
+        ),
+        "redis": Key(
+            "string",
+            "redis://[:PASSWORD@]HOST:PORT/DB (or rediss://): rate limits shared by the replicas.",
+            pattern="^rediss?://",
+        ),
+        "redis_timeout": Key(
+            "number",
+            "Seconds a rate-limit check waits for Redis; past it the replica's own limits apply.",
+            DEFAULT_REDIS_TIMEOUT,
+        ),
+        "redis_retry_interval": Key(
+            "number",
+            "Seconds the replica's own limits apply after Redis failed, before it is tried again.",
+            DEFAULT_REDIS_RETRY_INTERVAL,
         ),
     },
     "api_key": {

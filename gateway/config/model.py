@@ -7,6 +7,7 @@ import hmac
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8080
@@ -142,6 +143,15 @@ DEFAULT_OAUTH_LOGIN_TIMEOUT = 600.0
 # what replicas hand each other through clients (cursors); a short one could be guessed
 # offline from one signed cursor. 32 characters of `openssl rand -base64 32` carry 192 bits.
 MIN_CLUSTER_SECRET_LENGTH = 32
+# `cluster.redis_timeout`: seconds one rate-limit check may wait for Redis, connecting included.
+# A Redis on the replicas' network answers in well under a millisecond; past this it is stalled,
+# and the replica's own buckets decide instead, so a slow Redis costs a request at most this.
+DEFAULT_REDIS_TIMEOUT = 0.1
+# `cluster.redis_retry_interval`: after Redis failed, the replica's own buckets decide for this
+# many seconds before Redis is tried again, so a Redis that is down costs no request a timeout
+# (one request a second pays at most one), and a recovered one is used again within a second.
+DEFAULT_REDIS_RETRY_INTERVAL = 1.0
+REDIS_SCHEMES = ("redis", "rediss")
 # `telemetry.access_log: stderr` logs to the gateway's stderr; any other value is a file path.
 ACCESS_LOG_STDERR = "stderr"
 
@@ -541,12 +551,30 @@ class ClusterConfig:
     # first, then drop the old one). Never in a repr, a log line or an error.
     secrets: tuple[str, ...] = field(repr=False)
     secrets_file: str | None = None  # the absolute path they were read from, if a file
+    # redis:// or rediss:// URL whose Redis holds the rate-limit buckets the replicas share
+    # (None: each replica's own). May carry a password: shown only through `redacted_url`.
+    redis: str | None = field(default=None, repr=False)
+    redis_timeout: float = DEFAULT_REDIS_TIMEOUT
+    redis_retry_interval: float = DEFAULT_REDIS_RETRY_INTERVAL
 
     def keys(self, purpose: bytes) -> tuple[bytes, ...]:
         """One key per secret, in the secrets' order, for one use (`purpose`, e.g.
         b"mcp-gateway cursor v1"): HMAC-SHA256(secret, purpose), so a key for one use is
         worth nothing for another, and none reveals its secret."""
         return tuple(hmac.new(s.encode(), purpose, hashlib.sha256).digest() for s in self.secrets)
+
+
+def redacted_url(url: str) -> str:
+    """`url` with its password (and a user name, which may be a token) replaced by `***`, for
+    `check-config` and logs."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address, bracketed again
+    netloc = f"***@{host}" + (f":{parts.port}" if parts.port is not None else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 @dataclass(frozen=True)
