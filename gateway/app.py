@@ -50,7 +50,7 @@ from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.instrument import InstrumentedBackend
 from gateway.core.overload import BACKEND, OVERALL, Bound, BoundedBackend
 from gateway.core.policy import Policy
-from gateway.core.ratelimit import RateLimiter
+from gateway.core.ratelimit import RateLimiter, SharedRateLimiter
 from gateway.frontends import guard
 from gateway.frontends import http as http_frontend
 from gateway.frontends.listener import BindError, Listener
@@ -63,6 +63,7 @@ from gateway.oauth.fetch import OAuthHttp
 from gateway.routing import cursor as cursors
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
+from gateway.shared.buckets import RedisBuckets
 from gateway.telemetry.api import STDIO_ORIGIN, Origin, Stats
 from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.metrics import BackendState, GatewayCollector, Recorder
@@ -207,6 +208,14 @@ def limiter(config: Config, stats: Stats) -> RateLimiter | None:
     return RateLimiter(limits, stats.rate_limited) if limits is not None else None
 
 
+def shared_buckets(config: Config, stats: Stats) -> RedisBuckets | None:
+    """The replicas' shared buckets (cluster.redis), when there are limits to share."""
+    cluster = config.cluster
+    if config.rate_limits is None or cluster is None or cluster.redis is None:
+        return None
+    return RedisBuckets(cluster.redis, cluster.redis_timeout, cluster.redis_retry_interval, stats)
+
+
 def make_exposure(config: BackendConfig) -> Exposure:
     return Exposure(
         backend=config.name,
@@ -292,6 +301,12 @@ class Gateway:
             BoundedBackend(InstrumentedBackend(g, self.telemetry, _address(c)), bound)
             for g, c, bound in zip(self.guarded, config.backends, self.bounds, strict=True)
         ]
+        own = limiter(config, stats)
+        # With cluster.redis the limits are shared, and `own` decides only when Redis does not.
+        self.shared_buckets = shared_buckets(config, stats)
+        shared = None
+        if own is not None and self.shared_buckets is not None:
+            shared, own = SharedRateLimiter(own, self.shared_buckets), None
         self.dispatcher = Dispatcher(
             self.backends,
             [make_exposure(b) for b in config.backends],
@@ -300,7 +315,8 @@ class Gateway:
             config.on_backend_failure,
             self.telemetry,
             policy=Policy(config.policy) if config.policy is not None else None,
-            limiter=limiter(config, stats),
+            limiter=own,
+            shared_limiter=shared,
             cursor_keys=config.cluster.keys(cursors.PURPOSE) if config.cluster else (),
             bound=Bound(OVERALL, "", overload.max_in_flight, overload, stats.overloaded),
         )
@@ -461,6 +477,8 @@ class Gateway:
             await self.authenticator.close()
         if self.logins is not None:
             await self.logins.close()
+        if self.shared_buckets is not None:
+            await self.shared_buckets.close()
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
         try:

@@ -78,8 +78,24 @@ def test_transports_never_import_each_other_or_routing(name: str) -> None:
 @pytest.mark.parametrize("name", in_layer("core"))
 def test_core_sees_backends_only_through_the_protocol_class(name: str) -> None:
     everything = imports(MODULES[name])
-    assert not any(i.startswith(("aiohttp", "subprocess", "gateway.frontends")) for i in everything)
+    assert not any(
+        i.startswith(("aiohttp", "subprocess", "redis", "gateway.frontends")) for i in everything
+    )
     assert all(i == "gateway.backends.base" for i in ours(name) if i.startswith("gateway.backends"))
+
+
+@pytest.mark.parametrize("name", in_layer("shared"))
+def test_shared_state_implements_cores_protocol_and_nothing_more(name: str) -> None:
+    """The Redis side of rate limits sees core's `Want` and the stats, and nothing of the data
+    path: core calls it through `SharedBuckets`, app.py wires it."""
+    allowed = {"gateway.shared", "gateway.core.ratelimit", "gateway.telemetry.api"}
+    assert ours(name) <= allowed
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if not m.startswith("gateway.shared")])
+def test_only_the_shared_state_package_uses_redis(name: str) -> None:
+    """redis-py is the one way to Redis (cluster.redis), and only `gateway/shared` holds it."""
+    assert not any(i == "redis" or i.startswith("redis.") for i in imports(MODULES[name]))
 
 
 @pytest.mark.parametrize("name", [m for m in MODULES if m != "gateway.app"])

@@ -21,7 +21,7 @@ from gateway.core.catalog import Catalogs
 from gateway.core.listen import Subscriptions
 from gateway.core.overload import Bound
 from gateway.core.policy import PROMPT, RESOURCE, TEMPLATE, TOOL, Policy, View
-from gateway.core.ratelimit import RateLimiter
+from gateway.core.ratelimit import RateLimiter, SharedRateLimiter
 from gateway.errors import InsufficientScope, Refused
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.headers import ParamHeader
@@ -79,12 +79,15 @@ class Dispatcher:
         telemetry: Telemetry | None = None,
         policy: Policy | None = None,
         limiter: RateLimiter | None = None,
+        shared_limiter: SharedRateLimiter | None = None,
         cursor_keys: Sequence[bytes] = (),
         bound: Bound | None = None,
     ) -> None:
         self.telemetry: Telemetry = telemetry or NoTelemetry()
         self._policy = policy  # None: every caller may see and call everything
         self.limiter = limiter
+        # Instead of `limiter` when replicas share their buckets (cluster.redis).
+        self.shared_limiter = shared_limiter
         # Client requests in flight, all front ends together (None: unbounded, for tests).
         self.bound = bound
         self.backends = {b.name: b for b in backends}
@@ -143,6 +146,8 @@ class Dispatcher:
                 try:
                     if self.limiter is not None:
                         self.limiter.admit(msg, origin)
+                    elif self.shared_limiter is not None:
+                        await self.shared_limiter.admit(msg, origin)
                     bound = self.bound
                     if bound is None or msg["method"] == LISTEN:
                         reply = await self._dispatch(msg, sink, origin)

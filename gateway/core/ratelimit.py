@@ -9,6 +9,10 @@ clock, so the buckets are plain arithmetic and tests need no sleeps.
 Memory is bounded per limit: a bucket idle long enough to be full again is the same as a new
 one and is forgotten, and past `max_keys` buckets the least recently used goes (that caller
 starts again with a full bucket, which is logged once: raise the bound).
+
+Replicas share their buckets through `SharedRateLimiter` (`cluster.redis`): the same limits,
+taken from a `SharedBuckets` store that core sees only through that protocol (the Redis one is
+`gateway/shared/buckets.py`). When the store cannot answer, this replica's own buckets decide.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ import logging
 import math
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Hashable
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from gateway.config import Rate, RateLimits
 from gateway.errors import RateLimited
@@ -93,6 +98,26 @@ class Buckets:
                 )
 
 
+@dataclass(frozen=True, slots=True)
+class Want:
+    """One bucket a request takes a token from, for a store outside the process."""
+
+    limit: str  # IDENTITY, TOOL or OVERALL
+    key: str  # the bucket within that limit: the caller, caller and tool, or "" overall
+    rate: float
+    burst: float
+
+
+class SharedBuckets(Protocol):
+    """Buckets kept outside the process and shared by replicas (`gateway/shared/buckets.py`)."""
+
+    async def take(self, wants: Sequence[Want]) -> Sequence[float] | None:
+        """Take a token from every bucket in `wants` or from none, atomically: per bucket the
+        seconds until it has a token (all 0: taken). None: the store did not answer in time,
+        and the caller decides by itself."""
+        ...
+
+
 class RateLimiter:
     """The configured limits; `admit` takes a request's tokens or raises RateLimited."""
 
@@ -124,14 +149,56 @@ class RateLimiter:
                     found.append((per_tool, per_tool.level((caller, name), now)))
         if self.overall is not None:
             found.append((self.overall, self.overall.level(None, now)))
-        waits = [(buckets.wait(bucket), buckets.name) for buckets, bucket in found]
+        self.refuse([(buckets.wait(bucket), buckets.name) for buckets, bucket in found])
+        for _, bucket in found:
+            bucket[0] -= 1.0
+
+    def wants(self, msg: Message, origin: Origin) -> list[Want]:
+        """The buckets `admit` would take from, named for a shared store."""
+        method = msg["method"]
+        if method in EXEMPT:
+            return []
+        caller = caller_key(origin)
+        found: list[Want] = []
+        if self.identity is not None:
+            found.append(_want(self.identity, caller))
+        if method == "tools/call":
+            name = _params(msg).get("name")
+            if isinstance(name, str):
+                per_tool = self.tools.get(name, self.tool)
+                if per_tool is not None:
+                    # A NUL cannot occur in a caller key or a tool name: no two pairs meet.
+                    found.append(_want(per_tool, f"{caller}\0{name}"))
+        if self.overall is not None:
+            found.append(_want(self.overall, ""))
+        return found
+
+    def refuse(self, waits: Sequence[tuple[float, str]]) -> None:
+        """Raise RateLimited for the longest of (wait, limit), if any is not 0."""
         longest, limit = max(waits, default=(0.0, ""), key=lambda w: w[0])
         if longest > 0:
             self._counts[limit] += 1
             delay = math.ceil(longest * 1000) / 1000  # ms, rounded up: retrying then succeeds
             raise RateLimited(delay, f"Rate limit exceeded ({limit}); retry after {delay:g} s")
-        for _, bucket in found:
-            bucket[0] -= 1.0
+
+
+class SharedRateLimiter:
+    """The configured limits over buckets the replicas share; this replica's own (`local`)
+    decide whenever the store does not answer, so a request never fails for it."""
+
+    def __init__(self, local: RateLimiter, shared: SharedBuckets) -> None:
+        self.local = local
+        self.shared = shared
+
+    async def admit(self, msg: Message, origin: Origin) -> None:
+        wants = self.local.wants(msg, origin)
+        if not wants:
+            return
+        waits = await self.shared.take(wants)
+        if waits is None:
+            self.local.admit(msg, origin)
+            return
+        self.local.refuse([(w, want.limit) for w, want in zip(waits, wants, strict=True)])
 
 
 def caller_key(origin: Origin) -> str:
@@ -150,6 +217,10 @@ def retry_after_header(seconds: float) -> str:
 
 def _buckets(limit: Rate | None, bound: int, name: str) -> Buckets | None:
     return None if limit is None else Buckets(limit, bound, name)
+
+
+def _want(buckets: Buckets, key: str) -> Want:
+    return Want(buckets.name, key, buckets.rate, buckets.burst)
 
 
 def _params(msg: Message) -> dict[str, Any]:

@@ -142,6 +142,10 @@ class Stats:
     auth_failures: Counter[str] = field(default_factory=Counter)
     policy_denials: Counter[str] = field(default_factory=Counter)  # by reason
     rate_limited: Counter[str] = field(default_factory=Counter)  # by limit
+    # cluster.redis: whether the last rate-limit check reached Redis (None: not configured),
+    # and the checks this replica's own buckets decided because it did not.
+    redis_up: bool | None = None
+    rate_limit_fallbacks: int = 0
     # Requests refused past a bound on requests in flight, by (scope: overall or backend, the
     # backend's name or "" overall).
     overloaded: Counter[tuple[str, str]] = field(default_factory=Counter)

@@ -243,6 +243,23 @@ class GatewayCollector(Collector):
         for (scope, backend), count in sorted(self._stats.overloaded.items()):
             overloaded.add_metric([scope, backend], count)
         yield overloaded
+        yield from self._shared_metrics()
+
+    def _shared_metrics(self) -> Iterator[Metric]:
+        """cluster.redis: whether the shared rate limits are reachable, and how often each
+        replica decided alone. Both families are always there (empty, or 0, without Redis)."""
+        up = GaugeMetricFamily(
+            "mcp_gateway_redis_up",
+            "1 if the last rate-limit check reached Redis (cluster.redis), else 0.",
+        )
+        if self._stats.redis_up is not None:
+            up.add_metric([], 1 if self._stats.redis_up else 0)
+        yield up
+        yield CounterMetricFamily(
+            "mcp_gateway_rate_limit_fallbacks",
+            "Rate-limit checks decided by this replica's own buckets: Redis did not answer.",
+            value=self._stats.rate_limit_fallbacks,
+        )
 
     def _backend_metrics(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
