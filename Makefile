@@ -67,7 +67,9 @@ schema: install
 # playwright-core) for the browser logins at the authorization server
 # (tests/servers/browser_login.mjs), and Debian's `nginx` in front of gateway replicas
 # (tests/test_replicas_nginx.py runs deploy/nginx/mcp-gateway.conf; the service the package starts
-# is stopped: the tests run their own). Without apt (or root) it says so; those tests then skip
+# is stopped: the tests run their own), and Debian's `redis-server` for the rate limits replicas
+# share (tests/test_shared_rate_limits.py starts its own on a free loopback port; the service the
+# package starts is stopped too). Without apt (or root) it says so; those tests then skip
 # with the reason outside CI and fail under CI=true.
 ci-deps:
 	@command -v promtool >/dev/null 2>&1 || { \
@@ -81,6 +83,12 @@ ci-deps:
 	      apt-get install -y -qq --no-install-recommends nginx; } >/dev/null \
 	  || echo "ci-deps: could not install nginx with apt; the replica tests will skip" >&2; \
 	  $$sudo service nginx stop >/dev/null 2>&1 || true; }
+	@[ -x /usr/bin/redis-server ] || { \
+	  sudo=; [ "$$(id -u)" = 0 ] || sudo='sudo -n'; \
+	  { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends redis-server; } >/dev/null \
+	  || echo "ci-deps: could not install redis-server with apt; the shared rate-limit tests will skip" >&2; \
+	  $$sudo service redis-server stop >/dev/null 2>&1 || true; }
 	@[ -x /usr/bin/chromium ] || { \
 	  sudo=; [ "$$(id -u)" = 0 ] || sudo='sudo -n'; \
 	  { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
