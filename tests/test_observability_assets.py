@@ -61,6 +61,8 @@ EXPORTED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "mcp_gateway_policy_denials_total": ("counter", frozenset({"reason"})),
     "mcp_gateway_rate_limited_total": ("counter", frozenset({"limit"})),
     "mcp_gateway_overloaded_total": ("counter", frozenset({"scope", "backend"})),
+    "mcp_gateway_reloads_total": ("counter", frozenset({"outcome"})),
+    "mcp_gateway_reloaded_backends_total": ("counter", frozenset({"change"})),
     "mcp_gateway_backend_token_requests_total": (
         "counter",
         frozenset({"backend", "grant", "outcome"}),
