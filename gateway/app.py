@@ -10,12 +10,15 @@ import os
 import signal
 import ssl
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -41,6 +44,7 @@ from gateway.config import (
     AuditConfig,
     BackendConfig,
     Config,
+    ConfigInvalid,
     ListenerLimits,
     SseTarget,
     StdioTarget,
@@ -203,6 +207,17 @@ def access_logger(config: Config) -> logging.Logger | None:
     return logger
 
 
+def rate_limiters(
+    config: Config, stats: Stats, shared: RedisBuckets | None
+) -> tuple[RateLimiter | None, SharedRateLimiter | None]:
+    """The dispatcher's limiters: the replica's own alone, or (with cluster.redis) shared ones
+    that fall back on the replica's own when Redis does not answer."""
+    own = limiter(config, stats)
+    if own is None or shared is None:
+        return own, None
+    return None, SharedRateLimiter(own, shared)
+
+
 def limiter(config: Config, stats: Stats) -> RateLimiter | None:
     limits = config.rate_limits
     return RateLimiter(limits, stats.rate_limited) if limits is not None else None
@@ -237,6 +252,42 @@ def make_naming(config: Config) -> Naming:
     )
 
 
+@dataclass(eq=False)
+class Wired:
+    """One configured backend: its transport and the layers over it, outermost last, and the
+    scope its tasks run in, so that a reload can stop it alone."""
+
+    config: BackendConfig
+    transport: StdioBackend | HttpBackend | SseBackend | IsolatedBackend
+    layer: EraBackend | IsolatedBackend
+    health: Health
+    guarded: Guarded
+    bound: Bound
+    outer: Backend
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    stopped: anyio.Event = field(default_factory=anyio.Event)
+
+
+# The sections a reload applies; every other one (listen addresses, TLS, `auth:`, telemetry,
+# tap, audit, overload, cluster) is what the running process was built around, so a change
+# there is logged as needing a restart and left as it was, never half-applied.
+RELOADED = frozenset({"backends", "namespacing", "on_backend_failure", "policy", "rate_limits"})
+# What a removed backend is given beyond its request timeout to finish what it was sent (the
+# timeout's own error takes that long to come back through the layers).
+RETIRE_MARGIN = 1.0
+
+
+@dataclass(frozen=True)
+class Reloaded:
+    """What one applied reload changed, by backend name, and the sections left for a restart."""
+
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    changed: tuple[str, ...]
+    kept: tuple[str, ...]
+    needs_restart: tuple[str, ...]
+
+
 class Gateway:
     """The running gateway: `async with Gateway(config) as gw:` starts backends and the HTTP
     listener (if configured); `serve_stdio` runs the stdio front end on given streams."""
@@ -257,56 +308,16 @@ class Gateway:
             self.audit,
         )
         stats = self.telemetry.stats
-        self.transports = [make_backend(b, stats) for b in config.backends]
-        for transport in self.transports if self.telemetry.tapping else ():
-            transport.tap = self.telemetry  # (each records what it writes and reads)
-        # Each transport behind its era layer: a legacy backend looks modern from here on.
-        # (A backend with a child per client has an era layer per child, inside it.)
-        self.layers = [
-            t if isinstance(t, IsolatedBackend) else EraBackend(t, c, legacy_lane(t, c, stats))
-            for t, c in zip(self.transports, config.backends, strict=True)
-        ]
-        # Each behind its health: one that cannot be reached fails at once and is retried in
-        # the background (a stdio child by its own supervisor, which reports to the same one;
-        # a backend with a child per client by each child's).
-        self.health = [
-            t.health if isinstance(t, StdioBackend) else Health(t.name) for t in self.transports
-        ]
-        # Per-user backend logins are served by the HTTP listener (frontends/logins.py); a
-        # caller who has none is sent its link by the gate above the era layer.
         # The HTTP listener's token checks (`auth:`); None: no authentication.
         self.authenticator = Authenticator(config.auth) if config.auth is not None else None
+        # Per-user backend logins are served by the HTTP listener (frontends/logins.py); a
+        # caller who has none is sent its link by the gate above the era layer.
         self.logins = login_desk(config, self.authenticator)
-        gated: list[Backend] = []
-        for layer, transport in zip(self.layers, self.transports, strict=True):
-            authorizer = getattr(transport, "authorizer", None)
-            if isinstance(authorizer, Authorizer) and authorizer.per_user:
-                authorizer.desk = self.logins
-                gated.append(LoginGate(layer))
-            else:
-                gated.append(layer)
-        self.guarded = [
-            Guarded(e, h, supervised=isinstance(t, StdioBackend | IsolatedBackend))
-            for e, h, t in zip(gated, self.health, self.transports, strict=True)
-        ]
-        self.eras = [e for e in self.layers if isinstance(e, EraBackend)]
-        # Outermost, each backend's bound on requests in flight: a request refused there
-        # reaches nothing below (no span, no transport).
         overload = config.overload
-        self.bounds = [
-            Bound(BACKEND, c.name, c.max_in_flight, overload, stats.overloaded)
-            for c in config.backends
-        ]
-        self.backends: list[Backend] = [
-            BoundedBackend(InstrumentedBackend(g, self.telemetry, _address(c)), bound)
-            for g, c, bound in zip(self.guarded, config.backends, self.bounds, strict=True)
-        ]
-        own = limiter(config, stats)
-        # With cluster.redis the limits are shared, and `own` decides only when Redis does not.
+        self.wired = [self._wire(c) for c in config.backends]
+        # With cluster.redis the limits are shared; the replica's own decide when Redis does not.
         self.shared_buckets = shared_buckets(config, stats)
-        shared = None
-        if own is not None and self.shared_buckets is not None:
-            shared, own = SharedRateLimiter(own, self.shared_buckets), None
+        own, shared = rate_limiters(config, stats, self.shared_buckets)
         self.dispatcher = Dispatcher(
             self.backends,
             [make_exposure(b) for b in config.backends],
@@ -320,10 +331,11 @@ class Gateway:
             cursor_keys=config.cluster.keys(cursors.PURPOSE) if config.cluster else (),
             bound=Bound(OVERALL, "", overload.max_in_flight, overload, stats.overloaded),
         )
-        for era in self.layers:
-            era.on_notification = self.dispatcher.backend_notification
-        for health in self.health:
-            health.on_change = self._on_health(health.name)
+        for wired in self.wired:
+            self._attach(wired)
+        # One reload at a time (SIGHUP, `reload`, --watch), its drain of removed backends
+        # included: each one starts from the set the one before it left.
+        self._reloading = anyio.Lock()
         # Set once every backend's catalog has been asked for (loaded, or failed) at start-up.
         self.catalogs_loaded = anyio.Event()
         self.registry.register(
@@ -346,6 +358,73 @@ class Gateway:
         self._tg: anyio.abc.TaskGroup | None = None
         self.http_url: str | None = None
 
+    def _wire(self, config: BackendConfig) -> Wired:
+        """One backend's layers, from its transport out to its bound."""
+        stats = self.telemetry.stats
+        transport = make_backend(config, stats)
+        if self.telemetry.tapping:
+            transport.tap = self.telemetry  # (it records what it writes and reads)
+        # Behind its era layer a legacy backend looks modern. (A backend with a child per
+        # client has an era layer per child, inside it.)
+        layer: EraBackend | IsolatedBackend = (
+            transport
+            if isinstance(transport, IsolatedBackend)
+            else EraBackend(transport, config, legacy_lane(transport, config, stats))
+        )
+        # Behind its health: one that cannot be reached fails at once and is retried in the
+        # background (a stdio child by its own supervisor, which reports to the same one; a
+        # backend with a child per client by each child's).
+        health = transport.health if isinstance(transport, StdioBackend) else Health(transport.name)
+        gated: Backend = layer
+        authorizer = getattr(transport, "authorizer", None)
+        if isinstance(authorizer, Authorizer) and authorizer.per_user:
+            authorizer.desk = self.logins
+            gated = LoginGate(layer)
+        guarded = Guarded(
+            gated, health, supervised=isinstance(transport, StdioBackend | IsolatedBackend)
+        )
+        # Outermost, its bound on requests in flight: a request refused there reaches nothing
+        # below (no span, no transport).
+        bound = Bound(
+            BACKEND, config.name, config.max_in_flight, self.config.overload, stats.overloaded
+        )
+        instrumented = InstrumentedBackend(guarded, self.telemetry, _address(config))
+        outer = BoundedBackend(instrumented, bound)
+        return Wired(config, transport, layer, health, guarded, bound, outer)
+
+    def _attach(self, wired: Wired) -> None:
+        wired.layer.on_notification = self.dispatcher.backend_notification
+        wired.health.on_change = self._on_health(wired.config.name)
+
+    # Views of the backends' layers, in config order (tests and metrics read them).
+    @property
+    def transports(self) -> list[StdioBackend | HttpBackend | SseBackend | IsolatedBackend]:
+        return [w.transport for w in self.wired]
+
+    @property
+    def layers(self) -> list[EraBackend | IsolatedBackend]:
+        return [w.layer for w in self.wired]
+
+    @property
+    def eras(self) -> list[EraBackend]:
+        return [w.layer for w in self.wired if isinstance(w.layer, EraBackend)]
+
+    @property
+    def health(self) -> list[Health]:
+        return [w.health for w in self.wired]
+
+    @property
+    def guarded(self) -> list[Guarded]:
+        return [w.guarded for w in self.wired]
+
+    @property
+    def bounds(self) -> list[Bound]:
+        return [w.bound for w in self.wired]
+
+    @property
+    def backends(self) -> list[Backend]:
+        return [w.outer for w in self.wired]
+
     async def __aenter__(self) -> Gateway:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -356,8 +435,8 @@ class Gateway:
             await self._start_admin()
             if self.config.listen.http is not None:
                 await self._start_http()
-            for backend in self.backends:
-                self._tg.start_soon(backend.run, name=f"backend {backend.name}")
+            for wired in self.wired:
+                self._tg.start_soon(self._run_backend, wired, name=f"backend {wired.config.name}")
             if self.config.namespacing.prefix == "never":
                 # Unprefixed names collide only once both lists are known: a collision must
                 # stop the start before anyone is served under it, so this mode waits.
@@ -374,6 +453,127 @@ class Gateway:
             await self.__aexit__(None, None, None)
             raise
         return self
+
+    async def _run_backend(self, wired: Wired) -> None:
+        try:
+            with wired.scope:
+                await wired.outer.run()
+        finally:
+            wired.stopped.set()
+
+    async def reload(self, load: Callable[[], Config]) -> Reloaded | None:
+        """Read the config again (`load`) and apply what can change while running: backends
+        added, removed, changed (a changed one is removed and added), namespacing, the failure
+        policy, `policy:` and `rate_limits:`. A config that does not validate is refused whole,
+        each problem logged, and the running one stays (None). One reload at a time."""
+        async with self._reloading:
+            stats = self.telemetry.stats
+            try:
+                # (a thread: the file is read and checked off the loop that serves requests)
+                new = await anyio.to_thread.run_sync(load)
+                self._check_reload(new)
+            except ConfigInvalid as exc:
+                for problem in exc.problems:
+                    log.error("reload refused: %s", problem)
+                log.error(
+                    "reload refused (%d problem(s)); still serving the config loaded before",
+                    len(exc.problems),
+                )
+                stats.reloads["refused"] += 1
+                return None
+            done = await self._apply(new)
+            stats.reloads["applied"] += 1
+            return done
+
+    def _check_reload(self, new: Config) -> None:
+        """What the loader cannot know: whether the running process can serve the new config."""
+        if self.logins is None and login_desk(new, self.authenticator) is not None:
+            raise ConfigInvalid(
+                [
+                    f"{new.source}: a per_user backend needs the login desk, which is set up "
+                    "at start-up (with the listener's auth:): restart to add the first one"
+                ]
+            )
+
+    async def _apply(self, new: Config) -> Reloaded:
+        assert self._tg is not None
+        old = self.config
+        restart = tuple(
+            f.name
+            for f in fields(Config)
+            if f.name not in RELOADED | {"source"} and getattr(old, f.name) != getattr(new, f.name)
+        )
+        current = {w.config.name: w for w in self.wired}
+        wired: list[Wired] = []
+        added: list[str] = []
+        changed: list[str] = []
+        for config in new.backends:
+            same = current.get(config.name)
+            if same is not None and same.config == config:
+                wired.append(same)  # its child, connections and listen streams stay
+                continue
+            (changed if same is not None else added).append(config.name)
+            wired.append(self._wire(config))
+        fresh = [w for w in wired if w.config.name in added or w.config.name in changed]
+        leaving = [w for w in self.wired if w not in wired]
+        self.config = replace(old, **{name: getattr(new, name) for name in RELOADED})
+        self.wired = wired
+        for w in fresh:
+            self._attach(w)
+        # From here on lists and calls see the new set: the swap is synchronous.
+        loads = self.dispatcher.reconfigure(
+            self.backends,
+            [make_exposure(b) for b in new.backends],
+            make_naming(self.config),
+            new.on_backend_failure,
+            Policy(new.policy) if new.policy is not None else None,
+            *rate_limiters(new, self.telemetry.stats, self.shared_buckets),
+        )
+        for w in fresh:
+            self._tg.start_soon(self._run_backend, w, name=f"backend {w.config.name}")
+        for name in loads:
+            self._tg.start_soon(self.dispatcher.catalogs.refresh, name)
+        removed = tuple(w.config.name for w in leaving if w.config.name not in changed)
+        done = Reloaded(
+            added=tuple(added),
+            removed=removed,
+            changed=tuple(changed),
+            kept=tuple(w.config.name for w in wired if w not in fresh),
+            needs_restart=restart,
+        )
+        stats = self.telemetry.stats
+        for change in ("added", "removed", "changed"):
+            stats.reloaded_backends[change] += len(getattr(done, change))
+        log.info(
+            "config reloaded from %s: added %s; removed %s; changed %s; kept %s",
+            new.source,
+            _names(done.added),
+            _names(done.removed),
+            _names(done.changed),
+            _names(done.kept),
+        )
+        if restart:
+            log.warning(
+                "reload: %s changed, which needs a restart; left as it was",
+                ", ".join(restart),
+            )
+        # Removed (and replaced) backends no longer route anything new; what they were sent
+        # finishes first, bounded by their request timeout.
+        async with anyio.create_task_group() as tg:
+            for w in leaving:
+                tg.start_soon(self._retire, w)
+        return done
+
+    async def _retire(self, wired: Wired) -> None:
+        name = wired.config.name
+        with anyio.move_on_after(wired.config.request_timeout + RETIRE_MARGIN) as waited:
+            await wired.bound.drained()
+        if waited.cancelled_caught:
+            log.warning("backend %s: requests still in flight after its request timeout", name)
+        # Its run ends as at shutdown (a stdio child: stdin closed, SIGTERM, SIGKILL).
+        wired.scope.cancel()
+        await wired.stopped.wait()
+        log.info("backend %s stopped (no longer in the config, or changed)", name)
 
     def _backend_states(self) -> list[BackendState]:
         catalogs = self.dispatcher.catalogs
@@ -503,6 +703,10 @@ class Gateway:
         await StdioFrontend(self.dispatcher, inbound, outbound, stdio_origin(self.config)).serve()
 
 
+def _names(names: tuple[str, ...]) -> str:
+    return ", ".join(names) if names else "none"
+
+
 def stdio_origin(config: Config) -> Origin:
     """The stdio front end's requests' origin: under the configured identity, if one is."""
     who = config.listen.stdio_identity
@@ -533,29 +737,96 @@ def settle_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
-async def run(config: Config) -> None:
-    """Run until SIGINT/SIGTERM, or (with a stdio front end) until stdin closes. Either way open
-    listen streams end with their completion result and in-flight requests get time to finish."""
-    async with Gateway(config) as gateway, anyio.create_task_group() as tg:
-        settle_gc()
-        stdio: StdioFrontend | None = None
-        if config.listen.stdio:
-            inbound, outbound = await open_process_stdio()
-            stdio = StdioFrontend(gateway.dispatcher, inbound, outbound, stdio_origin(config))
+# How often `--watch` looks at the config file's modification time: a stat a second is
+# nothing, and an edit is picked up about as fast as an operator could send SIGHUP.
+WATCH_INTERVAL = 1.0
 
-            async def serve_stdio(frontend: StdioFrontend) -> None:
-                await frontend.serve()
-                log.info("stdin closed, shutting down")
+
+async def run(
+    config: Config,
+    load: Callable[[], Config] | None = None,
+    *,
+    pid_file: Path | None = None,
+    watch: Path | None = None,
+) -> None:
+    """Run until SIGINT/SIGTERM, or (with a stdio front end) until stdin closes. Either way open
+    listen streams end with their completion result and in-flight requests get time to finish.
+    With `load`, SIGHUP (and, with `watch`, a change to that file) reloads the config."""
+    # The file as it was loaded (near enough: just after), so an edit made while the gateway
+    # starts is a change too.
+    stamp = await _stamp(watch) if watch is not None else None
+    # SIGHUP is taken before anything starts: its default action would end the process.
+    with anyio.open_signal_receiver(signal.SIGHUP) as hangups:
+        async with Gateway(config) as gateway, anyio.create_task_group() as tg:
+            settle_gc()
+            stdio: StdioFrontend | None = None
+            if config.listen.stdio:
+                inbound, outbound = await open_process_stdio()
+                stdio = StdioFrontend(gateway.dispatcher, inbound, outbound, stdio_origin(config))
+
+                async def serve_stdio(frontend: StdioFrontend) -> None:
+                    await frontend.serve()
+                    log.info("stdin closed, shutting down")
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(serve_stdio, stdio)
+            tg.start_soon(_reload_on_sighup, gateway, load, hangups)
+            if load is not None and watch is not None:
+                tg.start_soon(_reload_on_change, gateway, load, watch, stamp)
+            if pid_file is not None:
+                # Written once SIGHUP reloads: whoever reads it may signal at once.
+                await anyio.Path(pid_file).write_text(f"{os.getpid()}\n")
+            try:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        # Unready before the line is logged: whoever sees the line sees 503.
+                        gateway.drain()
+                        log.info("received %s, shutting down", signal.Signals(signum).name)
+                        break
+            finally:
+                if pid_file is not None:
+                    _remove(pid_file)
+            if stdio is not None:
+                stdio.stop()  # serve_stdio drains, then cancels the group
+            else:
                 tg.cancel_scope.cancel()
 
-            tg.start_soon(serve_stdio, stdio)
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                # Unready before the line is logged: whoever sees the line sees /readyz 503.
-                gateway.drain()
-                log.info("received %s, shutting down", signal.Signals(signum).name)
-                break
-        if stdio is not None:
-            stdio.stop()  # serve_stdio drains, then cancels the group
-        else:
-            tg.cancel_scope.cancel()
+
+async def _reload_on_sighup(
+    gateway: Gateway, load: Callable[[], Config] | None, hangups: AsyncIterator[int]
+) -> None:
+    async for _ in hangups:
+        if load is None:
+            log.warning("received SIGHUP: this gateway has no config file to reload")
+            continue
+        log.info("received SIGHUP, reloading the config")
+        await gateway.reload(load)
+
+
+async def _reload_on_change(
+    gateway: Gateway, load: Callable[[], Config], path: Path, seen: tuple[int, int] | None
+) -> None:
+    """`--watch`: a stat of the file every WATCH_INTERVAL, a reload when its modification time
+    or size changed (a poll, not inotify: portable, and one stat a second costs nothing)."""
+    log.info("watching %s for changes", path)
+    while True:
+        await anyio.sleep(WATCH_INTERVAL)
+        stamp = await _stamp(path)
+        if stamp != seen:
+            seen = stamp
+            log.info("%s changed, reloading the config", path)
+            await gateway.reload(load)
+
+
+def _remove(pid_file: Path) -> None:
+    # One unlink, synchronous: it runs in a `finally` that cancellation may be passing through,
+    # where an await would not run.
+    pid_file.unlink(missing_ok=True)
+
+
+async def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        found = await anyio.Path(path).stat()
+    except OSError:
+        return None  # (being replaced: the next look sees the new file)
+    return found.st_mtime_ns, found.st_size

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import logging
 import os
+import signal
 import sys
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -85,10 +88,27 @@ def _loop_options() -> dict[str, bool]:
     return {"use_uvloop": wanted and importlib.util.find_spec("uvloop") is not None}
 
 
-def _run(config: Config) -> None:
+def _loader(path: Path, mcp_json: Path | None) -> Callable[[], Config]:
+    """How a reload reads the config again: the same files `run` read, the environment as it
+    is then; a problem is `ConfigInvalid` (the running gateway logs it and keeps its config)."""
+
+    def load_again() -> Config:
+        extra = load_mcp_json(mcp_json) if mcp_json is not None else ()
+        return load(path, _config_env(), extra)
+
+    return load_again
+
+
+def _run(
+    config: Config,
+    reload: Callable[[], Config] | None = None,
+    pid_file: Path | None = None,
+    watch: Path | None = None,
+) -> None:
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            anyio.run(app.run, config, backend_options=_loop_options())
+            run = functools.partial(app.run, load=reload, pid_file=pid_file, watch=watch)
+            anyio.run(run, config, backend_options=_loop_options())
     except app.StartupError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -135,19 +155,70 @@ def _inputs(config_path: Path | None, mcp_json: Path | None) -> tuple[Path, Path
     return config_path, mcp_json
 
 
+pid_file_option = click.option(
+    "--pid-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the gateway's process id here once SIGHUP reloads (removed at exit); "
+    "`reload --pid-file` reads it.",
+)
+
+
 @main.command()
 @config_option
 @mcp_json_option
+@pid_file_option
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Also reload when the config file changes (its modification time, looked at every "
+    "second).",
+)
 @log_level
-def run(config_path: Path | None, mcp_json: Path | None, log_level: str) -> None:
-    """Run the front ends and backends a config names, until SIGINT/SIGTERM.
+def run(
+    config_path: Path | None,
+    mcp_json: Path | None,
+    pid_file: Path | None,
+    watch: bool,
+    log_level: str,
+) -> None:
+    """Run the front ends and backends a config names, until SIGINT/SIGTERM. SIGHUP (or
+    `reload`) reads the config again: README "Reloading the config".
 
     Several backends are merged into one server: their tools, prompts and resources are
     namespaced (`{backend}_{name}`, URIs as `mcp-gateway://{backend}/{uri}`) per the config's
     `namespacing` section.
     """
     _setup_logging(log_level)
-    _run(_load_or_exit(*_inputs(config_path, mcp_json)))
+    path, extra = _inputs(config_path, mcp_json)
+    config = _load_or_exit(path, extra)
+    _run(config, _loader(path, extra), pid_file, path if watch else None)
+
+
+@main.command()
+@pid_file_option
+@click.option("--pid", type=int, help="The running gateway's process id.")
+def reload(pid_file: Path | None, pid: int | None) -> None:
+    """Make a running gateway read its config again (sends it SIGHUP). What was applied, or
+    why the new config was refused, is in the gateway's log and its mcp_gateway_reloads
+    metric."""
+    if (pid_file is None) == (pid is None):
+        raise click.UsageError("give the gateway as --pid-file FILE or as --pid PID")
+    if pid_file is not None:
+        try:
+            pid = int(pid_file.read_text(encoding="ascii").strip())
+        except (OSError, ValueError) as exc:
+            click.echo(f"error: {pid_file}: no process id to read ({exc})", err=True)
+            sys.exit(2)
+    assert pid is not None
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except ProcessLookupError:
+        click.echo(f"error: no process {pid}", err=True)
+        sys.exit(1)
+    except PermissionError:
+        click.echo(f"error: not allowed to signal process {pid}", err=True)
+        sys.exit(1)
+    click.echo(f"sent SIGHUP to {pid}; the gateway's log says what it reloaded")
 
 
 def _parse_header(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:

@@ -71,15 +71,37 @@ class Catalogs:
         self._refreshing: dict[str, anyio.Event] = {}  # a background refresh -> its end
         self._changed = anyio.Event()  # set (and replaced) when the table or a refresh changes
 
+    def reconfigure(
+        self, backends: Sequence[Backend], exposures: Sequence[Exposure], naming: Naming
+    ) -> list[str]:
+        """A reloaded config: a backend kept as it was (the same object) keeps its catalog, the
+        others start with none; the table is rebuilt at once, so lists and calls see the new
+        set. Returns the backends whose catalogs are to be loaded."""
+        old = self._entries
+        entries: dict[str, _Entry] = {}
+        for backend, exposure in zip(backends, exposures, strict=True):
+            entry = old.get(exposure.backend)
+            if entry is None or entry.backend is not backend:
+                entry = _Entry(backend, exposure)
+            entries[exposure.backend] = entry
+        self._entries = entries
+        self.naming = naming
+        self._exposures = tuple(exposures)
+        self.refreshes = {name: self.refreshes.get(name, 0) for name in entries}
+        self.table = routes.build(naming, self._exposures, self._data())
+        self._notify()
+        return [name for name, entry in entries.items() if old.get(name) is not entry]
+
     def capabilities(self, backend: str) -> Mapping[str, Any] | None:
-        found = self._entries[backend].discover
+        entry = self._entries.get(backend)  # (None: a reload removed it meanwhile)
+        found = entry.discover if entry is not None else None
         caps = found.get("capabilities") if found else None
         return caps if isinstance(caps, dict) else None
 
     def data(self, backend: str) -> CatalogData | None:
         """What the backend lists, once its catalog has been loaded (None before)."""
-        entry = self._entries[backend]
-        return entry.data if entry.discover is not None else None
+        entry = self._entries.get(backend)
+        return entry.data if entry is not None and entry.discover is not None else None
 
     def has_capability(self, backend: str, capability: str) -> bool:
         """Whether to ask a backend for a list; unknown capabilities count as present."""
@@ -128,7 +150,9 @@ class Catalogs:
         self._changed = anyio.Event()
 
     def invalidate(self, backend: str) -> None:
-        self._entries[backend].fetched_at = -math.inf
+        entry = self._entries.get(backend)  # (None: a reload removed it)
+        if entry is not None:
+            entry.fetched_at = -math.inf
 
     async def refresh(self, backend: str) -> None:
         # The gateway's own requests, even when a client's miss started them: a backend with a
@@ -140,10 +164,12 @@ class Catalogs:
             SERVING.reset(token)
 
     async def _refresh(self, backend: str) -> None:
-        entry = self._entries[backend]
+        entry = self._entries.get(backend)
+        if entry is None:
+            return  # a reload removed it
         async with entry.lock:
-            if entry.fresh(anyio.current_time()):
-                return  # another task refreshed it while this one waited
+            if entry.fresh(anyio.current_time()) or self._entries.get(backend) is not entry:
+                return  # another task refreshed it while this one waited, or a reload left it
             self.refreshes[backend] += 1
             with anyio.move_on_after(LOAD_TIMEOUT) as scope:
                 try:

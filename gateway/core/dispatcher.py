@@ -105,6 +105,31 @@ class Dispatcher:
         self.fan_out_failures: dict[str, int] = {}
         self.subscriptions = Subscriptions(self.backends, self.catalogs, self._exposures, naming)
 
+    def reconfigure(
+        self,
+        backends: Sequence[Backend],
+        exposures: Sequence[Exposure],
+        naming: Naming,
+        on_failure: str,
+        policy: Policy | None,
+        limiter: RateLimiter | None,
+        shared_limiter: SharedRateLimiter | None = None,
+    ) -> list[str]:
+        """A reloaded config (app.py `Gateway.reload`): from now on requests route over these
+        backends, names and rules. Synchronous, so no request sees half of it; the maps are
+        replaced, not changed, so a fan-out under way keeps the set it began with. Returns the
+        backends whose catalogs are to be loaded."""
+        self.backends = {b.name: b for b in backends}
+        self._order = [b.name for b in backends]
+        self._exposures = {e.backend: e for e in exposures}
+        self._naming = naming
+        self._fail_open = on_failure == FAIL_OPEN
+        self._policy = policy
+        self.limiter = limiter
+        self.shared_limiter = shared_limiter
+        self.subscriptions.reconfigure(self.backends, self._exposures, naming)
+        return self.catalogs.reconfigure(backends, exposures, naming)
+
     def close_streams(self) -> None:
         """Shutdown: every open listen ends with its graceful completion result."""
         self.subscriptions.close_all()
@@ -332,29 +357,13 @@ class Dispatcher:
         target = visible if field == "name" and route.listed else None
         SERVING.get()[0].annotate(target=target, backend=route.backend)
         out = msg if visible == route.name else {**msg, "params": {**params, field: route.name}}
+        # Taken before the request: a reload meanwhile (which lets this request finish) must
+        # not change how its reply is shown.
+        naming, exposure = self._naming, self._exposures[route.backend]
         reply = await self.backends[route.backend].request(out, sink)
-        if self._naming.prefixed:
-            self._expose_reply_uris(msg["method"], route.backend, reply)
+        if naming.prefixed:
+            _expose_reply_uris(naming, exposure, msg["method"], reply)
         return reply
-
-    def _expose_reply_uris(self, method: str, backend: str, reply: Message) -> None:
-        result = reply.get("result")
-        if not isinstance(result, dict):
-            return
-        jsonrpc.changed(reply)  # the URIs below are rewritten in place
-        exposure = self._exposures[backend]
-        if method == "tools/call":
-            routes.expose_content_uris(self._naming, exposure, result.get("content"))
-        elif method == "prompts/get":
-            for message in result.get("messages") or ():
-                if isinstance(message, dict):
-                    content = message.get("content")
-                    blocks = content if isinstance(content, list) else [content]
-                    routes.expose_content_uris(self._naming, exposure, blocks)
-        elif method == "resources/read":
-            for item in result.get("contents") or ():
-                if isinstance(item, dict) and isinstance(item.get("uri"), str):
-                    item["uri"] = names.client_uri(self._naming, exposure.namespace, item["uri"])
 
     async def _complete(self, msg: Message, sink: NotificationSink, view: View | None) -> Message:
         params = jsonrpc.params(msg)
@@ -384,10 +393,11 @@ class Dispatcher:
         request under fail_closed; when every backend fails, so does the request."""
         open_policy = self._fail_open if fail_open is None else fail_open
         replies: dict[str, Message | Exception] = {}
+        targets = self.backends  # the set `calls` was made from, should a reload come first
 
         async def one(backend: str, request: Message) -> None:
             try:
-                replies[backend] = await self.backends[backend].request(request, _ignore)
+                replies[backend] = await targets[backend].request(request, _ignore)
             except errors.BackendError as exc:
                 replies[backend] = exc
 
@@ -417,17 +427,18 @@ class Dispatcher:
 
     async def _discover(self, msg: Message, view: View | None) -> Message:
         calls = [(name, msg) for name in self._order]
+        exposures, naming = self._exposures, self._naming  # (as they were, should a reload come)
         # Discovery always answers with what the reachable backends declare: under fail_closed
         # too, a client must be able to connect and see that something is missing.
         parts = await self._fan_out(calls, fail_open=True)
         if view is not None:
             parts = self._as_seen(view, parts)
-        pairs = [(self._exposures[b].namespace, r) for b, r in parts]
+        pairs = [(exposures[b].namespace, r) for b, r in parts]
         result = merge.discover_result(
             pairs,
-            prefixed=self._naming.prefixed,
+            prefixed=naming.prefixed,
             server=self._info.as_implementation(),
-            alone=len(self._order) == 1,
+            alone=len(calls) == 1,
         )
         return jsonrpc.result(msg["id"], result)
 
@@ -478,6 +489,8 @@ class Dispatcher:
         key = merge.LIST_KEYS[method]
         params = jsonrpc.params(msg)
         positions = self._positions(method, params.get("cursor"))
+        exposures, naming = self._exposures, self._naming  # (as they were, should a reload come)
+        alone = len(self._order) == 1
         calls = []
         for backend, position in positions:
             page_params = {k: v for k, v in params.items() if k != "cursor"}
@@ -489,7 +502,7 @@ class Dispatcher:
         following: list[cursors.Position] = []
         kind, field = LIST_KINDS[key]
         for backend, result in parts:
-            exposure = self._exposures[backend]
+            exposure = exposures[backend]
             for item in result.get(key) or ():
                 if not isinstance(item, dict):
                     continue
@@ -497,13 +510,13 @@ class Dispatcher:
                     own = item.get(field)
                     if not isinstance(own, str) or not view.visible(kind, backend, own):
                         continue  # hidden, not refused: not a denial
-                shown = routes.expose(self._naming, exposure, key, item)
+                shown = routes.expose(naming, exposure, key, item)
                 if shown is not None:
                     items.append(shown)
             if isinstance(result.get("nextCursor"), str):
                 following.append((backend, result["nextCursor"]))
         next_cursor = cursors.encode(following, self._cursor_keys[0], method) if following else None
-        base = parts[0][1] if len(self._order) == 1 and parts else {}
+        base = parts[0][1] if alone and parts else {}
         result = merge.list_result(
             key, items, [r for _, r in parts], next_cursor, self._info.as_implementation(), base
         )
@@ -527,6 +540,25 @@ class Dispatcher:
 
 async def _ignore(_: Message) -> None:
     return None
+
+
+def _expose_reply_uris(naming: Naming, exposure: Exposure, method: str, reply: Message) -> None:
+    result = reply.get("result")
+    if not isinstance(result, dict):
+        return
+    jsonrpc.changed(reply)  # the URIs below are rewritten in place
+    if method == "tools/call":
+        routes.expose_content_uris(naming, exposure, result.get("content"))
+    elif method == "prompts/get":
+        for message in result.get("messages") or ():
+            if isinstance(message, dict):
+                content = message.get("content")
+                blocks = content if isinstance(content, list) else [content]
+                routes.expose_content_uris(naming, exposure, blocks)
+    elif method == "resources/read":
+        for item in result.get("contents") or ():
+            if isinstance(item, dict) and isinstance(item.get("uri"), str):
+                item["uri"] = names.client_uri(naming, exposure.namespace, item["uri"])
 
 
 def _unknown(kind: str, name: object, reason: str | None = "unknown_name") -> Refused:

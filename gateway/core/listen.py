@@ -70,6 +70,14 @@ class Subscriptions:
         self._closing = anyio.Event()
         self.active = 0
 
+    def reconfigure(
+        self, backends: Mapping[str, Backend], exposures: Mapping[str, Exposure], naming: Naming
+    ) -> None:
+        """A reloaded config: listens opened from now on plan over these backends."""
+        self._backends = backends
+        self._exposures = exposures
+        self._naming = naming
+
     def close_all(self) -> None:
         """End every listen with its graceful completion result (gateway shutdown)."""
         self._closing.set()
@@ -143,7 +151,10 @@ class Subscriptions:
         async def sink(note: Message) -> None:
             await relay(backend, note)
 
-        while True:
+        # Until a reload removes or replaces the backend: its part of the stream then ends
+        # (the client's other backends go on), since its name may now be another's.
+        target = self._backends[backend]
+        while self._backends.get(backend) is target:
             started = anyio.current_time()
             request = {
                 "jsonrpc": "2.0",
@@ -152,7 +163,7 @@ class Subscriptions:
                 "params": {"_meta": own_meta, "notifications": plan.filter()},
             }
             try:
-                await self._backends[backend].request(request, sink, long_lived=True)
+                await target.request(request, sink, long_lived=True)
                 log.info("backend %s closed a listen stream; listening again", backend)
             except errors.BackendError as exc:
                 # A backend that is down was logged as such once, not at every attempt.

@@ -41,6 +41,7 @@ class Bound:
     request ends. (busy < limit implies an empty queue: slots are handed to waiters first.)"""
 
     __slots__ = (
+        "_idle",
         "_last_warning",
         "_refusal",
         "_refused",
@@ -70,6 +71,7 @@ class Bound:
         self._waiters: deque[asyncio.Future[bool]] = deque()
         self._refused = refused  # Stats.overloaded, by (scope, backend)
         self._last_warning = -WARN_INTERVAL
+        self._idle: asyncio.Event | None = None  # set when the last slot is given back
         if scope == OVERALL:
             what = f"more than {limit} requests in flight"
             self._refusal: Callable[[], GatewayError] = lambda: Overloaded(
@@ -86,6 +88,14 @@ class Bound:
     @property
     def queued(self) -> int:
         return len(self._waiters)
+
+    async def drained(self) -> None:
+        """Wait until no request holds a slot or waits for one: a backend a reload removes
+        finishes what it was sent before it stops (the caller bounds the wait)."""
+        while self.busy or self._waiters:
+            if self._idle is None:
+                self._idle = asyncio.Event()
+            await self._idle.wait()
 
     async def queue(self) -> None:
         """Wait for a slot (the bound is full); raises the refusal when the queue is full or the
@@ -121,6 +131,9 @@ class Bound:
                 waiter.set_result(True)
                 return
         self.busy -= 1
+        if self._idle is not None and not self.busy:
+            self._idle.set()
+            self._idle = None
 
     def _expire(self, waiter: asyncio.Future[bool]) -> None:
         if not waiter.done():

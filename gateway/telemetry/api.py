@@ -152,6 +152,10 @@ class Stats:
     # The gateway's token requests to its backends' authorization servers, by (backend, grant,
     # outcome: ok, refused, unreachable).
     backend_tokens: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    # Config reloads (app.py `Gateway.reload`), by outcome (applied, refused), and the backends
+    # they touched, by change (added, removed, changed).
+    reloads: Counter[str] = field(default_factory=Counter)
+    reloaded_backends: Counter[str] = field(default_factory=Counter)
 
 
 class Observation(Protocol):

@@ -244,6 +244,7 @@ class GatewayCollector(Collector):
             overloaded.add_metric([scope, backend], count)
         yield overloaded
         yield from self._shared_metrics()
+        yield from self._reload_metrics()
 
     def _shared_metrics(self) -> Iterator[Metric]:
         """cluster.redis: whether the shared rate limits are reachable, and how often each
@@ -260,6 +261,27 @@ class GatewayCollector(Collector):
             "Rate-limit checks decided by this replica's own buckets: Redis did not answer.",
             value=self._stats.rate_limit_fallbacks,
         )
+
+    def _reload_metrics(self) -> Iterator[Metric]:
+        """What the config reloads did: each reload's outcome, and the backends they changed."""
+        for name, doc, label, counts in (
+            (
+                "mcp_gateway_reloads",
+                "Config reloads (SIGHUP, `reload`, --watch), by outcome (applied, refused).",
+                "outcome",
+                self._stats.reloads,
+            ),
+            (
+                "mcp_gateway_reloaded_backends",
+                "Backends config reloads added, removed or changed, by change.",
+                "change",
+                self._stats.reloaded_backends,
+            ),
+        ):
+            family = CounterMetricFamily(name, doc, labels=[label])
+            for value, count in sorted(counts.items()):
+                family.add_metric([value], count)
+            yield family
 
     def _backend_metrics(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
