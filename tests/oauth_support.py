@@ -201,14 +201,19 @@ class Backend:
     call_scope: str | None = None  # a tools/call needs this scope (403 insufficient_scope)
     refuse_all: bool = False  # every token is refused (401)
 
+    @property
+    def prm_url(self) -> str:
+        return self.url.removesuffix("/mcp") + "/.well-known/oauth-protected-resource/mcp"
+
+    def challenge(self, extra: str = "") -> str:
+        """Its WWW-Authenticate value (RFC 9728 5.1: where its metadata is)."""
+        return f'Bearer resource_metadata="{self.prm_url}"{extra}'
+
 
 @asynccontextmanager
 async def protected_backend(auth: TokenServer, **options: Any) -> AsyncIterator[Backend]:
     state = Backend(**options)
-
-    def challenge(extra: str = "") -> str:
-        prm = state.url.removesuffix("/mcp") + "/.well-known/oauth-protected-resource/mcp"
-        return f'Bearer resource_metadata="{prm}"{extra}'
+    challenge = state.challenge
 
     async def handle(request: web.Request) -> web.StreamResponse:
         if request.path == "/.well-known/oauth-protected-resource/mcp":

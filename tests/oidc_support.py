@@ -24,8 +24,8 @@ import shlex
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -320,6 +320,15 @@ class AuthServer:
         if self.proc is not None:
             self.proc.stop()
             self.proc = None
+
+    @contextmanager
+    def running(self) -> Iterator[AuthServer]:
+        """Started with a fresh signing key, stopped at the end (a module fixture's life)."""
+        self.start([SigningKey.generate("key-1")])
+        try:
+            yield self
+        finally:
+            self.stop()
 
     def restart(self, keys: list[SigningKey]) -> None:
         """The same issuer (same port) signing with `keys` from now on."""

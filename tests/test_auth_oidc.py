@@ -97,11 +97,8 @@ def auth_server(
             ELSEWHERE_OPAQUE: Resource(SCOPE, format="opaque"),
         },
     )
-    server.start([SigningKey.generate("key-1")])
-    try:
+    with server.running():
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

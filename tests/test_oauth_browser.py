@@ -31,7 +31,6 @@ from tests.oidc_support import (
     CodeClient,
     Pkce,
     Resource,
-    SigningKey,
     browser_command,
     browser_login,
     free_ports,
@@ -73,11 +72,8 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory, urls: Urls) -> Iterato
         registration=True,
         refresh_tokens="always",
     )
-    server.start([SigningKey.generate("key-1")])
-    try:
+    with server.running():
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

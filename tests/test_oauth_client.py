@@ -13,7 +13,7 @@ import asyncio
 import logging
 import stat
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from mcp_types import ElicitRequestParams, ElicitRequestURLParams, ElicitResult,
 
 from gateway.app import Gateway
 from gateway.config import BackendAuth, ConfigInvalid, parse
-from gateway.oauth.authorizer import GATEWAY, Authorizer
+from gateway.oauth.authorizer import GATEWAY, Authorizer, Opener
 from gateway.oauth.failures import AuthFailed
 from gateway.oauth.fetch import FetchFailed, OAuthHttp
 from gateway.oauth.redirect import RedirectListener
@@ -41,6 +41,7 @@ from tests.oauth_support import (
     CLIENT_ID,
     CLIENT_SECRET,
     EXCHANGE,
+    Backend,
     TokenServer,
     protected_backend,
     token_server,
@@ -430,6 +431,28 @@ def test_per_user_needs_the_listener_s_identities() -> None:
 # --- the login in the browser -----------------------------------------------------------------
 
 
+@asynccontextmanager
+async def direct_authorizer(
+    backend: Backend, state: Path, wait_bound: float = BOUND, opener: Opener | None = None
+) -> AsyncIterator[Authorizer]:
+    """The authorizer of an `oauth` backend on its own (no gateway around it), so a test can
+    hand it the backend's refusal and watch what it does."""
+    extra: dict[str, Opener] = {"opener": opener} if opener is not None else {}
+    authorizer = Authorizer(
+        "p",
+        backend.url,
+        BackendAuth(type="oauth"),
+        OAuthHttp(5.0, 65536, "test"),
+        TokenStore(state),
+        wait_bound=wait_bound,
+        **extra,
+    )
+    try:
+        yield authorizer
+    finally:
+        await authorizer.close()
+
+
 async def test_a_refused_login_is_not_offered_again_at_once(state: Path) -> None:
     async with token_server(deny=True) as auth, protected_backend(auth) as backend:
         opened: list[str] = []
@@ -438,24 +461,12 @@ async def test_a_refused_login_is_not_offered_again_at_once(state: Path) -> None
             opened.append(url)
             await open_link(url)
 
-        authorizer = Authorizer(
-            "p",
-            backend.url,
-            BackendAuth(type="oauth"),
-            OAuthHttp(5.0, 65536, "test"),
-            TokenStore(state),
-            wait_bound=BOUND,
-            opener=browser,
-        )
-        prm = backend.url.removesuffix("/mcp") + "/.well-known/oauth-protected-resource/mcp"
-        challenge = [f'Bearer resource_metadata="{prm}"']
-        try:
+        challenge = [backend.challenge()]
+        async with direct_authorizer(backend, state, opener=browser) as authorizer:
             with pytest.raises(AuthFailed):
                 await authorizer.refused(GATEWAY, 401, challenge, None)
             with pytest.raises(AuthFailed):
                 await authorizer.refused(GATEWAY, 401, challenge, None)
-        finally:
-            await authorizer.close()
         assert len(opened) == 1 and len(auth.authorizations) == 1
         assert not grants(auth, "authorization_code")
 
@@ -471,18 +482,8 @@ async def test_a_request_waits_for_a_login_only_so_long_and_the_login_goes_on(
             opened.append(url)
             shown.set()
 
-        authorizer = Authorizer(
-            "p",
-            backend.url,
-            BackendAuth(type="oauth"),
-            OAuthHttp(5.0, 65536, "test"),
-            TokenStore(state),
-            wait_bound=0.2,
-            opener=browser,
-        )
-        prm = backend.url.removesuffix("/mcp") + "/.well-known/oauth-protected-resource/mcp"
-        challenge = [f'Bearer resource_metadata="{prm}"']
-        try:
+        challenge = [backend.challenge()]
+        async with direct_authorizer(backend, state, 0.2, browser) as authorizer:
             with pytest.raises(AuthFailed) as waited:
                 await authorizer.refused(GATEWAY, 401, challenge, None)
             assert "needs a login" in str(waited.value)
@@ -498,8 +499,6 @@ async def test_a_request_waits_for_a_login_only_so_long_and_the_login_goes_on(
             await authorizer.refused(GATEWAY, 401, challenge, None)
             header = await authorizer.authorization(GATEWAY)
             assert header is not None and header.startswith("Bearer ")
-        finally:
-            await authorizer.close()
         assert len(auth.authorizations) == 1
 
 
@@ -544,8 +543,10 @@ def test_token_exchange_needs_a_pinned_server_and_the_listener_s_identities() ->
 
 
 async def test_a_login_slower_than_the_probe_leaves_the_era_undecided() -> None:
-    # The era probe meets a 401 and no login within connect_timeout: that teaches nothing of
-    # the server, which stays modern once the login is done (no `initialize` is ever sent).
+    # End to end: a login that outlasts connect_timeout fails the first requests (-31001) and
+    # then completes, and the modern server is spoken to in its era (no `initialize` is ever
+    # accepted). The probe's own rule, that such a refusal teaches it nothing, is pinned by
+    # test_oauth_parts.py::test_a_login_still_needed_teaches_the_era_probe_nothing.
     async with token_server() as auth, protected_backend(auth) as backend:
         login = {"type": "oauth", "open_browser": False}
         text = yaml.safe_dump(
@@ -607,23 +608,12 @@ async def test_no_login_with_a_server_that_does_not_advertise_s256(state: Path) 
     server = NoPkce()
     async with serving(server.handle) as url:
         server.url = url
-        async with protected_backend(server) as backend:
-            authorizer = Authorizer(
-                "p",
-                backend.url,
-                BackendAuth(type="oauth"),
-                OAuthHttp(5.0, 65536, "test"),
-                TokenStore(state),
-                wait_bound=BOUND,
-            )
-            prm = backend.url.removesuffix("/mcp") + "/.well-known/oauth-protected-resource/mcp"
-            try:
-                with pytest.raises(AuthFailed):
-                    await authorizer.refused(
-                        GATEWAY, 401, [f'Bearer resource_metadata="{prm}"'], None
-                    )
-            finally:
-                await authorizer.close()
+        async with (
+            protected_backend(server) as backend,
+            direct_authorizer(backend, state) as authorizer,
+        ):
+            with pytest.raises(AuthFailed):
+                await authorizer.refused(GATEWAY, 401, [backend.challenge()], None)
     assert not server.authorizations and not server.registrations
 
 

@@ -35,7 +35,6 @@ from tests.oidc_support import (
     AuthServer,
     CodeClient,
     Resource,
-    SigningKey,
     browser_args,
     free_ports,
     require_browser,
@@ -81,11 +80,8 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory, resource: str) -> Iter
         registration=True,
         refresh_tokens="always",
     )
-    server.start([SigningKey.generate("key-1")])
-    try:
+    with server.running():
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -32,9 +32,6 @@ class Identity:
     # The token's claims (or the introspection answer) for policy rules on claims; never logged.
     claims: Mapping[str, Any] = field(default_factory=_no_claims, compare=False, hash=False)
     method: str = JWT
-    # The bearer token it was established from, for a backend that exchanges it (RFC 8693);
-    # never logged, compared or kept beyond the request.
-    token: str | None = field(default=None, repr=False, compare=False, hash=False)
 
     def key(self) -> str:
         """Whose state is whose (legacy sessions, sealed `requestState`, a child per caller):
@@ -42,11 +39,6 @@ class Identity:
         so a refreshed token keeps its session and another user's token cannot use it."""
         parts = (self.method, self.issuer or "", self.subject, self.client_id or "")
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
-
-    def with_token(self, token: str) -> Identity:
-        """This identity carrying the token it came from (API keys are secrets of their own and
-        are never carried)."""
-        return self if self.method == API_KEY else replace(self, token=token)
 
     def has_scopes(self, needed: frozenset[str]) -> bool:
         return needed <= self.scopes

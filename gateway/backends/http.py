@@ -468,7 +468,13 @@ class HttpBackend:
             self._asking[asking] = sink
         try:
             resp = await self._open(
-                session, "POST", headers, body, within, deadline, shared=web.shared(msg)
+                session,
+                "POST",
+                headers,
+                body,
+                within,
+                deadline,
+                shared=self._authorizer is not None and web.shared(msg),
             )
         except (asyncio.CancelledError, BackendTimeout):
             self._asking.pop(asking, None)

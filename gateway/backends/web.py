@@ -21,6 +21,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from gateway import __version__
+from gateway.auth.identity import INTROSPECTION, JWT
 from gateway.config import BackendConfig, ConfigInvalid, HttpTarget, SseTarget
 from gateway.errors import (
     BackendConnectionLost,
@@ -224,10 +225,17 @@ def caller(authorizer: Authorizer | None, shared: bool = False) -> Caller:
         return GATEWAY
     if shared:
         return GATEWAY
-    identity = SERVING.get()[1].identity
+    origin = SERVING.get()[1]
+    identity = origin.identity
     if identity is None:
         return GATEWAY
-    return Caller(identity.key(), identity.token, (identity.issuer, identity.subject))
+    # The token to exchange is the one this request presented, read from its own headers; an
+    # API key is a secret of its own and a configured (stdio) identity has none: neither is sent.
+    presented = None
+    if identity.method in (JWT, INTROSPECTION):
+        scheme, _, token = (origin.authorization() or "").partition(" ")
+        presented = token.strip(" ") if scheme.lower() == "bearer" and token.strip(" ") else None
+    return Caller(identity.key(), presented, (identity.issuer, identity.subject))
 
 
 async def send_with_token(

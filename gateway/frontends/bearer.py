@@ -106,7 +106,7 @@ class Bearer:
                 code=refusal.code,
                 data=refusal.data(),
             )
-        request[IDENTITY] = identity.with_token(token.strip(" "))
+        request[IDENTITY] = identity
         return None
 
     def _unavailable(self, exc: Unavailable) -> web.Response:

@@ -431,7 +431,9 @@ class Authorizer:
                 f"authorization server {info.issuer} does not advertise "
                 "PKCE (S256); refusing to log in"
             )
-        if not scopes or user:
+        if user:
+            # A caller's login (the desk's): its scopes are chosen here, where the server's
+            # metadata is known; the gateway's own were chosen by `_obtain`.
             scopes = wire.select_scopes(
                 scopes or None,
                 info.scopes_supported,

@@ -102,14 +102,17 @@ class Origin:
         caller, its parent process)."""
         if self.identity is not None:
             return f"{self.frontend}:{self.identity.key()}"
-        authorization = None
-        if self.headers is not None:
-            fields = self.headers.items() if isinstance(self.headers, Mapping) else self.headers
-            for name, value in fields:
-                if name.lower() == "authorization":
-                    authorization = value
-                    break
-        return f"{self.frontend}:{credentials_digest(authorization)}"
+        return f"{self.frontend}:{credentials_digest(self.authorization())}"
+
+    def authorization(self) -> str | None:
+        """The request's Authorization header (HTTP), if it had one."""
+        if self.headers is None:
+            return None
+        fields = self.headers.items() if isinstance(self.headers, Mapping) else self.headers
+        for name, value in fields:
+            if name.lower() == "authorization":
+                return value
+        return None
 
     def trace_headers(self) -> dict[str, str]:
         """W3C trace context from transport headers, used when `_meta` carries none."""
