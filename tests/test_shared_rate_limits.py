@@ -14,10 +14,8 @@ import logging
 import math
 import os
 import signal
-import socket
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from pathlib import Path
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -32,12 +30,11 @@ from gateway.config import ConfigInvalid, describe, parse
 from gateway.core.ratelimit import IDENTITY, TOOL, Want
 from gateway.protocol import codes
 from gateway.shared.buckets import PREFIX, bucket_key, waits_from
-from tests.support import BOUND, DEMO_STDIO, START_BOUND, Proc, call, mirrored_headers, missing
+from tests.redis_support import free_port, launch, need_redis, redis_server
+from tests.support import BOUND, DEMO_STDIO, START_BOUND, Proc, call, mirrored_headers
 
 pytestmark = pytest.mark.anyio
 
-REDIS_SERVER = "/usr/bin/redis-server"
-NO_DISK = ("--save", "", "--appendonly", "no")
 SECRET = "shared-limits-secret-Qm4Tz8Lw2Hc6Rv"
 # Slow enough that no token comes back during a test (refills are tested by moving Redis's
 # record of a bucket's time back).
@@ -45,42 +42,6 @@ SLOW = {"rate": 0.001, "burst": 3}
 # A caller is its address without authentication; 127.0.0.2 is another one (127/8 is loopback).
 OTHER_ADDRESS = "127.0.0.2"
 PASSWORD = "redis-password-Zk3Wq9"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def launch(port: int, password: str | None = None) -> Proc:
-    """A Redis of the test's own on 127.0.0.1:`port`, keeping nothing on disk, once it is
-    ready (it says so)."""
-    auth = ("--requirepass", password) if password else ()
-    # No snapshots, no append-only file: nothing is written to disk.
-    proc = Proc([REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", *NO_DISK, *auth])
-    try:
-        proc.wait_for("Ready to accept connections", stream="stdout")
-    except BaseException:
-        proc.stop()
-        raise
-    return proc
-
-
-def need_redis() -> None:
-    if not Path(REDIS_SERVER).exists():
-        missing("redis-server", "make ci-deps installs Debian's redis-server")
-
-
-@contextmanager
-def redis_server(port: int) -> Iterator[Proc]:
-    need_redis()
-    proc = launch(port)
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def config_text(
