@@ -68,6 +68,7 @@ from gateway.routing import cursor as cursors
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
 from gateway.shared.buckets import RedisBuckets
+from gateway.shared.bus import RedisBus
 from gateway.telemetry.api import STDIO_ORIGIN, Origin, Stats
 from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.metrics import BackendState, GatewayCollector, Recorder
@@ -231,6 +232,14 @@ def shared_buckets(config: Config, stats: Stats) -> RedisBuckets | None:
     return RedisBuckets(cluster.redis, cluster.redis_timeout, cluster.redis_retry_interval, stats)
 
 
+def cluster_bus(config: Config, stats: Stats) -> RedisBus | None:
+    """The replicas' messages to each other (cluster.redis); None: this replica is alone."""
+    cluster = config.cluster
+    if cluster is None or cluster.redis is None:
+        return None
+    return RedisBus(cluster.redis, cluster.redis_timeout, cluster.redis_retry_interval, stats)
+
+
 def make_exposure(config: BackendConfig) -> Exposure:
     return Exposure(
         backend=config.name,
@@ -318,6 +327,9 @@ class Gateway:
         # With cluster.redis the limits are shared; the replica's own decide when Redis does not.
         self.shared_buckets = shared_buckets(config, stats)
         own, shared = rate_limiters(config, stats, self.shared_buckets)
+        # With cluster.redis the replicas tell each other what only one of them saw; the
+        # parts that listen name their topics before it runs (in __aenter__).
+        self.bus = cluster_bus(config, stats)
         self.dispatcher = Dispatcher(
             self.backends,
             [make_exposure(b) for b in config.backends],
@@ -435,6 +447,8 @@ class Gateway:
             await self._start_admin()
             if self.config.listen.http is not None:
                 await self._start_http()
+            if self.bus is not None:
+                self._tg.start_soon(self.bus.run, name="cluster bus")
             for wired in self.wired:
                 self._tg.start_soon(self._run_backend, wired, name=f"backend {wired.config.name}")
             if self.config.namespacing.prefix == "never":
@@ -684,6 +698,9 @@ class Gateway:
         try:
             await self._tg.__aexit__(exc_type, exc, tb)
         finally:
+            if self.bus is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.bus.close()
             if self.tap is not None:
                 self.tap.close()
             if self.audit is not None:

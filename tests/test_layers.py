@@ -88,7 +88,12 @@ def test_core_sees_backends_only_through_the_protocol_class(name: str) -> None:
 def test_shared_state_implements_cores_protocol_and_nothing_more(name: str) -> None:
     """The Redis side of rate limits sees core's `Want` and the stats, and nothing of the data
     path: core calls it through `SharedBuckets`, app.py wires it."""
-    allowed = {"gateway.shared", "gateway.core.ratelimit", "gateway.telemetry.api"}
+    allowed = {
+        "gateway.shared",
+        "gateway.core.ratelimit",
+        "gateway.core.bus",
+        "gateway.telemetry.api",
+    }
     assert ours(name) <= allowed
 
 

@@ -149,6 +149,10 @@ class Stats:
     # and the checks this replica's own buckets decided because it did not.
     redis_up: bool | None = None
     rate_limit_fallbacks: int = 0
+    # cluster.redis: whether this replica is subscribed to the others' messages (None: no
+    # bus), and the messages by (topic, outcome: sent, unsent, received, malformed).
+    redis_pubsub_up: bool | None = None
+    cluster_messages: Counter[tuple[str, str]] = field(default_factory=Counter)
     # Requests refused past a bound on requests in flight, by (scope: overall or backend, the
     # backend's name or "" overall).
     overloaded: Counter[tuple[str, str]] = field(default_factory=Counter)

@@ -261,6 +261,22 @@ class GatewayCollector(Collector):
             "Rate-limit checks decided by this replica's own buckets: Redis did not answer.",
             value=self._stats.rate_limit_fallbacks,
         )
+        subscribed = GaugeMetricFamily(
+            "mcp_gateway_redis_pubsub_up",
+            "1 while this replica hears the other replicas' messages (cluster.redis), else 0.",
+        )
+        if self._stats.redis_pubsub_up is not None:
+            subscribed.add_metric([], 1 if self._stats.redis_pubsub_up else 0)
+        yield subscribed
+        messages = CounterMetricFamily(
+            "mcp_gateway_cluster_messages",
+            "Messages between replicas through Redis, by topic and outcome"
+            " (sent, unsent, received, malformed).",
+            labels=["topic", "outcome"],
+        )
+        for (topic, outcome), count in sorted(self._stats.cluster_messages.items()):
+            messages.add_metric([topic, outcome], count)
+        yield messages
 
     def _reload_metrics(self) -> Iterator[Metric]:
         """What the config reloads did: each reload's outcome, and the backends they changed."""
