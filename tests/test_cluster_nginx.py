@@ -53,8 +53,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 SECRET = "cluster-test-secret-6Hq2Vd8Lp4Xw0Nz"
 PAGE_SIZE = 2
-# Every tool is `sdk_...` whatever else is configured, so a reload that adds a backend renames
-# nothing the load is calling.
 # Each replica runs its own copy of the backend (stdio); the copies share the key that seals their
 # `requestState`, as copies behind a load balancer must, so an MRTR retry verifies on any.
 STATE_KEY = "backend-request-state-key-3Fv9Kq1Zr7Tm5Wd"
@@ -78,6 +76,8 @@ LISTEN_ACROSS = "list changes across replicas: in progress"
 def settings(redis_port: int, **backends: dict[str, object]) -> dict[str, Any]:
     return {
         "backends": {"sdk": SDK, **backends},
+        # Every tool is `sdk_...` whatever else is configured, so a reload that adds a backend
+        # renames nothing the load is calling.
         "namespacing": {"prefix": "always"},
         "rate_limits": RATE_LIMITS,
         "cluster": {
@@ -110,9 +110,9 @@ class Cluster:
         and waited for, since nginx writes a line once the reply is out."""
         self.marks += 1
         marker = f"/healthz?mark={self.marks}"
-        async with aiohttp.ClientSession() as http, http.get(self.url.replace("/mcp", marker)):
-            pass
         with anyio.fail_after(BOUND):
+            async with aiohttp.ClientSession() as http, http.get(self.url.replace("/mcp", marker)):
+                pass
             while True:
                 lines = upstreams_logged(self.access_log, mark)
                 ends = [i for i, line in enumerate(lines) if line[3] == marker]
@@ -185,13 +185,13 @@ async def metric(replica: Replica, name: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
-async def logged(replica: Replica, pattern: str, count: int) -> None:
-    """Until `replica` has logged `count` lines matching `pattern` (bounded)."""
+async def logged(replica: Replica, pattern: str, count: int, bound: float = BOUND) -> None:
+    """Until `replica` has logged `count` lines matching `pattern` (within `bound`)."""
 
     def enough(lines: list[str]) -> bool:
         return sum(1 for line in lines if re.search(pattern, line)) >= count
 
-    await anyio.to_thread.run_sync(replica.running.wait_lines, enough)
+    await anyio.to_thread.run_sync(lambda: replica.running.wait_lines(enough, timeout=bound))
 
 
 def count_logged(replica: Replica, pattern: str) -> int:
@@ -352,7 +352,8 @@ async def test_a_reload_of_every_replica_under_load_fails_no_request(cluster: Cl
                 g.write(cluster.settings(extra=EXTRA))
                 os.kill(g.running.popen.pid, signal.SIGHUP)
             for g in cluster.gateways:
-                await logged(g, reloaded.format("extra", "none"), 1)
+                # (A reload that adds a stdio backend starts a process: bounded as starts are.)
+                await logged(g, reloaded.format("extra", "none"), 1, START_BOUND)
             # The new backend answers through nginx, from every replica: the load's requests
             # take their turns too, so calls go in batches until each replica served some.
             seen: set[str] = set()
