@@ -15,17 +15,8 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.nginx_support import nginx, wait_accepting
-from tests.oidc_support import free_ports
-from tests.support import (
-    BOUND,
-    META,
-    Proc,
-    sdk_stdio_command,
-    start_gateway_http,
-    stdio_backend,
-    write_config,
-)
+from tests.nginx_support import behind_nginx, replicas
+from tests.support import BOUND, META, sdk_stdio_command, stdio_backend
 
 pytestmark = pytest.mark.slow
 
@@ -38,24 +29,9 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[
     """nginx's MCP URL, and each replica's own MCP URL."""
     directory = tmp_path_factory.mktemp("replicas")
     backend = stdio_backend(sdk_stdio_command("--page-size", str(PAGE_SIZE)))
-    procs: list[Proc] = []
-    urls: list[str] = []
-    try:
-        for _ in range(3):
-            config = write_config(directory, {"sdk": backend}, http=True)
-            text = config.read_text() + f"cluster: {{secrets: ['{SECRET}']}}\n"
-            config.write_text(text)
-            proc, url = start_gateway_http(config)
-            procs.append(proc)
-            urls.append(url)
-        ports = [int(u.split(":")[2].split("/")[0]) for u in urls]
-        (port,) = free_ports(1)
-        with nginx(directory, ports, port):
-            wait_accepting(port, BOUND)
-            yield f"http://127.0.0.1:{port}/mcp", urls
-    finally:
-        for proc in procs:
-            proc.stop()
+    settings = {"backends": {"sdk": backend}, "cluster": {"secrets": [SECRET]}}
+    with replicas(directory, settings) as gateways, behind_nginx(directory, gateways) as url:
+        yield url, [g.url for g in gateways]
 
 
 def post(url: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,8 @@ the server's own during the call, which only a legacy connection carries.
 `dummy`), `touch` publishes `notifications/resources/updated` for a URI, and
 `close_listens` ends every open listen stream gracefully (each gets its completion result
 `{"resultType": "complete", "_meta": {subscriptionId}}`), as SIGTERM does before exiting.
+`--request-state-key` seals `requestState` with a key of the caller's instead of one made per
+process, so copies of the server (one per gateway replica) accept each other's.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from mcp.server.elicitation import AcceptedElicitation, DeclinedElicitation, Eli
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.request_state import RequestStateSecurity
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types import (
@@ -198,6 +201,7 @@ def build_server(
     *,
     legacy_only: bool = False,
     silent_discover: bool = False,
+    request_state_key: str | None = None,
 ) -> MCPServer:
     bus = InMemorySubscriptionBus()
     middleware: list[Any] = [ListPager(page_size)]
@@ -210,6 +214,9 @@ def build_server(
         log_level="WARNING",
         middleware=middleware,
         subscriptions=bus,
+        request_state_security=(
+            RequestStateSecurity(keys=[request_state_key]) if request_state_key else None
+        ),
     )
     # A legacy session hears of changes as notifications of its own (2025-11-25), after
     # `resources/subscribe` for resource updates; this server announces and sends both (in
@@ -504,12 +511,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--label", default="sdk", help="returned by tool label and mem://shared")
     parser.add_argument("--legacy-only", action="store_true", help="refuse the modern era")
     parser.add_argument("--silent-discover", action="store_true", help="never answer discover")
+    parser.add_argument(
+        "--request-state-key", help="seal requestState with this key (copies that share it)"
+    )
     args = parser.parse_args(argv)
     mcp = build_server(
         args.page_size,
         args.label,
         legacy_only=args.legacy_only or args.transport == "sse",
         silent_discover=args.silent_discover,
+        request_state_key=args.request_state_key,
     )
     if args.transport == "stdio":
         if args.legacy_only:
