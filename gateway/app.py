@@ -271,7 +271,9 @@ class Wired:
 # The sections a reload applies; every other one (listen addresses, TLS, `auth:`, telemetry,
 # tap, audit, overload, cluster) is what the running process was built around, so a change
 # there is logged as needing a restart and left as it was, never half-applied.
-RELOADED = frozenset({"backends", "namespacing", "on_backend_failure", "policy", "rate_limits"})
+RELOADED = frozenset(
+    {"backends", "namespacing", "on_backend_failure", "policy", "rate_limits", "shutdown"}
+)
 # What a removed backend is given beyond its request timeout to finish what it was sent (the
 # timeout's own error takes that long to come back through the layers).
 RETIRE_MARGIN = 1.0
@@ -779,6 +781,7 @@ async def run(
             try:
                 with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                     async for signum in signals:
+                        await _pre_stop(gateway, signum, signals)
                         # Unready before the line is logged: whoever sees the line sees 503.
                         gateway.drain()
                         log.info("received %s, shutting down", signal.Signals(signum).name)
@@ -790,6 +793,21 @@ async def run(
                 stdio.stop()  # serve_stdio drains, then cancels the group
             else:
                 tg.cancel_scope.cancel()
+
+
+async def _pre_stop(gateway: Gateway, signum: int, signals: AsyncIterator[int]) -> None:
+    """`shutdown.pre_stop_delay` after SIGTERM: unready (/readyz 503) at once, yet serving as
+    before, so a load balancer that has not yet heard (a Service's endpoints take seconds to
+    reach every node) sends nothing into a closed port. SIGINT is someone at a terminal: no
+    wait; a second signal ends the wait."""
+    delay = gateway.config.shutdown.pre_stop_delay
+    if signum != signal.SIGTERM or delay <= 0:
+        return
+    gateway.draining = True
+    log.info("received SIGTERM: unready, serving %g s more (shutdown.pre_stop_delay)", delay)
+    with anyio.move_on_after(delay):
+        async for _ in signals:
+            return
 
 
 async def _reload_on_sighup(
