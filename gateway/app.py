@@ -341,7 +341,9 @@ class Gateway:
         # Set once every backend's catalog has been asked for (loaded, or failed) at start-up.
         self.catalogs_loaded = anyio.Event()
         self.registry.register(
-            GatewayCollector(self.telemetry.stats, self._backend_states, self._listens)
+            GatewayCollector(
+                self.telemetry.stats, self._backend_states, self._listens, self._queued
+            )
         )
         self._serving = False
         # Set when shutdown begins (a signal, the end of stdin): /readyz answers 503 from then
@@ -602,6 +604,12 @@ class Gateway:
                 self._tg.start_soon(self.dispatcher.catalogs.refresh, name)
 
         return changed
+
+    def _queued(self) -> list[tuple[str, str, int]]:
+        """Every bound's queue, the empty ones too: a gauge that is there at 0 can be graphed
+        and alerted on before the first overload."""
+        out = [(OVERALL, "", self.dispatcher.bound.queued)] if self.dispatcher.bound else []
+        return out + [(BACKEND, w.config.name, w.bound.queued) for w in self.wired]
 
     def _listens(self) -> int:
         return self.dispatcher.subscriptions.active
