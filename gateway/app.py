@@ -280,7 +280,9 @@ class Wired:
 # The sections a reload applies; every other one (listen addresses, TLS, `auth:`, telemetry,
 # tap, audit, overload, cluster) is what the running process was built around, so a change
 # there is logged as needing a restart and left as it was, never half-applied.
-RELOADED = frozenset({"backends", "namespacing", "on_backend_failure", "policy", "rate_limits"})
+RELOADED = frozenset(
+    {"backends", "namespacing", "on_backend_failure", "policy", "rate_limits", "shutdown"}
+)
 # What a removed backend is given beyond its request timeout to finish what it was sent (the
 # timeout's own error takes that long to come back through the layers).
 RETIRE_MARGIN = 1.0
@@ -351,7 +353,9 @@ class Gateway:
         # Set once every backend's catalog has been asked for (loaded, or failed) at start-up.
         self.catalogs_loaded = anyio.Event()
         self.registry.register(
-            GatewayCollector(self.telemetry.stats, self._backend_states, self._listens)
+            GatewayCollector(
+                self.telemetry.stats, self._backend_states, self._listens, self._queued
+            )
         )
         self._serving = False
         # Set when shutdown begins (a signal, the end of stdin): /readyz answers 503 from then
@@ -615,6 +619,12 @@ class Gateway:
 
         return changed
 
+    def _queued(self) -> list[tuple[str, str, int]]:
+        """Every bound's queue, the empty ones too: a gauge that is there at 0 can be graphed
+        and alerted on before the first overload."""
+        out = [(OVERALL, "", self.dispatcher.bound.queued)] if self.dispatcher.bound else []
+        return out + [(BACKEND, w.config.name, w.bound.queued) for w in self.wired]
+
     def _listens(self) -> int:
         return self.dispatcher.subscriptions.active
 
@@ -796,6 +806,7 @@ async def run(
             try:
                 with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                     async for signum in signals:
+                        await _pre_stop(gateway, signum, signals)
                         # Unready before the line is logged: whoever sees the line sees 503.
                         gateway.drain()
                         log.info("received %s, shutting down", signal.Signals(signum).name)
@@ -807,6 +818,21 @@ async def run(
                 stdio.stop()  # serve_stdio drains, then cancels the group
             else:
                 tg.cancel_scope.cancel()
+
+
+async def _pre_stop(gateway: Gateway, signum: int, signals: AsyncIterator[int]) -> None:
+    """`shutdown.pre_stop_delay` after SIGTERM: unready (/readyz 503) at once, yet serving as
+    before, so a load balancer that has not yet heard (a Service's endpoints take seconds to
+    reach every node) sends nothing into a closed port. SIGINT is someone at a terminal: no
+    wait; a second signal ends the wait."""
+    delay = gateway.config.shutdown.pre_stop_delay
+    if signum != signal.SIGTERM or delay <= 0:
+        return
+    gateway.draining = True
+    log.info("received SIGTERM: unready, serving %g s more (shutdown.pre_stop_delay)", delay)
+    with anyio.move_on_after(delay):
+        async for _ in signals:
+            return
 
 
 async def _reload_on_sighup(

@@ -1,9 +1,10 @@
 """A real nginx (Debian's package, `make ci-deps`) on 127.0.0.1 in front of gateway replicas,
-running the shipped deploy/nginx/mcp-gateway.conf with only its upstream servers and listen port
-rewritten, inside a minimal main config of the test's (paths in a temporary directory, no
-daemon, errors to stderr, and optionally an access log naming the replica each request went
-to); and the replicas themselves: gateway processes with one config each, on ports chosen
-before they start, so one can be started again where it was."""
+running the shipped deploy/nginx/mcp-gateway.conf with only its listen port rewritten and an
+upstream file of the test's (in place of deploy/nginx/mcp-gateway-upstream.conf), inside a
+minimal main config of the test's (paths in a temporary directory, no daemon, errors to
+stderr, and optionally an access log naming the replica each request went to); and the
+replicas themselves: gateway processes with one config each, on ports chosen before they
+start, so one can be started again where it was."""
 
 from __future__ import annotations
 
@@ -24,15 +25,16 @@ from tests.oidc_support import free_ports
 from tests.support import BOUND, ROOT, Proc, gateway_command, missing
 
 SITE = ROOT / "deploy" / "nginx" / "mcp-gateway.conf"
+UPSTREAM = ROOT / "deploy" / "nginx" / "mcp-gateway-upstream.conf"
+# What the site's upstream block includes, relative to nginx's config directory.
+UPSTREAM_INCLUDE = "mcp-gateway-upstream.conf"
 NGINX = "/usr/sbin/nginx"
 
 
-def site_for(upstreams: Sequence[int], port: int) -> str:
-    """The shipped site with the test's replicas and port."""
+def site_for(port: int) -> str:
+    """The shipped site with the test's port (its upstream file is `upstream_for`'s)."""
     text = SITE.read_text()
-    servers = "".join(f"    server 127.0.0.1:{p};\n" for p in upstreams)
-    text, found = re.subn(r"(?:    server 127\.0\.0\.1:\d+;\n)+", servers, text, count=1)
-    assert found == 1, "the upstream's server lines moved"
+    assert f"include {UPSTREAM_INCLUDE};" in text, "the upstream's include moved"
     text, found = re.subn(r"listen \d+;", f"listen 127.0.0.1:{port};", text, count=1)
     assert found == 1, "the listen line moved"
     return text
@@ -45,6 +47,15 @@ UPSTREAM_LOG = (
 )
 
 
+def upstream_for(upstreams: Sequence[int]) -> str:
+    """The shipped upstream file with the test's replicas."""
+    text = UPSTREAM.read_text()
+    servers = "".join(f"server 127.0.0.1:{p};\n" for p in upstreams)
+    text, found = re.subn(r"(?:server 127\.0\.0\.1:\d+;\n)+", servers, text, count=1)
+    assert found == 1, "the upstream's server lines moved"
+    return text
+
+
 @contextmanager
 def nginx(
     directory: Path, upstreams: Sequence[int], port: int, access_log: Path | None = None
@@ -53,7 +64,9 @@ def nginx(
     line there (`UPSTREAM_LOG`, read by `upstreams_logged`)."""
     if shutil.which(NGINX) is None and not Path(NGINX).exists():
         missing("nginx", "make ci-deps installs Debian's nginx")
-    (directory / "site.conf").write_text(site_for(upstreams, port))
+    (directory / "site.conf").write_text(site_for(port))
+    # Beside nginx.conf: nginx resolves a relative include against its config's directory.
+    (directory / UPSTREAM_INCLUDE).write_text(upstream_for(upstreams))
     log = "access_log off;"
     if access_log is not None:
         log = f"log_format upstreams {UPSTREAM_LOG};\n    access_log {access_log} upstreams;"

@@ -16,7 +16,7 @@ import orjson
 import pytest
 import yaml
 
-from gateway.config import BackendLimits, ConfigInvalid, ListenerLimits, parse
+from gateway.config import BackendLimits, ConfigInvalid, ListenerLimits, Shutdown, parse
 from gateway.config.keys import SECTIONS, Key
 from gateway.config.schema import schema, schema_text, shipped_text
 from tests.support import PYTHON, ROOT, START_BOUND
@@ -160,6 +160,7 @@ BASE: dict[str, Any] = {
     "policy": {"rules": [{"allow": {"backends": ["b"]}, "when": {}}]},
     "rate_limits": {"per_identity": {"rate": 1}},
     "overload": {},
+    "shutdown": {},
     "audit": {"path": "a.jsonl"},
     "auth": {
         "issuer": "http://127.0.0.1:9",
@@ -196,6 +197,7 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "rate_limits": ("rate_limits",),
     "rate": ("rate_limits", "per_identity"),
     "overload": ("overload",),
+    "shutdown": ("shutdown",),
     "audit": ("audit",),
     "auth": ("auth",),
     "introspection": ("auth", "introspection"),
@@ -302,5 +304,6 @@ def test_the_table_defaults_are_the_dataclass_defaults() -> None:
     for section, model in (
         ("listener_limits", ListenerLimits()),
         ("backend_limits", BackendLimits()),
+        ("shutdown", Shutdown()),
     ):
         assert {k: v.default for k, v in SECTIONS[section].items()} == vars(model)

@@ -61,6 +61,7 @@ EXPORTED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "mcp_gateway_policy_denials_total": ("counter", frozenset({"reason"})),
     "mcp_gateway_rate_limited_total": ("counter", frozenset({"limit"})),
     "mcp_gateway_overloaded_total": ("counter", frozenset({"scope", "backend"})),
+    "mcp_gateway_overload_queued": ("gauge", frozenset({"scope", "backend"})),
     "mcp_gateway_redis_up": ("gauge", frozenset()),
     "mcp_gateway_rate_limit_fallbacks_total": ("counter", frozenset()),
     "mcp_gateway_redis_pubsub_up": ("gauge", frozenset()),

@@ -31,7 +31,9 @@ from mcp import Client
 from gateway import errors
 from gateway.app import Gateway
 from gateway.config import ConfigInvalid, Overload, parse
+from gateway.config.model import JSON_WINDOW
 from gateway.core.overload import BACKEND, OVERALL, Bound
+from gateway.frontends import http as http_frontend
 from gateway.protocol import codes
 from tests.auth_support import serving
 from tests.support import (
@@ -88,6 +90,26 @@ def test_a_bad_bound_is_refused(where: str, bad: dict[str, Any]) -> None:
         doc["overload"] = bad
     with pytest.raises(ConfigInvalid):
         parse(yaml.safe_dump(doc))
+
+
+def test_a_queue_timeout_past_the_json_window_is_refused_naming_its_key() -> None:
+    """Past the HTTP front end's JSON window a reply has turned into a stream with status 200,
+    so a queued request could no longer get its 503 and Retry-After."""
+    assert http_frontend.JSON_WINDOW == JSON_WINDOW  # the loader checks against the real one
+
+    def doc(timeout: float) -> str:
+        backends = {"b": stdio_backend(["x"])}
+        overload = {"queue_timeout": timeout}
+        return yaml.safe_dump(
+            {"listen": {"stdio": True}, "backends": backends, "overload": overload}
+        )
+
+    assert parse(doc(JSON_WINDOW - 0.5)).overload.queue_timeout == JSON_WINDOW - 0.5
+    for bad in (JSON_WINDOW, JSON_WINDOW + 20):
+        with pytest.raises(ConfigInvalid) as caught:
+            parse(doc(bad))
+        [problem] = caught.value.problems
+        assert "overload.queue_timeout" in problem
 
 
 def test_the_refusal_is_503_and_carries_its_delay() -> None:
@@ -274,7 +296,7 @@ def assert_overloaded(status: int, retry_after: str | None, reply: dict[str, Any
 
 @pytest.mark.slow
 async def test_past_the_bound_and_its_queue_http_gets_503_at_once_and_the_rest_is_served() -> None:
-    overload = {"max_in_flight": 2, "max_queued": 1, "queue_timeout": 30, "retry_after": 3}
+    overload = {"max_in_flight": 2, "max_queued": 1, "queue_timeout": 9.5, "retry_after": 3}
     async with (
         gateway_before(("slow",), overload) as (gw, server),
         aiohttp.ClientSession() as session,
@@ -357,6 +379,62 @@ async def test_a_backend_past_its_bound_is_refused_alone_while_the_others_are_se
         assert gw.telemetry.stats.overloaded == {(BACKEND, "slow"): 2}
         assert gw.telemetry.stats.rejections["overloaded"] == 0  # not the gateway's own bound
         server.release.set()
+
+
+def queued_gauge(text: str) -> dict[tuple[str, str], float]:
+    """mcp_gateway_overload_queued by (scope, backend), from an exposition."""
+    out: dict[tuple[str, str], float] = {}
+    pattern = r'^mcp_gateway_overload_queued\{backend="([^"]*)",scope="([^"]*)"\} (\S+)$'
+    for backend, scope, value in re.findall(pattern, text, re.MULTILINE):
+        out[(scope, backend)] = float(value)
+    return out
+
+
+@pytest.mark.slow
+async def test_the_queues_depth_is_on_metrics_by_scope_and_backend() -> None:
+    """Room for two requests overall and one at backend `slow`: a held call takes one of each,
+    a second call to `slow` waits in its backend's queue, a call to `fast` in the overall one."""
+    overload = {"max_in_flight": 2, "max_queued": 4, "queue_timeout": 9.5}
+    async with (
+        gateway_before(("slow", "fast"), overload, max_in_flight=1) as (gw, server),
+        aiohttp.ClientSession() as session,
+        anyio.create_task_group() as tg,
+    ):
+        url = gw.http_url
+        assert url is not None
+        metrics = url.removesuffix("/mcp") + "/metrics"
+
+        async def scrape() -> dict[tuple[str, str], float]:
+            async with session.get(metrics) as resp:
+                assert resp.status == 200
+                return queued_gauge(await resp.text())
+
+        # Every bound is there before any overload, at 0.
+        idle = {(OVERALL, ""): 0.0, (BACKEND, "slow"): 0.0, (BACKEND, "fast"): 0.0}
+        assert await scrape() == idle
+        tg.start_soon(post, session, url, call("h", "slow_hold", tag="h"))
+        await server.held(1)
+        overall = gw.dispatcher.bound
+        assert overall is not None
+        slow = next(w.bound for w in gw.wired if w.config.name == "slow")
+
+        async def queued(tag: str, tool: str, bound: Bound) -> None:
+            tg.start_soon(post, session, url, call(tag, tool, tag=tag))
+            with anyio.fail_after(BOUND):
+                # (joining a queue is no event a test can wait on: each turn of the loop looks)
+                while not bound.queued:
+                    await anyio.lowlevel.checkpoint()
+
+        # In turn: `s` takes the second overall slot before `f` comes, which finds none.
+        await queued("s", "slow_echo", slow)
+        await queued("f", "fast_echo", overall)
+        assert await scrape() == {**idle, (OVERALL, ""): 1.0, (BACKEND, "slow"): 1.0}
+        server.release.set()
+        with anyio.fail_after(BOUND):
+            while overall.busy:
+                await anyio.lowlevel.checkpoint()
+        assert await scrape() == idle
+        assert sorted(tag for _, _, tag in server.calls) == ["f", "h", "s"]
 
 
 @pytest.mark.slow

@@ -45,6 +45,7 @@ from gateway.config.model import (
     DEFAULT_OAUTH_MAX_ATTEMPTS,
     DEFAULT_OAUTH_REFRESH_MARGIN,
     DEFAULT_OVERLOAD_RETRY_AFTER,
+    DEFAULT_PRE_STOP_DELAY,
     DEFAULT_QUEUE_TIMEOUT,
     DEFAULT_RATE_LIMIT_MAX_KEYS,
     DEFAULT_REDIS_RETRY_INTERVAL,
@@ -59,6 +60,7 @@ from gateway.config.model import (
     ERAS,
     FAILURE_POLICIES,
     ISOLATIONS,
+    JSON_WINDOW,
     POLICY_DEFAULTS,
     PREFIX_MODES,
     RULE_EFFECTS,
@@ -198,6 +200,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "Bounds on client requests in flight; past them a short queue, then 503.",
             section="overload",
         ),
+        "shutdown": Key("section", "How the process stops on SIGTERM.", section="shutdown"),
         "audit": Key("section", "One JSON line per client request.", section="audit"),
         "auth": Key(
             "section", "Require OAuth bearer tokens (or API keys) on listen.http.", section="auth"
@@ -454,12 +457,24 @@ SECTIONS: dict[str, dict[str, Key]] = {
             minimum=0,
         ),
         "queue_timeout": Key(
-            "number", "Seconds a queued request waits before -31004.", DEFAULT_QUEUE_TIMEOUT
+            "number",
+            f"Seconds a queued request waits before -31004 (below {JSON_WINDOW:g}: an HTTP reply "
+            "turns into a stream then, too late for a 503).",
+            DEFAULT_QUEUE_TIMEOUT,
         ),
         "retry_after": Key(
             "number",
             "Seconds a refusal tells the client to wait (Retry-After, data.retryAfter).",
             DEFAULT_OVERLOAD_RETRY_AFTER,
+        ),
+    },
+    "shutdown": {
+        "pre_stop_delay": Key(
+            "number",
+            "Seconds after SIGTERM with /readyz 503 and requests still served, before the drain "
+            "(the time a load balancer takes to stop sending; 0: none).",
+            DEFAULT_PRE_STOP_DELAY,
+            minimum=0,
         ),
     },
     "rate": {

@@ -1,5 +1,5 @@
-"""The sections on who may call how often, how much may run at once, and what is written down
-about it: `rate_limits:`, `overload:` and `audit:`."""
+"""The sections on who may call how often, how much may run at once, what is written down about
+it, and how the process stops: `rate_limits:`, `overload:`, `audit:` and `shutdown:`."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from gateway.config import keys
 from gateway.config.model import (
     _REDACT_PATH,
     AUDIT_STDERR,
+    JSON_WINDOW,
     AuditConfig,
     Overload,
     Rate,
     RateLimits,
+    Shutdown,
 )
 from gateway.config.reader import _Check
 
@@ -47,12 +49,32 @@ def overload(c: _Check, raw: Any) -> Overload:
     path = ("overload",)
     body = c.mapping(raw, path, keys.names("overload"))
     t = keys.table("overload")
+    queue_timeout = c.field(body, path, "queue_timeout", t["queue_timeout"])
+    if queue_timeout >= JSON_WINDOW:
+        # Past the window the HTTP reply has become a stream with status 200: the refusal
+        # could no longer be the 503 with Retry-After a load balancer and a client act on.
+        why = f"must be below {JSON_WINDOW:g} s (an HTTP reply turns into a stream then)"
+        c.r.problem(path + ("queue_timeout",), why)
+        queue_timeout = t["queue_timeout"].default
     return Overload(
         max_in_flight=c.field(body, path, "max_in_flight", t["max_in_flight"]),
         max_queued=c.field(body, path, "max_queued", t["max_queued"]),
-        queue_timeout=c.field(body, path, "queue_timeout", t["queue_timeout"]),
+        queue_timeout=queue_timeout,
         retry_after=c.field(body, path, "retry_after", t["retry_after"]),
     )
+
+
+def shutdown(c: _Check, raw: Any) -> Shutdown:
+    path = ("shutdown",)
+    body = c.mapping(raw, path, keys.names("shutdown"))
+    value = body.get("pre_stop_delay")
+    if value is None:
+        return Shutdown()
+    # 0 is a valid delay (none), unlike the positive numbers `c.field` reads.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        c.r.problem(path + ("pre_stop_delay",), "must be a number of seconds, 0 or more")
+        return Shutdown()
+    return Shutdown(pre_stop_delay=float(value))
 
 
 def _rate(c: _Check, raw: Any, path: Path_) -> Rate | None:

@@ -89,6 +89,15 @@ DEFAULT_MAX_QUEUED = 128
 DEFAULT_QUEUE_TIMEOUT = 1.0
 # What a refusal's Retry-After (and data.retryAfter) tells the client, in seconds.
 DEFAULT_OVERLOAD_RETRY_AFTER = 1.0
+# The HTTP front end answers with plain JSON within this many seconds, then turns the reply into
+# an SSE stream (gateway/frontends/http.py JSON_WINDOW, which tests hold equal to this). A
+# request still queued by then could no longer get its 503 and Retry-After (the status is
+# sent), so `overload.queue_timeout` must stay below it.
+JSON_WINDOW = 10.0
+# Seconds between SIGTERM and the start of shutdown (`shutdown.pre_stop_delay`), /readyz 503
+# and requests still served meanwhile. 0 for a plain run: Ctrl-C or a service manager's stop
+# should not wait; an orchestrator's config sets it (deploy/kubernetes).
+DEFAULT_PRE_STOP_DELAY = 0.0
 # Requests one backend is sent at once. Above an HTTP backend's pool (100 connections), so the
 # pool is used in full, while one slow backend cannot take more than a quarter of the overall
 # bound: the others are still served.
@@ -283,6 +292,15 @@ class Overload:
     max_queued: int = DEFAULT_MAX_QUEUED  # per bound
     queue_timeout: float = DEFAULT_QUEUE_TIMEOUT
     retry_after: float = DEFAULT_OVERLOAD_RETRY_AFTER
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """How the process stops on SIGTERM (`shutdown:`)."""
+
+    # Unready at once, still serving for this long, then the drain: the time a load balancer
+    # (a Kubernetes Service's endpoints) takes to stop sending to this replica.
+    pre_stop_delay: float = DEFAULT_PRE_STOP_DELAY
 
 
 @dataclass(frozen=True)
@@ -589,6 +607,7 @@ class Config:
     policy: PolicyConfig | None = None  # None: every caller may see and call everything
     rate_limits: RateLimits | None = None
     overload: Overload = Overload()
+    shutdown: Shutdown = Shutdown()
     audit: AuditConfig | None = None
     auth: AuthConfig | None = None  # None: no authentication (today's behaviour)
     cluster: ClusterConfig | None = None  # None: every key is the process's own (one replica)

@@ -169,10 +169,13 @@ class GatewayCollector(Collector):
         stats: Stats,
         backends: Callable[[], list[BackendState]],
         listen_streams: Callable[[], int],
+        queued: Callable[[], list[tuple[str, str, int]]] = list,
     ) -> None:
         self._stats = stats
         self._backends = backends
         self._listens = listen_streams
+        # (scope, backend, requests waiting) of each overload bound, read when scraped
+        self._queued = queued
 
     def collect(self) -> Iterator[Metric]:
         in_flight = GaugeMetricFamily(
@@ -243,6 +246,15 @@ class GatewayCollector(Collector):
         for (scope, backend), count in sorted(self._stats.overloaded.items()):
             overloaded.add_metric([scope, backend], count)
         yield overloaded
+        queued = GaugeMetricFamily(
+            "mcp_gateway_overload_queued",
+            "Requests waiting for a slot past a bound on requests in flight, by scope "
+            "(overall, backend).",
+            labels=["scope", "backend"],
+        )
+        for scope, backend, count in self._queued():
+            queued.add_metric([scope, backend], count)
+        yield queued
         yield from self._shared_metrics()
         yield from self._reload_metrics()
 
