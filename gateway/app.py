@@ -219,6 +219,15 @@ def rate_limiters(
     return None, SharedRateLimiter(own, shared)
 
 
+def _carry_over(dispatcher: Dispatcher, limiter: RateLimiter | None) -> None:
+    """A reload keeps the buckets of every limit it did not change (the replica's own; the
+    shared ones are in Redis and stay anyway)."""
+    shared = dispatcher.shared_limiter
+    before = dispatcher.limiter or (shared.local if shared is not None else None)
+    if limiter is not None and before is not None:
+        limiter.carry_over(before)
+
+
 def limiter(config: Config, stats: Stats) -> RateLimiter | None:
     limits = config.rate_limits
     return RateLimiter(limits, stats.rate_limited) if limits is not None else None
@@ -538,6 +547,8 @@ class Gateway:
         self.wired = wired
         for w in fresh:
             self._attach(w)
+        own, shared = rate_limiters(new, self.telemetry.stats, self.shared_buckets)
+        _carry_over(self.dispatcher, own or (shared.local if shared is not None else None))
         # From here on lists and calls see the new set: the swap is synchronous.
         loads = self.dispatcher.reconfigure(
             self.backends,
@@ -545,7 +556,8 @@ class Gateway:
             make_naming(self.config),
             new.on_backend_failure,
             Policy(new.policy) if new.policy is not None else None,
-            *rate_limiters(new, self.telemetry.stats, self.shared_buckets),
+            own,
+            shared,
         )
         for w in fresh:
             self._tg.start_soon(self._run_backend, w, name=f"backend {w.config.name}")

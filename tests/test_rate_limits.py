@@ -137,6 +137,29 @@ def test_a_burst_is_served_then_refused_until_a_token_is_back() -> None:
     assert refused(limits, msg, origin(ALICE)) is not None  # that token is spent
 
 
+def test_a_reload_keeps_the_buckets_of_every_limit_it_did_not_change() -> None:
+    # README "Reloading the config": re-reading `rate_limits:` refills nobody's budget.
+    clock = Clock()
+    kept = {"per_identity": Rate(rate=0.001, burst=2), "overall": Rate(rate=0.001, burst=50)}
+    before = limiter(clock, **kept, tools={"echo": Rate(rate=0.001, burst=2)})
+    msg = tool_call(1, "echo")
+    for _ in range(2):
+        assert refused(before, msg, origin(ALICE)) is None
+    assert refused(before, msg, origin(ALICE)) is not None
+    counts: Counter[str] = Counter()
+    after = limiter(clock, counts, **kept, tools={"echo": Rate(rate=0.001, burst=5)})
+    after.carry_over(before)
+    assert refused(after, msg, origin(ALICE)) is not None
+    assert counts == Counter({"identity": 1})  # still spent
+    # A changed limit starts full: the per-identity one raised, Alice is served again, and the
+    # overall bucket (unchanged) still counts her two calls before.
+    raised = limiter(clock, per_identity=Rate(rate=0.001, burst=3), overall=kept["overall"])
+    raised.carry_over(after)
+    assert refused(raised, msg, origin(ALICE)) is None
+    assert raised.overall is after.overall and raised.identity is not after.identity
+    assert after.tools["echo"] is not before.tools["echo"]
+
+
 def test_a_bucket_refills_to_its_burst_and_no_more() -> None:
     clock = Clock()
     limits = limiter(clock, per_identity=Rate(rate=10.0, burst=2))
@@ -362,6 +385,27 @@ async def test_http_past_the_burst_gets_429_with_retry_after_and_others_are_serv
         assert resp.headers["Retry-After"] == str(max(1, math.ceil(delay)))
         resp, reply = await post(other, url, call(10, "echo", text="still served"))
         assert resp.status == 200 and reply["result"]["content"][0]["text"] == "still served"
+
+
+async def test_a_reload_of_the_running_gateway_refills_no_bucket() -> None:
+    listen = {"http": {"host": "127.0.0.1", "port": 0}}
+    limits = {"per_identity": SLOW}
+    text = yaml.safe_dump({"listen": listen, "backends": {"demo": DEMO}, "rate_limits": limits})
+    # The same limits beside a changed backend section: a reload that re-reads `rate_limits`.
+    again = yaml.safe_dump(
+        {"listen": listen, "backends": {"demo": DEMO, "more": DEMO}, "rate_limits": limits}
+    )
+    with anyio.fail_after(START_BOUND):
+        async with Gateway(parse(text)) as gw, aiohttp.ClientSession() as session:
+            assert gw.http_url is not None
+            await gw.catalogs_loaded.wait()
+            for i in range(2):
+                resp, _ = await post(session, gw.http_url, call(i, "echo", text="hi"))
+                assert resp.status == 200
+            done = await gw.reload(lambda: parse(again))
+            assert done is not None and done.added == ("more",)
+            resp, reply = await post(session, gw.http_url, call(3, "echo", text="hi"))
+            assert resp.status == 429 and reply["error"]["code"] == codes.RATE_LIMITED
 
 
 @pytest.mark.slow

@@ -132,6 +132,14 @@ class RateLimiter:
         self.overall = _buckets(config.overall, bound, OVERALL)
         self.tools = {name: Buckets(r, bound, TOOL) for name, r in config.tools.items()}
 
+    def carry_over(self, before: RateLimiter) -> None:
+        """A reload: each limit whose rate, burst and bound did not change keeps its buckets,
+        so re-reading the config refills nobody's budget (a changed limit starts full)."""
+        self.identity = _kept(self.identity, before.identity)
+        self.tool = _kept(self.tool, before.tool)
+        self.overall = _kept(self.overall, before.overall)
+        self.tools = {name: _kept(b, before.tools.get(name)) or b for name, b in self.tools.items()}
+
     def admit(self, msg: Message, origin: Origin) -> None:
         method = msg["method"]
         if method in EXEMPT:
@@ -217,6 +225,13 @@ def retry_after_header(seconds: float) -> str:
 
 def _buckets(limit: Rate | None, bound: int, name: str) -> Buckets | None:
     return None if limit is None else Buckets(limit, bound, name)
+
+
+def _kept(new: Buckets | None, old: Buckets | None) -> Buckets | None:
+    if new is None or old is None:
+        return new
+    same = (old.rate, old.burst, old.max_keys) == (new.rate, new.burst, new.max_keys)
+    return old if same else new
 
 
 def _want(buckets: Buckets, key: str) -> Want:
