@@ -512,17 +512,17 @@ class Endpoint:
             stream = await start_stream(request, SSE_HEADERS)
             await stream.write(sse.KEEPALIVE)
             while True:
+                if shared is not None and time.monotonic() - touched > shared.touch_interval:
+                    # An open stream is use: its record must not expire meanwhile (and one
+                    # gone, the message of its end lost, ends the session's copy here).
+                    touched = time.monotonic()
+                    with contextlib.suppress(SessionsUnavailable):
+                        if not await shared.touch(session):
+                            shared.end(session)
                 try:
                     msg = await asyncio.wait_for(session.outbox.get(), KEEPALIVE_INTERVAL)
                 except TimeoutError:
                     await stream.write(sse.KEEPALIVE)
-                    if shared is not None and time.monotonic() - touched > shared.touch_interval:
-                        # An open stream is use: its record must not expire meanwhile (and
-                        # one gone, its end's message lost, ends the stream here).
-                        touched = time.monotonic()
-                        with contextlib.suppress(SessionsUnavailable):
-                            if not await shared.touch(session):
-                                shared.end(session)
                     continue
                 if msg is None:
                     break
