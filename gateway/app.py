@@ -69,6 +69,7 @@ from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
 from gateway.shared.buckets import RedisBuckets
 from gateway.shared.bus import RedisBus
+from gateway.shared.sessions import RedisSessions
 from gateway.telemetry.api import STDIO_ORIGIN, Origin, Stats
 from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.metrics import BackendState, GatewayCollector, Recorder
@@ -249,6 +250,22 @@ def cluster_bus(config: Config, stats: Stats) -> RedisBus | None:
     return RedisBus(cluster.redis, cluster.redis_timeout, cluster.redis_retry_interval, stats)
 
 
+def session_records(config: Config, stats: Stats) -> RedisSessions | None:
+    """Legacy sessions' records in Redis (cluster.redis, with an HTTP listener), so that any
+    replica serves any request of a session; None: each process keeps its own."""
+    cluster = config.cluster
+    listen = config.listen.http
+    if cluster is None or cluster.redis is None or listen is None:
+        return None
+    return RedisSessions(
+        cluster.redis,
+        listen.session_idle_timeout,
+        cluster.redis_timeout,
+        cluster.redis_retry_interval,
+        stats,
+    )
+
+
 def make_exposure(config: BackendConfig) -> Exposure:
     return Exposure(
         backend=config.name,
@@ -341,6 +358,10 @@ class Gateway:
         # With cluster.redis the replicas tell each other what only one of them saw; the
         # parts that listen name their topics before it runs (in __aenter__).
         self.bus = cluster_bus(config, stats)
+        # --- legacy sessions shared by the replicas (cluster.redis) ---
+        # Their records in Redis; what reaches the wrong replica (answers, cancellations, the
+        # session's end, new subscriptions) goes over the bus. Wired into the HTTP endpoint.
+        self.session_records = session_records(config, stats)
         self.dispatcher = Dispatcher(
             self.backends,
             [make_exposure(b) for b in config.backends],
@@ -675,8 +696,11 @@ class Gateway:
     async def _start_http(self) -> None:
         listen = self.config.listen.http
         assert listen is not None
+        shared = None
+        if self.session_records is not None and self.bus is not None:
+            shared = http_frontend.SharedSessions(self.session_records, self.bus)
         self._endpoint = http_frontend.Endpoint(
-            self.dispatcher, listen, self.operations, self.authenticator, self.logins
+            self.dispatcher, listen, self.operations, self.authenticator, self.logins, shared
         )
         # A client that drops its connection cancels its request (listener.py).
         self._http = Listener(
@@ -715,6 +739,9 @@ class Gateway:
             await self.logins.close()
         if self.shared_buckets is not None:
             await self.shared_buckets.close()
+        if self.session_records is not None:
+            with anyio.CancelScope(shield=True):
+                await self.session_records.close()
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
         try:

@@ -4,8 +4,10 @@
     ├── Refused                  answered by the gateway itself (unknown name, bad cursor, ...)
     │   ├── InsufficientScope    the caller's token lacks scopes the request needs (HTTP 403)
     │   ├── RateLimited          the caller is over a rate limit (HTTP 429)
-    │   └── Overloaded           too many requests in flight, and the queue full or waited out
-    │                            (HTTP 503)
+    │   ├── Overloaded           too many requests in flight, and the queue full or waited out
+    │   │                        (HTTP 503)
+    │   └── SessionsUnavailable  (core/sessions.py) the replicas' shared store of legacy
+    │                            sessions does not answer (HTTP 503)
     └── BackendError             a backend could not answer a request
         ├── BackendUnavailable   not running, crashed mid-call, connection refused
         │   └── BackendDown      known to be unreachable: failed at once, retried in the background
@@ -167,6 +169,7 @@ HTTP_STATUS: Final[Mapping[int, int]] = MappingProxyType(
         codes.INSUFFICIENT_SCOPE: 403,
         codes.RATE_LIMITED: 429,
         codes.GATEWAY_OVERLOADED: 503,
+        codes.SHARED_STATE_UNAVAILABLE: 503,
     }
 )
 

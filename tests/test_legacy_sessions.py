@@ -222,6 +222,7 @@ async def test_sessions_beyond_the_limit_are_refused_until_one_ends(
         refused = await post(gw.http_url, initialize(), mirror=False)
         assert refused.status == 503
         assert refused.json()["error"]["code"] == GATEWAY_OVERLOADED
+        assert refused.headers["Retry-After"] == "5"  # (sessions end on no schedule)
         assert SESSION not in refused.headers
         assert (await send("DELETE", gw.http_url, None, [(SESSION, first)])).status == 204
         await open_session(gw.http_url)

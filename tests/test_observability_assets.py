@@ -66,6 +66,7 @@ EXPORTED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "mcp_gateway_rate_limit_fallbacks_total": ("counter", frozenset()),
     "mcp_gateway_redis_pubsub_up": ("gauge", frozenset()),
     "mcp_gateway_cluster_messages_total": ("counter", frozenset({"topic", "outcome"})),
+    "mcp_gateway_redis_sessions_up": ("gauge", frozenset()),
     "mcp_gateway_reloads_total": ("counter", frozenset({"outcome"})),
     "mcp_gateway_reloaded_backends_total": ("counter", frozenset({"change"})),
     "mcp_gateway_backend_token_requests_total": (

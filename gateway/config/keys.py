@@ -665,17 +665,17 @@ SECTIONS: dict[str, dict[str, Key]] = {
         ),
         "redis": Key(
             "string",
-            "redis://[:PASSWORD@]HOST:PORT/DB (or rediss://): rate limits shared by the replicas.",
+            "redis://[:PASSWORD@]HOST:PORT/DB (or rediss://): rate limits, legacy sessions shared.",
             pattern="^rediss?://",
         ),
         "redis_timeout": Key(
             "number",
-            "Seconds a rate-limit check waits for Redis; past it the replica's own limits apply.",
+            "Seconds a Redis call waits; then own rate limits apply, legacy sessions get 503.",
             DEFAULT_REDIS_TIMEOUT,
         ),
         "redis_retry_interval": Key(
             "number",
-            "Seconds the replica's own limits apply after Redis failed, before it is tried again.",
+            "Seconds Redis is not asked after a failure (own rate limits, legacy sessions 503).",
             DEFAULT_REDIS_RETRY_INTERVAL,
         ),
     },

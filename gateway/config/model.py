@@ -152,13 +152,15 @@ DEFAULT_OAUTH_LOGIN_TIMEOUT = 600.0
 # what replicas hand each other through clients (cursors); a short one could be guessed
 # offline from one signed cursor. 32 characters of `openssl rand -base64 32` carry 192 bits.
 MIN_CLUSTER_SECRET_LENGTH = 32
-# `cluster.redis_timeout`: seconds one rate-limit check may wait for Redis, connecting included.
-# A Redis on the replicas' network answers in well under a millisecond; past this it is stalled,
-# and the replica's own buckets decide instead, so a slow Redis costs a request at most this.
+# `cluster.redis_timeout`: seconds one Redis call (a rate-limit check, a legacy session's
+# record) may wait, connecting included. A Redis on the replicas' network answers in well under
+# a millisecond; past this it is stalled, and the replica's own buckets decide instead (a legacy
+# session request is refused, 503), so a slow Redis costs a request at most this.
 DEFAULT_REDIS_TIMEOUT = 0.1
-# `cluster.redis_retry_interval`: after Redis failed, the replica's own buckets decide for this
-# many seconds before Redis is tried again, so a Redis that is down costs no request a timeout
-# (one request a second pays at most one), and a recovered one is used again within a second.
+# `cluster.redis_retry_interval`: after Redis failed, the replica's own buckets decide (and
+# legacy session requests are refused) for this many seconds before Redis is tried again, so a
+# Redis that is down costs no request a timeout (one request a second pays at most one), and a
+# recovered one is used again within a second.
 DEFAULT_REDIS_RETRY_INTERVAL = 1.0
 REDIS_SCHEMES = ("redis", "rediss")
 # `telemetry.access_log: stderr` logs to the gateway's stderr; any other value is a file path.
@@ -569,8 +571,9 @@ class ClusterConfig:
     # first, then drop the old one). Never in a repr, a log line or an error.
     secrets: tuple[str, ...] = field(repr=False)
     secrets_file: str | None = None  # the absolute path they were read from, if a file
-    # redis:// or rediss:// URL whose Redis holds the rate-limit buckets the replicas share
-    # (None: each replica's own). May carry a password: shown only through `redacted_url`.
+    # redis:// or rediss:// URL whose Redis holds the rate-limit buckets and the legacy
+    # sessions the replicas share (None: each replica's own). May carry a password: shown only
+    # through `redacted_url`.
     redis: str | None = field(default=None, repr=False)
     redis_timeout: float = DEFAULT_REDIS_TIMEOUT
     redis_retry_interval: float = DEFAULT_REDIS_RETRY_INTERVAL

@@ -72,6 +72,9 @@ class Session:
     # Requests the gateway made of the client, by the id it gave them, until answered.
     asked: dict[RequestId, asyncio.Future[Message]] = field(default_factory=dict)
     _ask_ids: itertools.count[int] = field(default_factory=itertools.count)
+    # What the ids of those requests start with; replicas sharing sessions put their own id in
+    # it, so an answer names the one replica whose question it is (frontends/sessions.py).
+    ask_prefix: str = "mcp-gateway-"
     # Where the gateway sends the session messages it starts (list changes, resource updates):
     # stdout on stdio, the session's GET stream on HTTP. None: nowhere (nothing is watched).
     deliver: Deliver | None = None
@@ -92,7 +95,7 @@ class Session:
         return True
 
     def next_ask_id(self) -> str:
-        return f"mcp-gateway-{next(self._ask_ids)}"
+        return f"{self.ask_prefix}{next(self._ask_ids)}"
 
     def cancel(self, request_id: object) -> None:
         if isinstance(request_id, (str, int)):

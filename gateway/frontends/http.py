@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
+from dataclasses import dataclass
 
 from aiohttp import HttpVersion11, hdrs, web
 
@@ -20,16 +22,24 @@ from gateway import errors, timers
 from gateway.auth.authenticator import Authenticator
 from gateway.auth.identity import Identity
 from gateway.config import HttpListen
+from gateway.core.bus import Bus
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.legacy import LEGACY_VERSIONS, LegacyFront, is_legacy_opening, is_modern
 from gateway.core.ratelimit import retry_after_header
+from gateway.core.sessions import SessionRecords, SessionsUnavailable
 from gateway.frontends import guard
 from gateway.frontends import logins as login_routes
 from gateway.frontends.bearer import Bearer, identity_of
 from gateway.frontends.bodies import BodyError
 from gateway.frontends.listener import CLOSE, CUT, Handler, read_body, start_stream
 from gateway.frontends.ops import Operations, operation_routes
-from gateway.frontends.sessions import HttpSession, SessionStore, owner_of
+from gateway.frontends.sessions import (
+    HttpSession,
+    SessionsFull,
+    SessionStore,
+    SharedSessionStore,
+    owner_of,
+)
 from gateway.oauth.desk import LoginDesk
 from gateway.protocol import codes, headers, jsonrpc, sse
 from gateway.protocol.headers import ParamHeader
@@ -56,7 +66,16 @@ def json_response(status: int, msg: Message, **extra: str) -> web.Response:
 
 # The errors whose status tells the client when to come back (429, 503): Retry-After, from the
 # delay the error carries in `data.retryAfter`.
-RETRY_LATER = frozenset({codes.RATE_LIMITED, codes.GATEWAY_OVERLOADED})
+RETRY_LATER = frozenset(
+    {codes.RATE_LIMITED, codes.GATEWAY_OVERLOADED, codes.SHARED_STATE_UNAVAILABLE}
+)
+# When a client refused for want of room for another legacy session may try again: sessions
+# end by DELETE or idle expiry, not on a schedule, so this is a client's pace, not a promise.
+SESSIONS_FULL_RETRY = 5.0
+# A session's state a request changes, which the other replicas must see (cluster.redis).
+SESSION_STATE_METHODS = frozenset(
+    {"logging/setLevel", "resources/subscribe", "resources/unsubscribe"}
+)
 
 
 def _reply_headers(reply: Message) -> dict[str, str] | None:
@@ -122,6 +141,14 @@ def _accepts_value(accept: str) -> bool:
     return "application/json" in kinds and "text/event-stream" in kinds
 
 
+@dataclass(frozen=True)
+class SharedSessions:
+    """Where legacy sessions are kept when the replicas share them (cluster.redis)."""
+
+    records: SessionRecords
+    bus: Bus
+
+
 class Endpoint:
     """The MCP endpoint of one HTTP listener, and the listener's other routes (the operator
     endpoints, when given): `handle` is the listener's one handler."""
@@ -133,6 +160,7 @@ class Endpoint:
         ops: Operations | None = None,
         auth: Authenticator | None = None,
         logins: LoginDesk | None = None,
+        shared: SharedSessions | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.listen = listen
@@ -142,7 +170,15 @@ class Endpoint:
         self._routes: dict[str, Handler] = operation_routes(ops) if ops is not None else {}
         self._stats = dispatcher.telemetry.stats
         self._legacy = LegacyFront(dispatcher)
+        # With cluster.redis, legacy sessions are the replicas' (their records in Redis); else
+        # this process's alone, with no Redis call on their path.
+        self._shared: SharedSessionStore | None = None
         self.sessions = SessionStore(listen.session_idle_timeout)
+        if shared is not None:
+            self._shared = SharedSessionStore(
+                listen.session_idle_timeout, shared.records, shared.bus, self._legacy
+            )
+            self.sessions = self._shared
         self._timers = timers.wheel()  # (made within the running loop, by the app)
         self._screen = functools.lru_cache(maxsize=512)(functools.partial(_screen, listen))
         # With `auth:`, every request on the endpoint needs a bearer token (frontends/bearer.py);
@@ -298,28 +334,65 @@ class Endpoint:
         self._stats.rejections["unknown_session"] += 1
         return refused(404, "Unknown or ended session")
 
+    def _sessions_full(self, id_: jsonrpc.RequestId | None) -> web.Response:
+        self._stats.rejections["sessions_full"] += 1
+        error = errors.Overloaded(SESSIONS_FULL_RETRY, "Too many open sessions; try again later")
+        return self._reply_error(errors.to_wire(error, id_))
+
+    def _unavailable(self, exc: SessionsUnavailable, id_: jsonrpc.RequestId | None) -> web.Response:
+        """Redis holds the session and does not answer: 503 with Retry-After (the session may
+        be fine), never a 404 that would make the client start over."""
+        self._stats.rejections["sessions_unavailable"] += 1
+        return self._reply_error(errors.to_wire(exc, id_))
+
+    def _reply_error(self, reply: Message) -> web.Response:
+        return self._reply(reply, self._stats_out(jsonrpc.encode(reply)))
+
+    def _stats_out(self, body: bytes) -> bytes:
+        return _count_out(self._stats, body)
+
     async def _open_session(self, request: web.BaseRequest, msg: Message) -> web.StreamResponse:
-        session = self.sessions.open(_owner(request))
+        try:
+            session = self.sessions.open(_owner(request))
+        except SessionsUnavailable as exc:
+            return self._unavailable(exc, msg["id"])
         if session is None:
-            return self._reject(
-                "sessions_full",
-                503,
-                codes.GATEWAY_OVERLOADED,
-                "Too many open sessions; try again later",
-                msg["id"],
-            )
+            return self._sessions_full(msg["id"])
         reply = await self._legacy.handle(session, msg, _drop, _origin(request))
         if not session.initialized:
             self.sessions.end(session)  # the handshake failed: no session to speak of
             return self._reply(reply, jsonrpc.encode(reply))
+        if self._shared is not None:
+            try:
+                await self._shared.opened(session)
+            except SessionsUnavailable as exc:
+                self.sessions.end(session)  # no record: no replica could serve it
+                return self._unavailable(exc, msg["id"])
         return json_response(200, reply, **{SESSION_HEADER: session.id})
+
+    async def _session(
+        self, request: web.BaseRequest, session_id: str, id_: jsonrpc.RequestId | None
+    ) -> HttpSession | web.Response:
+        """The session a request names, or the response that refuses it (404, or 503 when its
+        record cannot be read)."""
+        shared = self._shared
+        if shared is None:  # (one process: no await)
+            session = self.sessions.get(session_id, _owner(request))
+        else:
+            try:
+                session = await shared.lookup(session_id, _owner(request))
+            except SessionsUnavailable as exc:
+                return self._unavailable(exc, id_)
+            except SessionsFull:
+                return self._sessions_full(id_)
+        return self._no_session() if session is None else session
 
     async def _in_session(
         self, request: web.BaseRequest, session_id: str, msg: Message, kind: jsonrpc.Kind
     ) -> web.StreamResponse:
-        session = self.sessions.get(session_id, _owner(request))
-        if session is None:
-            return self._no_session()
+        session = await self._session(request, session_id, msg.get("id"))
+        if not isinstance(session, HttpSession):
+            return session
         version = request.headers.get(VERSION_HEADER)
         if version is not None and version not in LEGACY_VERSIONS:
             return self._reject(
@@ -328,12 +401,20 @@ class Endpoint:
                 codes.INVALID_REQUEST,
                 f"{VERSION_HEADER} {version!r} is not a version of this session",
             )
+        shared = self._shared
         if kind is jsonrpc.Kind.RESPONSE:
-            # An answer to a question we asked; anything else is dropped.
-            self._legacy.answer(session, msg)
+            # An answer to a question we asked; anything else is dropped. Shared: a question
+            # of another replica's (its id names it) is passed on to it.
+            if not self._legacy.answer(session, msg) and shared is not None:
+                await shared.answer_elsewhere(session, msg)
             return web.Response(status=202)
         if kind is jsonrpc.Kind.NOTIFICATION:
             await self._legacy.notify(session, msg)
+            if shared is not None and msg["method"] == "notifications/cancelled":
+                # The request may run on another replica (where it was sent).
+                request_id = jsonrpc.params(msg).get("requestId")
+                if isinstance(request_id, str | int) and request_id not in session.in_flight:
+                    await shared.cancel_elsewhere(session, request_id)
             return web.Response(status=202)
         if msg["method"] == "initialize":
             return self._reject(
@@ -368,16 +449,43 @@ class Endpoint:
             timer.cancel()
             if relay.keepalive is not None:
                 await relay.stop_keepalive()
+        if self._shared is not None and msg["method"] in SESSION_STATE_METHODS:
+            saved = await self._share_state(session, msg["method"], reply)
+            if saved is not None:
+                return saved
         return await self._finish(relay, reply)
+
+    async def _share_state(
+        self, session: HttpSession, method: str, reply: Message
+    ) -> web.Response | None:
+        """What the request changed, into the session's record (cluster.redis); the response
+        that replaces the reply when that failed."""
+        assert self._shared is not None
+        if "error" in reply:
+            return None
+        try:
+            if not await self._shared.save(session):
+                return self._no_session()
+        except SessionsUnavailable as exc:
+            return self._unavailable(exc, reply.get("id"))
+        if method != "logging/setLevel":
+            await self._shared.subscriptions_changed(session)
+        return None
 
     async def _session_method(
         self, request: web.BaseRequest, session_id: str
     ) -> web.StreamResponse:
-        session = self.sessions.get(session_id, _owner(request))
-        if session is None:
-            return self._no_session()
+        session = await self._session(request, session_id, None)
+        if not isinstance(session, HttpSession):
+            return session
         if request.method == "DELETE":
-            self.sessions.end(session)
+            if self._shared is None:
+                self.sessions.end(session)
+            else:
+                try:
+                    await self._shared.delete(session)
+                except SessionsUnavailable as exc:
+                    return self._unavailable(exc, None)
             return web.Response(status=204)
         if "text/event-stream" not in (request.headers.get(hdrs.ACCEPT) or ""):
             return self._reject(
@@ -395,11 +503,22 @@ class Endpoint:
         """The session's GET stream: the messages the gateway starts for it (list changes,
         resource updates), with keep-alives between; it ends when the session does."""
         session.streaming = True
+        shared = self._shared
+        if shared is not None:
+            shared.stream_opened(session, _origin(request).within(session))
+        touched = time.monotonic()
         stream = web.StreamResponse(headers=SSE_HEADERS)
         try:
             stream = await start_stream(request, SSE_HEADERS)
             await stream.write(sse.KEEPALIVE)
             while True:
+                if shared is not None and time.monotonic() - touched > shared.touch_interval:
+                    # An open stream is use: its record must not expire meanwhile (and one
+                    # gone, the message of its end lost, ends the session's copy here).
+                    touched = time.monotonic()
+                    with contextlib.suppress(SessionsUnavailable):
+                        if not await shared.touch(session):
+                            shared.end(session)
                 try:
                     msg = await asyncio.wait_for(session.outbox.get(), KEEPALIVE_INTERVAL)
                 except TimeoutError:
@@ -413,6 +532,8 @@ class Endpoint:
             pass  # the client has gone; the session stays for its next GET
         finally:
             session.streaming = False
+            if shared is not None:
+                shared.stream_closed(session)
         return stream
 
     async def _finish(self, relay: _Relay, reply: Message) -> web.StreamResponse:

@@ -1,6 +1,14 @@
 """Legacy HTTP sessions (2025-11-25 transports, Session Management): minted at `initialize`,
 named by an unguessable `Mcp-Session-Id`, bound to the caller that opened them, ended by
-DELETE or after a while without requests; an unknown or ended id gets 404."""
+DELETE or after a while without requests; an unknown or ended id gets 404.
+
+`SessionStore` keeps them in this process. With `cluster.redis`, `SharedSessionStore` keeps
+each session's record in Redis (core/sessions.py) and, on every replica that serves it, a
+runtime copy made from the record on demand: what only that replica can hold (requests in
+flight, questions asked on their streams, the GET stream and its watch). What reaches another
+replica than the one holding it (an answer, `notifications/cancelled`, the session's end, a
+changed subscription) is passed on over the cluster bus.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +16,21 @@ import asyncio
 import logging
 import secrets
 import time
+from typing import Any
 
 from gateway.auth.identity import Identity
-from gateway.core.legacy import Session
+from gateway.core.bus import Bus
+from gateway.core.legacy import LegacyFront, Session
+from gateway.core.sessions import (
+    SessionRecords,
+    SessionsUnavailable,
+    apply,
+    owner_digest,
+    record_key,
+    record_of,
+)
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import credentials_digest
+from gateway.telemetry.api import STDIO_ORIGIN, Origin, credentials_digest
 
 log = logging.getLogger("gateway.http")
 
@@ -25,14 +43,18 @@ MAX_SESSIONS = 1000
 
 
 class HttpSession(Session):
-    def __init__(self, session_id: str, owner: str) -> None:
+    def __init__(self, session_id: str, owner: str, *, shared: bool = False) -> None:
         super().__init__()
         self.id = session_id
         self.owner = owner
         self.streaming = False  # a GET stream is open
         # None marks the end of the session for the GET stream.
         self.outbox: asyncio.Queue[Message | None] = asyncio.Queue(OUTBOX)
-        self.deliver = self._enqueue
+        # Alone, the session's watch runs from its `initialize` on and its notifications wait
+        # in the outbox for a GET stream; shared, it runs only where a GET stream is open
+        # (`SharedSessionStore.stream_opened`): the next GET may reach any replica.
+        self.deliver = None if shared else self._enqueue
+        self.watch_origin: Origin = STDIO_ORIGIN  # (shared: the GET stream's request's)
 
     async def _enqueue(self, msg: Message) -> None:
         try:
@@ -72,13 +94,19 @@ class SessionStore:
 
     def open(self, owner: str) -> HttpSession | None:
         """A new session, or None when MAX_SESSIONS are open (and none has expired)."""
-        self._sweep(force=len(self._sessions) >= self._limit)
-        if len(self._sessions) >= self._limit:
+        if not self._room():
             return None
         # 32 random bytes, URL-safe base64: visible ASCII only, as the header requires.
-        session = HttpSession(secrets.token_urlsafe(32), owner)
+        session = self._make(secrets.token_urlsafe(32), owner)
         self._sessions[session.id] = session
         return session
+
+    def _room(self) -> bool:
+        self._sweep(force=len(self._sessions) >= self._limit)
+        return len(self._sessions) < self._limit
+
+    def _make(self, session_id: str, owner: str) -> HttpSession:
+        return HttpSession(session_id, owner)
 
     def get(self, session_id: str, owner: str) -> HttpSession | None:
         """The live session of that id if `owner` opened it; a stranger learns nothing more than
@@ -114,3 +142,176 @@ class SessionStore:
             busy = session.in_flight or session.streaming
             if not busy and now - session.last_used > self._idle_timeout:
                 self.end(session)
+
+
+# The cluster bus's topics for sessions (core/bus.py): each body names the session by its
+# record's key (a digest of the id, never the id itself).
+ANSWER = "session.answer"  # a client's answer to a question another replica asked
+CANCEL = "session.cancel"  # notifications/cancelled, for a request another replica runs
+END = "session.end"  # the session was deleted: every copy ends (its GET stream, its work)
+CHANGED = "session.changed"  # its subscriptions changed: the replica watching reads them again
+
+
+class SharedSessionStore(SessionStore):
+    """Sessions whose records are in Redis (`cluster.redis`), so any replica serves any
+    request of a session; each replica keeps copies only of the sessions it serves. Lookups
+    read the record (renewing its expiry), so what another replica set (log level,
+    subscriptions) applies here, and a session ended or expired there is ended here too."""
+
+    def __init__(
+        self,
+        idle_timeout: float,
+        records: SessionRecords,
+        bus: Bus,
+        legacy: LegacyFront,
+        limit: int | None = None,
+    ) -> None:
+        super().__init__(idle_timeout, limit)
+        self._records = records
+        self._bus = bus
+        self._legacy = legacy
+        self._by_key: dict[str, HttpSession] = {}
+        # Questions asked of clients carry this replica's id, so an answer that reaches another
+        # replica is taken by the one that asked (and by no other copy of the session).
+        self._ask_prefix = f"mcp-gateway-{bus.replica}-"
+        # How often an open GET stream renews its record: the session is in use while it is.
+        self.touch_interval = idle_timeout / 3
+        bus.on(ANSWER, self._on_answer)
+        bus.on(CANCEL, self._on_cancel)
+        bus.on(END, self._on_end)
+        bus.on(CHANGED, self._on_changed)
+
+    def open(self, owner: str) -> HttpSession | None:
+        self._records.check()  # (Redis known to be down: refused before the handshake runs)
+        return super().open(owner)
+
+    def _make(self, session_id: str, owner: str) -> HttpSession:
+        session = HttpSession(session_id, owner, shared=True)
+        session.ask_prefix = self._ask_prefix
+        self._by_key[record_key(session_id)] = session
+        return session
+
+    def end(self, session: HttpSession) -> None:
+        """End this replica's copy (the record is `delete`'s)."""
+        self._by_key.pop(record_key(session.id), None)
+        super().end(session)
+
+    async def opened(self, session: HttpSession) -> None:
+        """The handshake is done: the record, which makes the session every replica's."""
+        await self._records.create(record_key(session.id), record_of(session, session.owner))
+
+    async def lookup(self, session_id: str, owner: str) -> HttpSession | None:
+        """This replica's copy of the session, made from its record (whose expiry this use
+        renews); None for an unknown, ended or expired id, or another owner's session, alike.
+        Raises `SessionsUnavailable` when Redis does not answer, and `SessionsFull` when this
+        replica holds as many copies as it may, all busy."""
+        record = await self._records.load(record_key(session_id))
+        local = self._sessions.get(session_id)
+        if record is None:
+            if local is not None:
+                self.end(local)  # ended or expired elsewhere: its work here ends too
+            return None
+        if not secrets.compare_digest(record["owner"], owner_digest(owner)):
+            return None
+        if local is None:
+            if not self._room() and not self._evict():
+                raise SessionsFull
+            local = self._make(session_id, owner)
+            self._sessions[session_id] = local
+        if apply(local, record) and local.watcher is not None:
+            self._legacy.watch(local, local.watch_origin)
+        local.last_used = time.monotonic()
+        return local
+
+    def _evict(self) -> bool:
+        """Room for another copy, made by forgetting the least recently used idle one (a copy
+        is a cache of its record: nothing is lost)."""
+        idle = [s for s in self._sessions.values() if not (s.in_flight or s.streaming or s.asked)]
+        if not idle:
+            return False
+        self.end(min(idle, key=lambda s: s.last_used))
+        return True
+
+    async def save(self, session: HttpSession) -> bool:
+        """What the session's request changed (log level, subscriptions), for every replica;
+        False when the record is gone meanwhile (the copy ends)."""
+        if await self._records.save(record_key(session.id), record_of(session, session.owner)):
+            return True
+        self.end(session)
+        return False
+
+    async def subscriptions_changed(self, session: HttpSession) -> None:
+        """Saved; the replica that holds the session's GET stream (if another) watches anew."""
+        await self._bus.publish(CHANGED, {"session": record_key(session.id)})
+
+    async def delete(self, session: HttpSession) -> None:
+        """The session ends everywhere: its record first (raises `SessionsUnavailable`), then
+        the copies (a lost message leaves a GET stream elsewhere to find the record gone)."""
+        await self._records.delete(record_key(session.id))
+        self.end(session)
+        await self._bus.publish(END, {"session": record_key(session.id)})
+
+    async def answer_elsewhere(self, session: HttpSession, response: Message) -> None:
+        """An answer to no question of this replica: to the replica that asked it."""
+        await self._bus.publish(ANSWER, {"session": record_key(session.id), "response": response})
+
+    async def cancel_elsewhere(self, session: HttpSession, request_id: object) -> None:
+        await self._bus.publish(
+            CANCEL, {"session": record_key(session.id), "requestId": request_id}
+        )
+
+    def stream_opened(self, session: HttpSession, origin: Origin) -> None:
+        """The session's GET stream is open here: its watch runs here, into the stream."""
+        session.watch_origin = origin
+        session.deliver = session._enqueue
+        self._legacy.watch(session, origin)
+
+    def stream_closed(self, session: HttpSession) -> None:
+        """Changes are kept for an open GET stream only (the next may reach another replica)."""
+        session.deliver = None
+        if session.watcher is not None:
+            session.watcher.cancel()
+            session.watcher = None
+
+    async def touch(self, session: HttpSession) -> bool:
+        """The record's expiry renewed (an open GET stream is use); False once it is gone."""
+        return await self._records.touch(record_key(session.id))
+
+    # --- what the other replicas say --------------------------------------------------------
+
+    def _named(self, body: dict[str, Any]) -> HttpSession | None:
+        key = body.get("session")
+        return self._by_key.get(key) if isinstance(key, str) else None
+
+    async def _on_answer(self, _: str, body: dict[str, Any]) -> None:
+        session = self._named(body)
+        response = body.get("response")
+        if session is not None and isinstance(response, dict):
+            session.answer(response)
+
+    async def _on_cancel(self, _: str, body: dict[str, Any]) -> None:
+        session = self._named(body)
+        if session is not None:
+            session.cancel(body.get("requestId"))
+
+    async def _on_end(self, _: str, body: dict[str, Any]) -> None:
+        session = self._named(body)
+        if session is not None:
+            self.end(session)
+
+    async def _on_changed(self, _: str, body: dict[str, Any]) -> None:
+        session = self._named(body)
+        if session is None or session.watcher is None:
+            return  # nothing watched here: the next lookup reads the record anyway
+        try:
+            record = await self._records.load(record_key(session.id))
+        except SessionsUnavailable:
+            return  # (logged by the store; the stream's next renewal finds out more)
+        if record is None:
+            self.end(session)
+        elif apply(session, record):
+            self._legacy.watch(session, session.watch_origin)
+
+
+class SessionsFull(Exception):
+    """This replica holds MAX_SESSIONS copies of sessions, every one of them busy."""

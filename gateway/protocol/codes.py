@@ -27,3 +27,6 @@ INSUFFICIENT_SCOPE = -31007
 # The caller is over a rate limit (HTTP: 429 with Retry-After); `error.data.retryAfter` is the
 # delay in seconds after which a retry can succeed.
 RATE_LIMITED = -31008
+# Legacy sessions cannot be read or written: the replicas' shared store (cluster.redis) does
+# not answer (HTTP: 503 with Retry-After); `error.data.retryAfter` says when to try again.
+SHARED_STATE_UNAVAILABLE = -31009

@@ -153,6 +153,9 @@ class Stats:
     # bus), and the messages by (topic, outcome: sent, unsent, received, malformed).
     redis_pubsub_up: bool | None = None
     cluster_messages: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # cluster.redis: whether the last read or write of a legacy session record reached Redis
+    # (None: not shared, or not tried yet).
+    sessions_redis_up: bool | None = None
     # Requests refused past a bound on requests in flight, by (scope: overall or backend, the
     # backend's name or "" overall).
     overloaded: Counter[tuple[str, str]] = field(default_factory=Counter)

@@ -289,6 +289,14 @@ class GatewayCollector(Collector):
         for (topic, outcome), count in sorted(self._stats.cluster_messages.items()):
             messages.add_metric([topic, outcome], count)
         yield messages
+        sessions_up = GaugeMetricFamily(
+            "mcp_gateway_redis_sessions_up",
+            "1 if the last read or write of a legacy session record reached Redis"
+            " (cluster.redis), else 0.",
+        )
+        if self._stats.sessions_redis_up is not None:
+            sessions_up.add_metric([], 1 if self._stats.sessions_redis_up else 0)
+        yield sessions_up
 
     def _reload_metrics(self) -> Iterator[Metric]:
         """What the config reloads did: each reload's outcome, and the backends they changed."""

@@ -1,0 +1,126 @@
+"""`core.sessions.SessionRecords` in Redis: one JSON string per legacy session, under
+`mcp-gateway:session:<digest of the id>`, expiring after the session's idle timeout (every
+read renews it: GETEX; every write sets it: SET ... XX PX).
+
+Unlike the rate limits, a session cannot be decided without Redis: its record is the session.
+So a call that fails or takes longer than `redis_timeout` raises `SessionsUnavailable`, and for
+`redis_retry_interval` after that Redis is not asked at all (the next requests fail at once,
+then one tries again: redis-py's pool reconnects). Each change of state is one log line and
+`mcp_gateway_redis_sessions_up`; every refusal counts in
+`mcp_gateway_rejections_total{reason="sessions_unavailable"}` (frontends/http.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+import orjson
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from gateway.core.sessions import Record, SessionsUnavailable, valid
+from gateway.telemetry.api import Stats
+
+log = logging.getLogger("gateway")
+
+PREFIX = "mcp-gateway:session:"
+
+T = TypeVar("T")
+Clock = Callable[[], float]
+
+
+class RedisSessions:
+    def __init__(
+        self,
+        url: str,
+        ttl: float,
+        timeout: float,
+        retry_interval: float,
+        stats: Stats,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        # No retries inside redis-py, as for the buckets: a failure is reported at once, and
+        # the pool reconnects on the next try.
+        self._client = Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._ttl_ms = max(1, math.ceil(ttl * 1000))
+        self._timeout = timeout
+        self._retry_interval = retry_interval
+        self._stats = stats
+        self._clock = clock
+        self._retry_at = 0.0  # while down: when Redis is asked again
+
+    def check(self) -> None:
+        if self._stats.sessions_redis_up is False and self._clock() < self._retry_at:
+            raise SessionsUnavailable(self._retry_interval)
+
+    async def create(self, key: str, record: Record) -> None:
+        data = orjson.dumps(record)
+        await self._call(lambda: self._client.set(PREFIX + key, data, px=self._ttl_ms, nx=True))
+
+    async def load(self, key: str) -> Record | None:
+        data = await self._call(lambda: self._client.getex(PREFIX + key, px=self._ttl_ms))
+        if data is None:
+            return None
+        try:
+            return valid(orjson.loads(data))
+        except orjson.JSONDecodeError:
+            return None
+
+    async def save(self, key: str, record: Record) -> bool:
+        data = orjson.dumps(record)
+        done = await self._call(
+            lambda: self._client.set(PREFIX + key, data, px=self._ttl_ms, xx=True)
+        )
+        return bool(done)
+
+    async def touch(self, key: str) -> bool:
+        return bool(await self._call(lambda: self._client.pexpire(PREFIX + key, self._ttl_ms)))
+
+    async def delete(self, key: str) -> None:
+        await self._call(lambda: self._client.delete(PREFIX + key))
+
+    async def _call(self, command: Callable[[], Awaitable[T]]) -> T:
+        self.check()
+        if self._stats.sessions_redis_up is False:
+            # One call tries Redis again; the others meanwhile fail at once.
+            self._retry_at = self._clock() + self._retry_interval
+        try:
+            # Connecting included: a stalled Redis costs a request this much at most.
+            with anyio.fail_after(self._timeout):
+                result = await command()
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(exc)
+            raise SessionsUnavailable(self._retry_interval) from None
+        if self._stats.sessions_redis_up is not True:
+            if self._stats.sessions_redis_up is False:
+                log.warning("redis: reachable again; legacy sessions are served again")
+            self._stats.sessions_redis_up = True
+        return result
+
+    def _failed(self, exc: Exception) -> None:
+        stats = self._stats
+        if stats.sessions_redis_up is not False:
+            # Once per change of state; the reason, never the URL (it may carry the password).
+            log.warning(
+                "redis: a legacy session record could not be read or written (%s); legacy"
+                " sessions are refused (503) until it answers (tried again every %g s)",
+                str(exc) or type(exc).__name__,
+                self._retry_interval,
+            )
+            stats.sessions_redis_up = False
+        self._retry_at = self._clock() + self._retry_interval
+
+    async def close(self) -> None:
+        await self._client.aclose()
