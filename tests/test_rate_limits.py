@@ -140,14 +140,17 @@ def test_a_burst_is_served_then_refused_until_a_token_is_back() -> None:
 def test_a_reload_keeps_the_buckets_of_every_limit_it_did_not_change() -> None:
     # README "Reloading the config": re-reading `rate_limits:` refills nobody's budget.
     clock = Clock()
-    kept = {"per_identity": Rate(rate=0.001, burst=2), "overall": Rate(rate=0.001, burst=50)}
+    kept: dict[str, Any] = {
+        "per_identity": Rate(rate=0.001, burst=2),
+        "overall": Rate(rate=0.001, burst=50),
+    }
     before = limiter(clock, **kept, tools={"echo": Rate(rate=0.001, burst=2)})
     msg = tool_call(1, "echo")
     for _ in range(2):
         assert refused(before, msg, origin(ALICE)) is None
     assert refused(before, msg, origin(ALICE)) is not None
     counts: Counter[str] = Counter()
-    after = limiter(clock, counts, **kept, tools={"echo": Rate(rate=0.001, burst=5)})
+    after = limiter(clock, counts=counts, **kept, tools={"echo": Rate(rate=0.001, burst=5)})
     after.carry_over(before)
     assert refused(after, msg, origin(ALICE)) is not None
     assert counts == Counter({"identity": 1})  # still spent
