@@ -8,8 +8,8 @@ request went to, so "every request on another replica than the one before" is re
 assumed. Proved: the official SDK client's modern era (paged lists, calls, resources, prompts)
 and an MRTR retry served by replicas in turn; one caller's burst spent over all three; Redis
 stopped and started under load, and a reload of every replica under load, without one failed
-request. Not yet (xfail, strict): legacy sessions across replicas and after their replica dies,
-and a listen stream on one replica hearing a list change another replica saw.
+request; a listen stream on one replica hearing a list change another replica saw. Not yet
+(xfail, strict): legacy sessions across replicas and after their replica dies.
 """
 
 from __future__ import annotations
@@ -70,7 +70,6 @@ RATE_LIMITS = {
 }
 LOAD_WORKERS = 8
 LEGACY_IN_REDIS = "legacy sessions in Redis: in progress"
-LISTEN_ACROSS = "list changes across replicas: in progress"
 
 
 def settings(redis_port: int, **backends: dict[str, object]) -> dict[str, Any]:
@@ -418,7 +417,6 @@ async def test_a_legacy_session_outlives_the_replica_that_opened_it(cluster: Clu
                     assert "sdk_echo" in await tool_names(client)
 
 
-@pytest.mark.xfail(strict=True, reason=LISTEN_ACROSS)
 async def test_a_listen_stream_hears_a_list_change_another_replica_saw(cluster: Cluster) -> None:
     a, b = cluster.gateways[:2]
     with anyio.fail_after(BOUND * 3):
