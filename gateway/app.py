@@ -50,6 +50,7 @@ from gateway.config import (
     StdioTarget,
     TapConfig,
 )
+from gateway.core.changes import ClusterChanges
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.instrument import InstrumentedBackend
 from gateway.core.overload import BACKEND, OVERALL, Bound, BoundedBackend
@@ -377,6 +378,14 @@ class Gateway:
         )
         for wired in self.wired:
             self._attach(wired)
+        # --- cluster: list changes and resource updates across replicas (core/changes.py) ---
+        # Its topic is named on the bus here, before the bus runs; it runs in __aenter__.
+        self.changes = (
+            ClusterChanges(self.bus, self.dispatcher.subscriptions, self.dispatcher.catalogs)
+            if self.bus is not None
+            else None
+        )
+        # --- end cluster changes ---
         # One reload at a time (SIGHUP, `reload`, --watch), its drain of removed backends
         # included: each one starts from the set the one before it left.
         self._reloading = anyio.Lock()
@@ -483,6 +492,8 @@ class Gateway:
                 await self._start_http()
             if self.bus is not None:
                 self._tg.start_soon(self.bus.run, name="cluster bus")
+            if self.changes is not None:  # (cluster changes)
+                self._tg.start_soon(self.changes.run, name="cluster changes")
             for wired in self.wired:
                 self._tg.start_soon(self._run_backend, wired, name=f"backend {wired.config.name}")
             if self.config.namespacing.prefix == "never":

@@ -10,8 +10,8 @@ and an MRTR retry served by replicas in turn; one caller's burst spent over all 
 stopped and started under load, and a reload of every replica under load, without one failed
 request; the SDK client's legacy era (a session in Redis) with every POST on another replica
 than the one before, a backend's question answered through another replica, and a session
-going on after the replica that opened it is killed. Not yet (xfail, strict): a listen stream
-on one replica hearing a list change another replica saw.
+going on after the replica that opened it is killed; a listen stream on one replica
+hearing a list change another replica saw.
 """
 
 from __future__ import annotations
@@ -71,7 +71,6 @@ RATE_LIMITS = {
     "tools": {"sdk_label": {"rate": 0.001, "burst": LABEL_BURST}},
 }
 LOAD_WORKERS = 8
-LISTEN_ACROSS = "list changes across replicas: in progress"
 
 
 def settings(redis_port: int, **backends: dict[str, object]) -> dict[str, Any]:
@@ -446,7 +445,6 @@ async def test_a_legacy_session_outlives_the_replica_that_opened_it(cluster: Clu
             assert all(t[1] in ("200", "202") for t in served), served
 
 
-@pytest.mark.xfail(strict=True, reason=LISTEN_ACROSS)
 async def test_a_listen_stream_hears_a_list_change_another_replica_saw(cluster: Cluster) -> None:
     a, b = cluster.gateways[:2]
     with anyio.fail_after(BOUND * 3):

@@ -92,6 +92,11 @@ class Catalogs:
         self._notify()
         return [name for name, entry in entries.items() if old.get(name) is not entry]
 
+    @property
+    def client_info(self) -> dict[str, Any]:
+        """The gateway's `clientInfo` on requests of its own."""
+        return self._client_info
+
     def capabilities(self, backend: str) -> Mapping[str, Any] | None:
         entry = self._entries.get(backend)  # (None: a reload removed it meanwhile)
         found = entry.discover if entry is not None else None

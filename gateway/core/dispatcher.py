@@ -127,8 +127,10 @@ class Dispatcher:
         self._policy = policy
         self.limiter = limiter
         self.shared_limiter = shared_limiter
+        loads = self.catalogs.reconfigure(backends, exposures, naming)
+        # After the table: open listens are extended to the added backends by its routes.
         self.subscriptions.reconfigure(self.backends, self._exposures, naming)
-        return self.catalogs.reconfigure(backends, exposures, naming)
+        return loads
 
     def close_streams(self) -> None:
         """Shutdown: every open listen ends with its graceful completion result."""
@@ -217,9 +219,11 @@ class Dispatcher:
 
     def backend_notification(self, backend: str, msg: Message) -> None:
         """A notification a backend sent outside any request: a list change makes its catalog
-        stale, so the next lookup that misses refetches it."""
+        stale, so the next lookup that misses refetches it (and, with a cluster bus, the other
+        replicas hear of it: `Subscriptions.heard`)."""
         if str(msg.get("method", "")).endswith("/list_changed"):
             self.catalogs.invalidate(backend)
+        self.subscriptions.heard(backend, msg)
 
     async def param_headers(
         self, tool: str, identity: Identity | None = None
@@ -276,15 +280,24 @@ class Dispatcher:
         if method == "completion/complete":
             return await self._complete(msg, sink, view)
         if method == "subscriptions/listen":
-            if view is None:
-                return await self.subscriptions.listen(msg, sink)
-            hidden = functools.partial(self._hidden_capabilities, view)
-            return await self.subscriptions.listen(msg, sink, _readable(view), hidden)
+            # Judged by the policy in force when its parts are planned (a reload may add some).
+            judge = functools.partial(self._judge, origin.identity)
+            return await self.subscriptions.listen(msg, sink, judge)
         only = self._only_backend()
         if only is None or method in meta.LEGACY_METHODS:
             raise Refused(codes.METHOD_NOT_FOUND, f"Method not found: {method}")
         SERVING.get()[0].annotate(backend=only.name)
         return await only.request(msg, sink)
+
+    def _judge(
+        self, identity: Identity | None
+    ) -> tuple[Callable[[str, str], bool] | None, Callable[[str], frozenset[str]] | None]:
+        """The policy's say on a caller's listen, by the policy in force now: a reload that
+        extends the listen judges the added backends by the reloaded rules."""
+        if self._policy is None:
+            return None, None
+        view = self._policy.view(identity)
+        return _readable(view), functools.partial(self._hidden_capabilities, view)
 
     def _only_backend(self) -> Backend | None:
         return self.backends[self._order[0]] if len(self._order) == 1 else None

@@ -3,18 +3,25 @@
 A client's listen becomes one listen per backend that can honour part of its filter. The gateway
 waits for their acknowledgements, acknowledges the subset honoured under the client's own
 subscription id, then relays notifications with that id and namespaced URIs. A backend stream that
-ends (restart, dropped connection) is opened again without the client noticing.
+ends (restart, dropped connection) is opened again without the client noticing. A reload extends
+open listens to the added backends, within what each listen's acknowledgement told its client.
+
+With a cluster bus (`core/changes.py`) what the backend streams hear is also handed to
+`on_heard`, and notices from other replicas come in through `deliver`; `watch` is the replica's
+own listen on a backend for its list changes.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectSendStream
 
 from gateway import errors
 from gateway.backends.base import Backend, NotificationSink
@@ -23,6 +30,7 @@ from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure
+from gateway.telemetry.api import GATEWAY_ORIGIN, SERVING
 
 log = logging.getLogger("gateway.listen")
 
@@ -36,8 +44,15 @@ ACK_TIMEOUT = 10.0
 FIRST_RETRY = 0.1
 MAX_RETRY = 10.0
 STABLE_AFTER = 30.0
+# Notices from other replicas waiting for one listen's client: a client that does not read
+# loses the excess (they are notices; what it has not read yet says the same).
+REMOTE_QUEUE = 64
 Readable = Callable[[str, str], bool]
 Hidden = Callable[[str], frozenset[str]]
+# The policy's say for one caller, taken anew when a reload extends its listen (the policy may
+# have been reloaded too): (readable, hidden), either None for "no rule".
+Judge = Callable[[], tuple[Readable | None, Hidden | None]]
+Relay = Callable[[str, Message], Awaitable[None]]
 
 
 @dataclass
@@ -52,6 +67,19 @@ class _Plan:
         if self.uris:
             out["resourceSubscriptions"] = list(self.uris)
         return out
+
+
+@dataclass(eq=False)
+class _Listening:
+    """One open client listen, as a reload or another replica's notice reaches it."""
+
+    msg: Message
+    wanted: Mapping[str, Any]
+    judge: Judge | None
+    stream: _Stream
+    relay: Relay
+    tg: anyio.abc.TaskGroup
+    remote: MemoryObjectSendStream[tuple[str, Message]]
 
 
 class Subscriptions:
@@ -69,14 +97,82 @@ class Subscriptions:
         self._ids = itertools.count(1)
         self._closing = anyio.Event()
         self.active = 0
+        self._open: set[_Listening] = set()
+        # Set by core/changes.py with a cluster bus: every notification a backend stream
+        # delivers (not acknowledgements), and the backends a reload added or replaced.
+        self.on_heard: Callable[[str, Message], None] | None = None
+        self.on_reconfigure: Callable[[list[str]], None] | None = None
+
+    @property
+    def backends(self) -> Mapping[str, Backend]:
+        return self._backends
 
     def reconfigure(
         self, backends: Mapping[str, Backend], exposures: Mapping[str, Exposure], naming: Naming
     ) -> None:
-        """A reloaded config: listens opened from now on plan over these backends."""
+        """A reloaded config: listens opened from now on plan over these backends, and open
+        ones are extended to the backends added (or replaced: the old one's part has ended).
+        Called once the route table is the new one, so URIs route to the added backends."""
+        old = self._backends
         self._backends = backends
         self._exposures = exposures
         self._naming = naming
+        added = [name for name, backend in backends.items() if old.get(name) is not backend]
+        if not added:
+            return
+        for listening in list(self._open):
+            self._extend(listening, added)
+        if self.on_reconfigure is not None:
+            self.on_reconfigure(added)
+
+    def _extend(self, listening: _Listening, added: Collection[str]) -> None:
+        """The added backends' part of an open listen. Once acknowledged, only what the
+        acknowledgement told the client was honoured (basic/patterns/subscriptions: nothing
+        beyond the agreed subset): its list flags, its URIs that now route to an added
+        backend. Before, what the client asked, and the acknowledgement waits for it too."""
+        stream = listening.stream
+        asked = stream.honoured if stream.honoured is not None else listening.wanted
+        readable, hidden = listening.judge() if listening.judge is not None else (None, None)
+        for backend, plan in self._plan(asked, readable, hidden, only=added).items():
+            stream.add(backend, plan)
+            listening.tg.start_soon(
+                self._keep_listening, backend, plan, listening.msg, listening.relay
+            )
+
+    def heard(self, backend: str, note: Message) -> None:
+        """A notification from a backend (on a listen stream, or outside any request)."""
+        if self.on_heard is not None:
+            self.on_heard(backend, note)
+
+    def deliver(self, backend: str, note: Message) -> None:
+        """Another replica's notice of `backend`: to every open listen whose plan covers it,
+        as if its own backend stream had delivered it. Never waits for a client."""
+        for listening in self._open:
+            if not listening.stream.covers(backend):
+                continue
+            try:
+                listening.remote.send_nowait((backend, note))
+            except anyio.WouldBlock:
+                log.debug("a listen's client is not reading: a notice of %s dropped", backend)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass  # (the listen is ending)
+
+    async def watch(self, backend: str, relay: Relay) -> None:
+        """The replica's own listen on a backend for the list changes it announces (or may:
+        capabilities unknown yet count), so that a change is heard here even when no client
+        of this replica listens (core/changes.py, with a cluster bus). As the gateway's own
+        request, like a catalog load. Ends with the backend (a reload) or at once when the
+        backend announces no list changes."""
+        caps = self._catalogs.capabilities(backend)
+        flags = {f: True for f, (c, _) in LIST_FLAGS.items() if _announces_changes(caps, c)}
+        if backend not in self._backends or not flags:
+            return
+        msg: Message = {"params": {"_meta": meta.gateway_meta(self._catalogs.client_info)}}
+        token = SERVING.set((SERVING.get()[0], GATEWAY_ORIGIN))
+        try:
+            await self._keep_listening(backend, _Plan(flags), msg, relay)
+        finally:
+            SERVING.reset(token)
 
     def close_all(self) -> None:
         """End every listen with its graceful completion result (gateway shutdown)."""
@@ -87,9 +183,10 @@ class Subscriptions:
         wanted: Mapping[str, Any],
         readable: Readable | None = None,
         hidden: Hidden | None = None,
+        only: Collection[str] | None = None,
     ) -> dict[str, _Plan]:
         plans: dict[str, _Plan] = {}
-        for backend in self._backends:
+        for backend in self._backends if only is None else only:
             caps = self._catalogs.capabilities(backend)
             unseen = hidden(backend) if hidden is not None else frozenset()
             plan = _Plan()
@@ -101,37 +198,53 @@ class Subscriptions:
             plans[backend] = plan
         for uri in wanted.get("resourceSubscriptions") or ():
             route = self._catalogs.table.resource(uri) if isinstance(uri, str) else None
-            if route is None or (readable is not None and not readable(route.backend, route.name)):
+            if (
+                route is None
+                or route.backend not in plans
+                or (readable is not None and not readable(route.backend, route.name))
+            ):
                 continue  # a URI the caller may not read is left out like an unknown one
             if _can_subscribe(self._catalogs.capabilities(route.backend)):
                 plans[route.backend].uris[route.name] = uri
         return {b: p for b, p in plans.items() if p.flags or p.uris}
 
     async def listen(
-        self,
-        msg: Message,
-        sink: NotificationSink,
-        readable: Readable | None = None,
-        hidden: Hidden | None = None,
+        self, msg: Message, sink: NotificationSink, judge: Judge | None = None
     ) -> Message:
-        """The policy's say, when there is one: `readable(backend, uri)`, whether the caller
-        may read a resource, so be told of its updates; `hidden(backend)`, the capabilities
-        whose lists it sees nothing of, so is not told of their changes."""
+        """`judge`, the policy's say when there is one: `readable(backend, uri)`, whether the
+        caller may read a resource, so be told of its updates; `hidden(backend)`, the
+        capabilities whose lists it sees nothing of, so is not told of their changes."""
         client_id = msg["id"]
-        wanted = jsonrpc.params(msg).get("notifications")
-        plans = self._plan(wanted if isinstance(wanted, dict) else {}, readable, hidden)
+        found = jsonrpc.params(msg).get("notifications")
+        wanted: Mapping[str, Any] = found if isinstance(found, dict) else {}
+        readable, hidden = judge() if judge is not None else (None, None)
+        plans = self._plan(wanted, readable, hidden)
         stream = _Stream(client_id, plans, sink, self._catalogs.invalidate)
+
+        async def relay(backend: str, note: Message) -> None:
+            if note.get("method") != ACKNOWLEDGED:
+                self.heard(backend, note)
+            await stream.relay(backend, note)
+
+        send, receive = anyio.create_memory_object_stream[tuple[str, Message]](REMOTE_QUEUE)
+        listening: _Listening | None = None
         self.active += 1
         try:
-            async with anyio.create_task_group() as tg:
-                for backend, plan in plans.items():
-                    tg.start_soon(self._keep_listening, backend, plan, msg, stream.relay)
-                with anyio.move_on_after(ACK_TIMEOUT):
-                    await stream.all_acked.wait()
-                await stream.acknowledge()
-                await self._closing.wait()
-                tg.cancel_scope.cancel()
+            with send, receive:
+                async with anyio.create_task_group() as tg:
+                    listening = _Listening(msg, wanted, judge, stream, relay, tg, send)
+                    self._open.add(listening)
+                    for backend, plan in plans.items():
+                        tg.start_soon(self._keep_listening, backend, plan, msg, relay)
+                    tg.start_soon(_relay_remote, receive, stream)
+                    with anyio.move_on_after(ACK_TIMEOUT):
+                        await stream.all_acked.wait()
+                    await stream.acknowledge()
+                    await self._closing.wait()
+                    tg.cancel_scope.cancel()
         finally:
+            if listening is not None:
+                self._open.discard(listening)
             self.active -= 1
         return jsonrpc.result(
             client_id, {"resultType": "complete", "_meta": {meta.SUBSCRIPTION_ID: client_id}}
@@ -142,7 +255,7 @@ class Subscriptions:
         backend: str,
         plan: _Plan,
         client_msg: Message,
-        relay: Callable[[str, Message], Awaitable[None]],
+        relay: Relay,
     ) -> None:
         delay = FIRST_RETRY
         client_meta = jsonrpc.meta(client_msg)
@@ -194,9 +307,18 @@ class _Stream:
         self._acks: dict[str, dict[str, Any]] = {}
         self._held: list[Message] = []
         self._acknowledged = False
+        # What the acknowledgement told the client was honoured (None until it is sent).
+        self.honoured: dict[str, Any] | None = None
         self.all_acked = anyio.Event()
         if not plans:
             self.all_acked.set()
+
+    def covers(self, backend: str) -> bool:
+        return backend in self._plans
+
+    def add(self, backend: str, plan: _Plan) -> None:
+        """A backend's part added by a reload (or replaced: the old one's stream has ended)."""
+        self._plans[backend] = plan
 
     async def relay(self, backend: str, note: Message) -> None:
         method = note.get("method")
@@ -247,6 +369,7 @@ class _Stream:
             uris += [plan.uris[u] for u in ack.get("resourceSubscriptions") or () if u in plan.uris]
         if uris:
             honoured["resourceSubscriptions"] = uris
+        self.honoured = honoured
         params = {"_meta": {meta.SUBSCRIPTION_ID: self._id}, "notifications": honoured}
         await self._sink({"jsonrpc": "2.0", "method": ACKNOWLEDGED, "params": params})
         while self._held:  # relays arriving meanwhile join the queue, keeping their order
@@ -254,6 +377,14 @@ class _Stream:
             for note in held:
                 await self._sink(note)
         self._acknowledged = True
+
+
+async def _relay_remote(
+    receive: anyio.abc.ObjectReceiveStream[tuple[str, Message]], stream: _Stream
+) -> None:
+    """Other replicas' notices, one at a time, held like local ones until the acknowledgement."""
+    async for backend, note in receive:
+        await stream.relay(backend, note)
 
 
 def _announces_changes(caps: Mapping[str, Any] | None, capability: str) -> bool:

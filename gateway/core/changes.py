@@ -1,0 +1,184 @@
+"""List changes and resource updates across replicas (`cluster.redis`, README "Running several
+replicas").
+
+What one replica's backends tell it reaches every replica's listen streams: each notice a backend
+stream of this replica delivers (a client's listen, the replica's own watch, or a notification
+outside any request) is published once on the bus (topic `changes`: the backend's name, the
+method and, for an update, the backend's own URI); a notice from another replica is handed to
+every local listen whose plan covers it, as if the local backend stream had delivered it, and a
+list change makes the backend's catalog stale and loads it again in the background.
+
+So that a replica hears its backends' list changes even when none of its own clients listens,
+it holds one listen of its own on each backend for the list changes it announces (the watch;
+a resource update is heard, and published, only where some client is subscribed to it).
+
+Duplicates: notices heard by several local streams while one of them waits to be published
+are published once (coalesced while queued, never suppressed after: a change made after a
+notice left is always followed by one). A notice from the bus is not relayed when this replica
+heard the same one (backend, method, URI) from its own backend within `ECHO_WINDOW`: a backend
+the replicas share tells each of them, and the local copy has already gone out. The other way
+round (the bus's copy first) the local one is relayed too; a second notice costs a client one
+more refetch, a lost one a stale view. Delivery is at most once (core/bus.py): while Redis is
+away, each replica serves its own listens alone.
+
+Core sees the bus only through `core.bus.Bus`; publishing happens in a task of its own from a
+bounded queue, so a listen's relay never waits for Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectSendStream
+
+from gateway.core.bus import Bus
+from gateway.core.catalog import Catalogs
+from gateway.core.listen import ACKNOWLEDGED, LIST_FLAGS, UPDATED, Subscriptions
+from gateway.protocol import jsonrpc
+from gateway.protocol.jsonrpc import Message
+
+log = logging.getLogger("gateway.changes")
+
+TOPIC = "changes"
+LIST_CHANGED = frozenset(method for _, method in LIST_FLAGS.values())
+METHODS = LIST_CHANGED | {UPDATED}
+# A notice from the bus that this replica heard from its own backend this recently is the
+# same change (a shared backend tells every replica): not relayed twice.
+ECHO_WINDOW = 1.0
+# Notices waiting to be published; past this (Redis slow, a flood) new ones are dropped.
+PUBLISH_QUEUE = 256
+# Backends' notices remembered for the echo check; older ones are forgotten past this many.
+REMEMBERED = 1024
+# A URI longer than this in a bus message is not one the gateway would have sent.
+MAX_URI = 8192
+
+Key = tuple[str, str, str]  # backend, method, backend's URI ("" for a list change)
+
+
+class ClusterChanges:
+    def __init__(self, bus: Bus, subscriptions: Subscriptions, catalogs: Catalogs) -> None:
+        self._bus = bus
+        self._subscriptions = subscriptions
+        self._catalogs = catalogs
+        self._outbox: MemoryObjectSendStream[Key] | None = None  # while running
+        self._queued: set[Key] = set()
+        self._heard_at: dict[Key, float] = {}
+        self._refreshing: set[str] = set()
+        self._again: set[str] = set()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.published = 0
+        self.dropped = 0
+        bus.on(TOPIC, self._received)
+        subscriptions.on_heard = self.heard
+        subscriptions.on_reconfigure = self._watch_added
+
+    async def run(self) -> None:
+        """Publish what is heard, and watch every backend (those a reload adds too)."""
+        send, receive = anyio.create_memory_object_stream[Key](PUBLISH_QUEUE)
+        with send, receive:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                self._outbox = send
+                try:
+                    for backend in self._subscriptions.backends:
+                        tg.start_soon(self._watch, backend)
+                    async for key in receive:
+                        self._queued.discard(key)
+                        backend, method, uri = key
+                        body = {"backend": backend, "method": method}
+                        if uri:
+                            body["uri"] = uri
+                        if await self._bus.publish(TOPIC, body):
+                            self.published += 1
+                finally:
+                    self._outbox = None
+                    self._tg = None
+
+    def heard(self, backend: str, note: Message) -> None:
+        """A notification one of this replica's backends delivered (synchronous: from a relay)."""
+        method = note.get("method")
+        if method not in METHODS:
+            return
+        uri = jsonrpc.params(note).get("uri") if method == UPDATED else ""
+        if not isinstance(uri, str) or (method == UPDATED and not uri):
+            return
+        key: Key = (backend, str(method), uri)
+        now = anyio.current_time()
+        if len(self._heard_at) >= REMEMBERED:
+            self._heard_at = {k: t for k, t in self._heard_at.items() if now - t < ECHO_WINDOW}
+        self._heard_at[key] = now
+        outbox = self._outbox
+        if outbox is None or key in self._queued:
+            return  # (not running; or queued already: one message says it)
+        try:
+            outbox.send_nowait(key)
+        except anyio.WouldBlock:
+            self.dropped += 1
+            log.debug("cluster: a notice of %s not published (queue full)", backend)
+            return
+        self._queued.add(key)
+
+    async def _received(self, sender: str, body: dict[str, Any]) -> None:
+        backend, method, uri = body.get("backend"), body.get("method"), body.get("uri", "")
+        if (
+            not isinstance(backend, str)
+            or method not in METHODS
+            or not isinstance(uri, str)
+            or len(uri) > MAX_URI
+            or (method == UPDATED) != bool(uri)
+        ):
+            log.debug("cluster: a malformed change notice from %s ignored", sender)
+            return
+        if backend not in self._subscriptions.backends:
+            # Configs differ during a rollout: a backend this replica does not have.
+            log.debug("cluster: a change notice of unknown backend %s ignored", backend)
+            return
+        if method in LIST_CHANGED:
+            self._refresh(backend)
+        heard = self._heard_at.get((backend, method, uri), -math.inf)
+        if anyio.current_time() - heard < ECHO_WINDOW:
+            return  # heard from its own backend: already relayed
+        params = {"uri": uri} if uri else {}
+        self._subscriptions.deliver(backend, {"jsonrpc": "2.0", "method": method, "params": params})
+
+    async def _watch(self, backend: str) -> None:
+        async def relay(name: str, note: Message) -> None:
+            method = note.get("method")
+            if method == ACKNOWLEDGED:
+                return
+            if method in LIST_CHANGED:
+                self._refresh(name)
+            self.heard(name, note)
+
+        await self._subscriptions.watch(backend, relay)
+
+    def _watch_added(self, added: list[str]) -> None:
+        if self._tg is not None:
+            for backend in added:
+                self._tg.start_soon(self._watch, backend)
+
+    def _refresh(self, backend: str) -> None:
+        """A list changed: the catalog is stale now and loaded again in the background (one
+        load at a time per backend, and one more if a change came during it)."""
+        self._catalogs.invalidate(backend)
+        if self._tg is None:
+            return
+        if backend in self._refreshing:
+            self._again.add(backend)
+            return
+        self._refreshing.add(backend)
+        self._tg.start_soon(self._load, backend)
+
+    async def _load(self, backend: str) -> None:
+        try:
+            await self._catalogs.refresh(backend)
+            while backend in self._again:
+                self._again.discard(backend)
+                self._catalogs.invalidate(backend)
+                await self._catalogs.refresh(backend)
+        finally:
+            self._refreshing.discard(backend)
