@@ -86,12 +86,15 @@ def test_core_sees_backends_only_through_the_protocol_class(name: str) -> None:
 
 @pytest.mark.parametrize("name", in_layer("shared"))
 def test_shared_state_implements_cores_protocol_and_nothing_more(name: str) -> None:
-    """The Redis side of rate limits sees core's `Want` and the stats, and nothing of the data
-    path: core calls it through `SharedBuckets`, app.py wires it."""
+    """The Redis side of shared state sees the protocols it implements (core's
+    `SharedBuckets` and `Bus`, the OAuth client's `SharedStore` in oauth/shared.py) and the
+    stats, and nothing of the data path or of the OAuth client's workings: core and the OAuth
+    client call it through those protocols, app.py wires it."""
     allowed = {
         "gateway.shared",
         "gateway.core.ratelimit",
         "gateway.core.bus",
+        "gateway.oauth.shared",
         "gateway.telemetry.api",
     }
     assert ours(name) <= allowed
