@@ -27,9 +27,11 @@ import aiohttp
 import anyio
 import pytest
 import yaml
+from click.testing import CliRunner
 from redis.asyncio import Redis
 
 from gateway.app import Gateway
+from gateway.cli import main
 from gateway.config import parse
 from gateway.oauth.shared import PURPOSE
 from gateway.oauth.store import Key
@@ -115,6 +117,7 @@ class Cluster:
     redis_port: int
     ports: list[int]  # the replicas' (A, B)
     resource: str
+    texts: list[str]  # the replicas' configs
     operator_links: list[str] = field(default_factory=list)
 
     def at(self, port: int) -> str:
@@ -142,7 +145,9 @@ async def cluster(*secrets: str) -> AsyncIterator[Cluster]:
                     # (its redirect coming back to the first).
                     status, page, _ = await browse(links.links[0], [b, a])
                     assert status == 200 and "logged in" in page, page
-                    yield Cluster(auth, backend, redis, redis_port, [a, b], resource, links.links)
+                    yield Cluster(
+                        auth, backend, redis, redis_port, [a, b], resource, texts, links.links
+                    )
     finally:
         redis.stop()
 
@@ -284,6 +289,32 @@ async def test_a_refresh_by_one_replica_serves_the_other_and_replicas_refresh_on
                 tg.start_soon(one, (a, b)[i % 2], i)
         assert all("content" in r["result"] for r in replies), replies
         assert len(grants(c.auth, "refresh_token")) == 2
+
+
+async def test_auth_logout_with_the_cluster_s_config_forgets_the_shared_logins(
+    tmp_path: Path,
+) -> None:
+    async with cluster() as c:
+        a, b = c.ports
+        alice = c.auth.mint("alice", c.resource, "mcp:call")
+        first = await post(c.at(a), modern(call(), True), alice)
+        c.auth.login_as = "alice"
+        assert (await browse(link_of(first), [b, a, b]))[0] == 200
+        assert "content" in (await post(c.at(b), modern(call(), True), alice))["result"]
+        config = tmp_path / "gateway.yaml"
+        config.write_text(c.texts[0])
+        args = ["auth", "logout", "p", "--config", str(config)]
+        # (a thread: the command runs an event loop of its own)
+        out = await anyio.to_thread.run_sync(CliRunner().invoke, main, args)
+        assert out.exit_code == 0 and "removed 2 stored login(s)" in out.output, out.output
+        # The operator's login and Alice's: nothing of either is left in Redis.
+        assert not [n for n in await raw_records(c.redis_port) if ":token:" in n]
+        # A replica still holding Alice's token uses it until it is refused; then it does
+        # not bring the login back with its copy of the refresh token: Alice logs in again.
+        c.backend.revoked.add(c.backend.tokens[-1])
+        again = await post(c.at(b), modern(call(id_=2), True), alice)
+        assert again["result"]["resultType"] == "input_required"
+        assert not grants(c.auth, "refresh_token")
 
 
 async def test_redis_stopped_or_stalled_is_a_clear_error_promptly() -> None:

@@ -665,7 +665,8 @@ SECTIONS: dict[str, dict[str, Key]] = {
         ),
         "redis": Key(
             "string",
-            "redis://[:PASSWORD@]HOST:PORT/DB (or rediss://): rate limits shared by the replicas.",
+            "redis://[:PASSWORD@]HOST:PORT/DB (or rediss://): rate limits and backend logins "
+            "shared by the replicas.",
             pattern="^rediss?://",
         ),
         "redis_timeout": Key(

@@ -295,7 +295,14 @@ class Authorizer:
                 held = await shared.lock(key, REFRESH_LOCK)
                 if held is not None:
                     try:
-                        token = await self._newer_stored(user, old)
+                        record = await shared.load(key)
+                        if record is None:
+                            # Every login of a cluster is stored: none stored is `auth logout`
+                            # (or a Redis that lost its data), and this replica's copy of the
+                            # refresh token must not bring it back.
+                            log.info("backend %s: the login is no longer stored", self.name)
+                            return None
+                        token = self._newer(user, record, old)
                         if token is None:
                             token = await self._refresh(old)
                             if token is not None:
@@ -648,7 +655,9 @@ class Authorizer:
         (another replica logged in or renewed meanwhile), else None."""
         if self._shared is None:
             return None
-        record = await self._shared.load(self._key(user))
+        return self._newer(user, await self._shared.load(self._key(user)), old)
+
+    def _newer(self, user: str, record: Record | None, old: Token | None) -> Token | None:
         token = Token.from_record(record.get("token")) if record is not None else None
         if token is None or not token.usable(time.time(), self._config.refresh_margin):
             return None
