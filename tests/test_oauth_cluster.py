@@ -172,6 +172,17 @@ async def browse(url: str, replicas: list[int]) -> tuple[int, str, list[str]]:
                     return resp.status, await resp.text(), visited
 
 
+async def begin_only(link: str, port: int) -> int:
+    """The first step of a link, at replica `port`: the redirect to the sign-in, not followed."""
+    url = urlunsplit(urlsplit(link)._replace(netloc=f"127.0.0.1:{port}"))
+    with anyio.fail_after(BOUND):
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(url, allow_redirects=False) as resp,
+        ):
+            return resp.status
+
+
 def retry_of(first: dict[str, Any], id_: int) -> dict[str, Any]:
     result = first["result"]
     retry = modern(call(id_=id_), True)
@@ -250,6 +261,11 @@ async def test_a_link_opened_by_someone_else_at_another_replica_is_refused() -> 
         a, b = c.ports
         alice = c.auth.mint("alice", c.resource, "mcp:call")
         first = await post(c.at(a), modern(call(), True), alice)
+        # Opened again and again, on both replicas: one flow at a time, none piling up.
+        for port in (a, b, a, b):
+            assert await begin_only(link_of(first), port) == 302
+        flows = [n for n in await raw_records(c.redis_port) if ":flow:" in n]
+        assert len(flows) == 1
         c.auth.login_as = "bob"
         status, _, _ = await browse(link_of(first), [b, a])
         assert status == 403

@@ -132,14 +132,17 @@ class MemoryLogins:
         if held is not None and held[1] == login_id:
             del self._callers[caller]
 
-    async def put_flow(self, state: str, record: Record, ttl: float) -> None:
+    async def put_flow(self, flow: str, record: Record, ttl: float) -> None:
         self._sweep()
-        self._flows[state] = (self._clock() + ttl, record)
+        self._flows[flow] = (self._clock() + ttl, record)
 
-    async def take_flow(self, state: str) -> Record | None:
+    async def take_flow(self, flow: str) -> Record | None:
         self._sweep()
-        found = self._flows.pop(state, None)
+        found = self._flows.pop(flow, None)
         return found[1] if found is not None else None
+
+    async def drop_flow(self, flow: str) -> None:
+        self._flows.pop(flow, None)
 
 
 class LoginDesk:
@@ -241,13 +244,15 @@ class LoginDesk:
                 log.warning("backend %s: a login could not start: %s", party.name, exc)
                 raise DeskError(503, UNAVAILABLE) from None
             flow["context"] = context
-        # One flow per link at a time (reloads do not pile up): a redirect of an older one
-        # finds its state no longer the login's.
-        record["flow"] = _digest(state)
+        # One flow per link at a time (reloads do not pile up): the older one is dropped, and
+        # a redirect of it would find its state no longer the login's anyway.
+        previous, record["flow"] = record.get("flow"), _digest(state)
         left = expires - self._clock()
         try:
             await self._book.put_login(login_id, record)
-            await self._book.put_flow(state, flow, max(left, 1.0))
+            await self._book.put_flow(_digest(state), flow, max(left, 1.0))
+            if isinstance(previous, str):
+                await self._book.drop_flow(previous)
         except StoreUnavailable as exc:
             log.warning("a login could not start: %s", exc)
             raise DeskError(503, UNAVAILABLE) from None
@@ -259,7 +264,7 @@ class LoginDesk:
         back to), so a replayed or forged redirect changes nothing."""
         state = answer.get("state") or ""
         try:
-            flow = await self._book.take_flow(state) if state else None
+            flow = await self._book.take_flow(_digest(state)) if state else None
         except StoreUnavailable as exc:
             log.warning("a login redirect could not be served: %s", exc)
             raise DeskError(503, UNAVAILABLE) from None

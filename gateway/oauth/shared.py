@@ -35,7 +35,7 @@ class StoreUnavailable(Exception):
 
 class LoginBook(Protocol):
     """The per-user logins in progress (`desk.LoginDesk`): a login by its id (the link's) and by
-    its caller, and each flow by its `state`, every one expiring with its login."""
+    its caller, and each flow by a digest of its `state`, every one expiring with its login."""
 
     async def open_login(
         self, caller: str, login_id: str, record: Record, ttl: float
@@ -56,10 +56,14 @@ class LoginBook(Protocol):
         is still this login) are forgotten."""
         ...
 
-    async def put_flow(self, state: str, record: Record, ttl: float) -> None: ...
+    async def put_flow(self, flow: str, record: Record, ttl: float) -> None: ...
 
-    async def take_flow(self, state: str) -> Record | None:
-        """The flow of `state`, taken: a second take of the same state finds nothing."""
+    async def take_flow(self, flow: str) -> Record | None:
+        """The flow, taken: a second take of the same one finds nothing."""
+        ...
+
+    async def drop_flow(self, flow: str) -> None:
+        """Forget a flow replaced by a newer one of its login (so none pile up)."""
         ...
 
 

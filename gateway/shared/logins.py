@@ -79,8 +79,8 @@ def caller_key(caller: str) -> str:
     return f"{PREFIX}caller:{digest(caller)}"
 
 
-def flow_key(state: str) -> str:
-    return f"{PREFIX}flow:{digest(state)}"
+def flow_key(flow: str) -> str:
+    return f"{PREFIX}flow:{digest(flow)}"
 
 
 class Sealer:
@@ -232,13 +232,16 @@ class RedisLogins:
         if await self._get(caller_key(caller)) == login_id:
             await self._do(self._client.delete(caller_key(caller)))
 
-    async def put_flow(self, state: str, record: Record, ttl: float) -> None:
-        await self._set(flow_key(state), record, ttl)
+    async def put_flow(self, flow: str, record: Record, ttl: float) -> None:
+        await self._set(flow_key(flow), record, ttl)
 
-    async def take_flow(self, state: str) -> Record | None:
+    async def take_flow(self, flow: str) -> Record | None:
         # GETDEL: one replica takes a state, and a replayed redirect finds nothing anywhere.
-        name = flow_key(state)
+        name = flow_key(flow)
         return _record(self._sealer.open(name, await self._do(self._client.getdel(name))))
+
+    async def drop_flow(self, flow: str) -> None:
+        await self._do(self._client.delete(flow_key(flow)))
 
     async def close(self) -> None:
         await self._client.aclose()
