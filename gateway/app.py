@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -65,11 +66,14 @@ from gateway.oauth.authorizer import Authorizer
 from gateway.oauth.caller_check import CallerCheck
 from gateway.oauth.desk import LoginDesk
 from gateway.oauth.fetch import OAuthHttp
+from gateway.oauth.shared import PURPOSE as LOGINS_PURPOSE
+from gateway.oauth.shared import LoginBook
 from gateway.routing import cursor as cursors
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
 from gateway.shared.buckets import RedisBuckets
 from gateway.shared.bus import RedisBus
+from gateway.shared.logins import RedisLogins
 from gateway.shared.sessions import RedisSessions
 from gateway.telemetry.api import STDIO_ORIGIN, Origin, Stats
 from gateway.telemetry.audit import AuditLog
@@ -103,10 +107,13 @@ def make_backend(
     return HttpBackend(config, stats)
 
 
-def login_desk(config: Config, authenticator: Authenticator | None) -> LoginDesk | None:
+def login_desk(
+    config: Config, authenticator: Authenticator | None, book: LoginBook | None = None
+) -> LoginDesk | None:
     """Where callers log in to per-user backends: the origin of the listener's own resource URI
     (the address clients already reach the gateway at), when some backend needs it; whoever
-    opens a link signs in at the listener's issuer first (oauth/caller_check.py)."""
+    opens a link signs in at the listener's issuer first (oauth/caller_check.py). `book`: the
+    cluster's shared logins in progress (None: the desk's memory)."""
     auth = config.auth
     if auth is None or not any(b.auth and b.auth.per_user for b in config.backends):
         return None
@@ -130,7 +137,7 @@ def login_desk(config: Config, authenticator: Authenticator | None) -> LoginDesk
             identify,
         )
     parts = urlsplit(auth.resource)
-    return LoginDesk(f"{parts.scheme}://{parts.netloc}", check)
+    return LoginDesk(f"{parts.scheme}://{parts.netloc}", check, book=book)
 
 
 def legacy_lane(
@@ -267,6 +274,53 @@ def session_records(config: Config, stats: Stats) -> RedisSessions | None:
     )
 
 
+# --- cluster: the backends' logins, shared by the replicas (cluster.redis) ------------------
+# (oauth/shared.py, shared/logins.py; ARCHITECTURE.md "Backend logins in a cluster")
+
+# Each operation on the shared logins waits this long for Redis at most (or redis_timeout, if
+# longer). Not the rate limits' 0.1 s: these run once per login step, per renewal, and per
+# request of a caller this replica holds no token for, never on every request, and a request
+# that needs one would otherwise fail outright; 1 s is far beyond a healthy Redis's answer yet
+# well inside the request's own wait for a token (connect_timeout, 10 s by default).
+SHARED_LOGINS_TIMEOUT = 1.0
+# The bus topic on which a replica says that a login ended (its id's digest, and the failure).
+LOGIN_TOPIC = "oauth-login"
+
+
+def shared_logins(config: Config) -> RedisLogins | None:
+    """The replicas' store of backend logins (tokens, registrations, per-user logins in
+    progress), sealed with keys from cluster.secrets; None without cluster.redis (then tokens
+    are the file store's and logins in progress the desk's memory). Made whenever the cluster
+    has Redis: its client connects on first use, and a reload may add a backend with auth:."""
+    cluster = config.cluster
+    if cluster is None or cluster.redis is None:
+        return None
+    timeout = max(cluster.redis_timeout, SHARED_LOGINS_TIMEOUT)
+    return RedisLogins(cluster.redis, cluster.keys(LOGINS_PURPOSE), timeout)
+
+
+def login_notices(desk: LoginDesk | None, bus: RedisBus | None) -> None:
+    """A login finished by one replica ends another's wait for it (the operator's login, whose
+    link every replica logs) over the bus. At most once: a lost notice costs that replica its
+    wait, and its next request finds the token in the shared store anyway."""
+    if desk is None or bus is None:
+        return
+
+    async def announce(digest: str, failure: str | None) -> None:
+        await bus.publish(LOGIN_TOPIC, {"login": digest, "failure": failure})
+
+    async def heard(sender: str, body: dict[str, Any]) -> None:
+        login, failure = body.get("login"), body.get("failure")
+        if isinstance(login, str):
+            await desk.heard(login, failure if isinstance(failure, str) else None)
+
+    desk.announce = announce
+    bus.on(LOGIN_TOPIC, heard)
+
+
+# --- end of the shared logins' block ------------------------------------------------------
+
+
 def make_exposure(config: BackendConfig) -> Exposure:
     return Exposure(
         backend=config.name,
@@ -348,9 +402,11 @@ class Gateway:
         stats = self.telemetry.stats
         # The HTTP listener's token checks (`auth:`); None: no authentication.
         self.authenticator = Authenticator(config.auth) if config.auth is not None else None
+        # With cluster.redis the backends' logins are the replicas' (tokens, logins under way).
+        self.shared_logins = shared_logins(config)
         # Per-user backend logins are served by the HTTP listener (frontends/logins.py); a
         # caller who has none is sent its link by the gate above the era layer.
-        self.logins = login_desk(config, self.authenticator)
+        self.logins = login_desk(config, self.authenticator, self.shared_logins)
         overload = config.overload
         self.wired = [self._wire(c) for c in config.backends]
         # With cluster.redis the limits are shared; the replica's own decide when Redis does not.
@@ -363,6 +419,7 @@ class Gateway:
         # Their records in Redis; what reaches the wrong replica (answers, cancellations, the
         # session's end, new subscriptions) goes over the bus. Wired into the HTTP endpoint.
         self.session_records = session_records(config, stats)
+        login_notices(self.logins, self.bus)  # (shared logins: a login ended elsewhere)
         self.dispatcher = Dispatcher(
             self.backends,
             [make_exposure(b) for b in config.backends],
@@ -432,6 +489,8 @@ class Gateway:
         health = transport.health if isinstance(transport, StdioBackend) else Health(transport.name)
         gated: Backend = layer
         authorizer = getattr(transport, "authorizer", None)
+        if isinstance(authorizer, Authorizer) and self.shared_logins is not None:
+            authorizer.share(self.shared_logins)  # (shared logins: tokens in Redis)
         if isinstance(authorizer, Authorizer) and authorizer.per_user:
             authorizer.desk = self.logins
             gated = LoginGate(layer)
@@ -761,6 +820,9 @@ class Gateway:
             if self.bus is not None:
                 with anyio.CancelScope(shield=True):
                     await self.bus.close()
+            if self.shared_logins is not None:  # (after the backends, which use it)
+                with anyio.CancelScope(shield=True):
+                    await self.shared_logins.close()
             if self.tap is not None:
                 self.tap.close()
             if self.audit is not None:

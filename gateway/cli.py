@@ -31,6 +31,7 @@ from gateway.config import (
     HttpListen,
     HttpTarget,
     Listen,
+    SseTarget,
     StdioTarget,
     default_connect_timeout,
     describe,
@@ -40,6 +41,7 @@ from gateway.config import (
 )
 from gateway.config.naming import backend_name
 from gateway.config.schema import schema_text
+from gateway.oauth.shared import StoreUnavailable
 from gateway.oauth.store import TokenStore, state_dir
 from gateway.oauth.wire import outbound_problem
 from gateway.telemetry.tap import DEFAULT_TOP, Summarizer, follow, format_call, format_summary
@@ -569,10 +571,38 @@ def auth_list() -> None:
 
 @auth.command("logout")
 @click.argument("backend")
-def auth_logout(backend: str) -> None:
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A cluster's config (cluster.redis): also forget BACKEND's logins the replicas share.",
+)
+def auth_logout(backend: str, config_path: Path | None) -> None:
     """Forget the stored logins of BACKEND (its name or its URL); the next request logs in again."""
     gone = TokenStore(state_dir()).forget(backend)
+    if config_path is not None:
+        gone += anyio.run(_forget_shared, _load_or_exit(config_path), backend)
     if not gone:
         click.echo(f"no stored login for {backend}", err=True)
         sys.exit(1)
     click.echo(f"removed {gone} stored login(s) for {backend}")
+
+
+async def _forget_shared(config: Config, backend: str) -> int:
+    """Delete BACKEND's (a name in `config`, or a URL) logins from the cluster's Redis."""
+    shared = app.shared_logins(config)
+    if shared is None:
+        click.echo(f"{config.source} has no cluster.redis: no shared logins", err=True)
+        sys.exit(2)
+    urls = {
+        b.target.url
+        for b in config.backends
+        if isinstance(b.target, HttpTarget | SseTarget) and backend in (b.name, b.target.url)
+    } or {backend}
+    try:
+        return sum([await shared.forget(url) for url in sorted(urls)])
+    except StoreUnavailable as exc:
+        click.echo(f"shared logins not forgotten: {exc}", err=True)
+        sys.exit(1)
+    finally:
+        await shared.close()

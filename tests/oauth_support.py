@@ -200,6 +200,7 @@ class Backend:
     refused: Counter[int] = field(default_factory=Counter)
     call_scope: str | None = None  # a tools/call needs this scope (403 insufficient_scope)
     refuse_all: bool = False  # every token is refused (401)
+    revoked: set[str] = field(default_factory=set)  # these tokens are refused (401)
 
     @property
     def prm_url(self) -> str:
@@ -225,7 +226,7 @@ async def protected_backend(auth: TokenServer, **options: Any) -> AsyncIterator[
         if token:
             state.tokens.append(token)
         claims = auth.verify(token, state.url) if scheme == "Bearer" else None
-        if claims is None or state.refuse_all:
+        if claims is None or state.refuse_all or token in state.revoked:
             state.refused[401] += 1
             return web.Response(status=401, headers={"WWW-Authenticate": challenge()})
         body = orjson.loads(await request.read())

@@ -86,14 +86,17 @@ def test_core_sees_backends_only_through_the_protocol_class(name: str) -> None:
 
 @pytest.mark.parametrize("name", in_layer("shared"))
 def test_shared_state_implements_cores_protocol_and_nothing_more(name: str) -> None:
-    """The Redis side of shared state sees core's protocols (`SharedBuckets` and its `Want`,
-    the bus, the session records) and the stats, and nothing of the data path: core and the
-    front ends call it through those protocols, app.py wires it."""
+    """The Redis side of shared state sees the protocols it implements (core's
+    `SharedBuckets` and its `Want`, the bus, the session records; the OAuth client's
+    `SharedStore` in oauth/shared.py) and the stats, and nothing of the data path or of the
+    OAuth client's workings: core, the front ends and the OAuth client call it through those
+    protocols, app.py wires it."""
     allowed = {
         "gateway.shared",
         "gateway.core.ratelimit",
         "gateway.core.bus",
         "gateway.core.sessions",
+        "gateway.oauth.shared",
         "gateway.telemetry.api",
     }
     assert ours(name) <= allowed

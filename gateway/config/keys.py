@@ -665,7 +665,8 @@ SECTIONS: dict[str, dict[str, Key]] = {
         ),
         "redis": Key(
             "string",
-            "redis://[:PASSWORD@]HOST:PORT/DB (or rediss://): rate limits, legacy sessions shared.",
+            "redis://[:PASSWORD@]HOST:PORT/DB (or rediss://): rate limits, legacy sessions and "
+            "backend logins shared by the replicas.",
             pattern="^rediss?://",
         ),
         "redis_timeout": Key(

@@ -7,11 +7,18 @@ request that started it goes on, and the request fails after `wait_bound` with a
 names the backend and what to do. Renewal tries the cheapest thing that can work: the refresh
 token, then the grant of the configured type (a login in the browser, client credentials, or a
 token exchange), discovering the authorization server again when a challenge came with it.
+
+In a cluster (`cluster.redis`, `share`), the stored logins are the replicas' shared store: a
+replica without a usable token for a caller looks there before anything else (another replica
+may have logged the caller in, or renewed the token), a renewal takes the store's token when it
+is another than the one refused, and a refresh runs under a short lock in the store, so two
+replicas never both spend a refresh token the server rotates.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -30,6 +37,7 @@ from gateway.oauth.failures import AuthFailed
 from gateway.oauth.fetch import FetchFailed, OAuthHttp
 from gateway.oauth.grants import Client, GrantFailed
 from gateway.oauth.redirect import RedirectListener, open_browser
+from gateway.oauth.shared import Record, SharedStore, StoreUnavailable
 from gateway.oauth.tokens import Token
 
 log = logging.getLogger("gateway.oauth")
@@ -40,6 +48,13 @@ Opener = Callable[[str], Awaitable[None]]
 LOGIN_PAUSE = 30.0
 # How a dynamically registered client is named in the store's key.
 REGISTERED = "registered"
+# A refresh in a cluster holds the store's lock of its token at most this long: one token
+# request (10 s at most, oauth/setup.py) and a discovery before it, with room to spare. A
+# replica that dies holding it costs the others this much at most.
+REFRESH_LOCK = 30.0
+# While another replica holds that lock, this one looks at the store this often for the token
+# it is getting (a Redis GET; the bus is at most once, so the store is what is waited on).
+LOCK_POLL = 0.05
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,8 @@ class Authorizer:
         self._config = config
         self._http = http
         self._store = token_store if config.store else None
+        # The replicas' shared store (cluster.redis), which then keeps the tokens instead.
+        self._shared: SharedStore | None = None
         self._wait_bound = wait_bound
         self._opener = opener
         self._private_key = _read_key(config.private_key_file)
@@ -87,7 +104,25 @@ class Authorizer:
         # Told of each token request (grant, outcome) for the metrics; set by the transport.
         self.on_token: Callable[[str, str], None] | None = None
         # Where callers log in (per_user): the gateway's HTTP listener, set by the app.
-        self.desk: LoginDesk | None = None
+        self._desk_: LoginDesk | None = None
+
+    @property
+    def desk(self) -> LoginDesk | None:
+        return self._desk_
+
+    @desk.setter
+    def desk(self, desk: LoginDesk | None) -> None:
+        # The desk finishes this backend's logins by its name, on whichever replica a link is
+        # opened or called back.
+        self._desk_ = desk
+        if desk is not None:
+            desk.add(self)
+
+    def share(self, shared: SharedStore) -> None:
+        """Keep this backend's logins in the cluster's shared store instead of the file store
+        (`store: false` still keeps nothing)."""
+        if self._config.store:
+            self._shared = shared
 
     @property
     def max_attempts(self) -> int:
@@ -107,13 +142,13 @@ class Authorizer:
     async def authorization(self, caller: Caller) -> str | None:
         """The Authorization header to send: the current token, renewed first when it is about
         to expire; None for a login type before any login (the server's 401 starts one)."""
-        self._load(caller.user)
+        await self._load(caller.user)
         token = self._tokens.get(caller.user)
         if token is not None and token.usable(time.time(), self._config.refresh_margin):
             return f"Bearer {token.access_token}"
         if token is None and self._config.type == "oauth":
             if self._config.per_user and caller.user:
-                raise self._login_required(caller, None)
+                raise await self._login_required(caller, None)
             return None
         token = await self._join(caller, None, step_up=False)
         return f"Bearer {token.access_token}"
@@ -177,8 +212,9 @@ class Authorizer:
         old: Token | None,
     ) -> Token:
         try:
-            token = await self._obtain(caller, challenge, step_up, old)
-        except (DiscoveryFailed, GrantFailed, FetchFailed) as exc:
+            stored = None if step_up else await self._newer_stored(caller.user, old)
+            token = stored or await self._obtain(caller, challenge, step_up, old)
+        except (DiscoveryFailed, GrantFailed, FetchFailed, StoreUnavailable) as exc:
             raise AuthFailed(f"{exc}") from None
         except TimeoutError:
             raise AuthFailed("the login was not completed in time") from None
@@ -202,12 +238,12 @@ class Authorizer:
             info = await self._server(challenge)
             moved = before is not None and before != info.issuer
         if old is not None and old.refresh_token and not step_up and not moved:
-            refreshed = await self._refresh(old)
+            refreshed = await self._refresh_once(caller.user, old)
             if refreshed is not None:
                 return refreshed
         if config.per_user and caller.user:
             # A caller's own login happens in their browser, through a link they are given.
-            raise self._login_required(caller, challenge.scope if challenge else None)
+            raise await self._login_required(caller, challenge.scope if challenge else None)
         info = await self._server(None)
         previous = self._asked.get(caller.user, ()) if step_up else ()
         scopes = wire.select_scopes(
@@ -244,6 +280,43 @@ class Authorizer:
         if config.per_user:
             return await self._operator_login(scopes)
         return await self._login(info, scopes)
+
+    async def _refresh_once(self, user: str, old: Token) -> Token | None:
+        """`_refresh`, by one replica of a cluster at a time: under the store's lock of this
+        token, after another look at the store (a replica may have just refreshed it); while
+        another replica holds the lock, its result is waited for in the store. None: no
+        refresh (then a new grant is tried)."""
+        shared = self._shared
+        if shared is None:
+            return await self._refresh(old)
+        key = self._key(user)
+        with anyio.move_on_after(REFRESH_LOCK):
+            while True:
+                held = await shared.lock(key, REFRESH_LOCK)
+                if held is not None:
+                    try:
+                        record = await shared.load(key)
+                        if record is None:
+                            # Every login of a cluster is stored: none stored is `auth logout`
+                            # (or a Redis that lost its data), and this replica's copy of the
+                            # refresh token must not bring it back.
+                            log.info("backend %s: the login is no longer stored", self.name)
+                            return None
+                        token = self._newer(user, record, old)
+                        if token is None:
+                            token = await self._refresh(old)
+                            if token is not None:
+                                # Stored before the lock goes, so whoever waits finds it.
+                                await self._save(user, token)
+                        return token
+                    finally:
+                        with anyio.CancelScope(shield=True), contextlib.suppress(StoreUnavailable):
+                            await shared.unlock(key, held)  # (else it expires by itself)
+                token = await self._newer_stored(user, old)
+                if token is not None:
+                    return token
+                await anyio.sleep(LOCK_POLL)
+        return None
 
     async def _refresh(self, old: Token) -> Token | None:
         """A new token from the refresh token, or None (then a new grant is tried)."""
@@ -347,7 +420,16 @@ class Authorizer:
             )
         if redirect_uri is None:
             raise AuthFailed(f"no registration for {info.issuer}")
-        self._registered = await grants.register(
+        shared = self._shared
+        name = f"{info.issuer}\0{redirect_uri}"
+        if shared is not None:
+            # One registration for the cluster (per issuer and redirect URI): a flow started
+            # by one replica is redeemed, and its token refreshed, by others, as this client.
+            found = Client.from_record(await shared.load_registration(self._url, name))
+            if found is not None:
+                self._registered = found
+                return found
+        registered = await grants.register(
             self._http,
             endpoint,
             info.issuer,
@@ -356,7 +438,14 @@ class Authorizer:
             info.strings("token_endpoint_auth_methods_supported"),
             config.scopes,
         )
-        return self._registered
+        if shared is not None and not await shared.save_registration(
+            self._url, name, registered.as_record()
+        ):
+            # Another replica registered at the same moment: its registration is the one kept.
+            winner = Client.from_record(await shared.load_registration(self._url, name))
+            registered = winner or registered
+        self._registered = registered
+        return registered
 
     # --- the authorization code flow ------------------------------------------------------
 
@@ -390,7 +479,7 @@ class Authorizer:
         """Under per_user, the gateway's own login (its requests: discovery, the catalog) goes
         through the same link and callback as the callers', logged for the operator."""
         desk = self._desk()
-        login = desk.open(self, "", scopes, self._config.login_timeout)
+        login = await desk.open(self, "", scopes, self._config.login_timeout)
         log.warning(
             "backend %s needs the operator's login (for the gateway's own requests: discovery "
             "and the catalog): open %s",
@@ -399,6 +488,9 @@ class Authorizer:
         )
         with anyio.fail_after(self._config.login_timeout):
             await login.done.wait()
+        if login.failure is None and self._shared is not None:
+            # (finished by another replica, maybe: its token is in the store)
+            await self._load("")
         token = self._tokens.get("")
         if login.failure is not None or token is None:
             raise AuthFailed(f"the login failed ({login.failure})")
@@ -409,20 +501,24 @@ class Authorizer:
             raise AuthFailed("per-user logins need the HTTP listener")
         return self.desk
 
-    def _login_required(self, caller: Caller, challenged: tuple[str, ...] | None) -> LoginRequired:
+    async def _login_required(
+        self, caller: Caller, challenged: tuple[str, ...] | None
+    ) -> LoginRequired:
         desk = self._desk()
         scopes = tuple(challenged or ())
         if challenged is not None:
             previous = self._asked.get(caller.user, ())
             scopes = previous + tuple(s for s in challenged if s not in previous)
         lifetime = self._config.login_timeout
-        login = desk.open(self, caller.user, scopes, lifetime, caller.who or ("", caller.user))
+        who = caller.who or ("", caller.user)
+        login = await desk.open(self, caller.user, scopes, lifetime, who)
         return LoginRequired(self.name, desk.link(login), login.id)
 
     async def begin_login(
         self, user: str, redirect_uri: str, state: str, proof: wire.Pkce, scopes: tuple[str, ...]
-    ) -> tuple[str, Any]:
-        """The authorization URL of one flow, and what its redemption needs."""
+    ) -> tuple[str, Record]:
+        """The authorization URL of one flow, and what its redemption needs (a JSON-able
+        record: in a cluster, another replica may redeem it)."""
         info = await self._server(None)
         methods = info.strings("code_challenge_methods_supported") or []
         if "S256" not in methods:
@@ -453,20 +549,45 @@ class Authorizer:
             "resource": info.resource,
             **grants.scope_param(scopes),
         }
-        return wire.with_query(authorize, params), (user, info, client, redirect_uri, scopes)
+        context = {
+            "user": user,
+            "info": _info_record(info),
+            "client": client.as_record(),
+            "redirect_uri": redirect_uri,
+            "scopes": list(scopes),
+        }
+        return wire.with_query(authorize, params), context
 
     async def finish_login(self, user: str, context: Any, answer: dict[str, str]) -> None:
         """A per-user flow's redirect: the caller's token, kept for them."""
         flow, proof = context
+        if not isinstance(flow, dict):
+            raise AuthFailed("the login's record is incomplete")
         try:
             token = await self._redeem(flow, proof, answer)
-        except (GrantFailed, FetchFailed, DiscoveryFailed) as exc:
+        except (GrantFailed, FetchFailed, DiscoveryFailed, StoreUnavailable) as exc:
             raise AuthFailed(f"{exc}") from None
         self._tokens[user] = token
-        await self._save(user, token)
+        if not await self._save(user, token):
+            # The caller's next request may reach any replica: a login only this one knows of
+            # is not one.
+            raise AuthFailed("the login could not be kept for the other replicas")
 
-    async def _redeem(self, context: Any, proof: wire.Pkce, answer: dict[str, str]) -> Token:
-        user, info, client, redirect_uri, scopes = context
+    async def _redeem(self, context: Record, proof: wire.Pkce, answer: dict[str, str]) -> Token:
+        user = str(context.get("user") or "")
+        info = _info_from(context.get("info"))
+        redirect_uri = str(context.get("redirect_uri"))
+        scopes = tuple(str(s) for s in context.get("scopes") or ())
+        # A configured client from the config (its key is never in a record); any other from
+        # the record the flow began with.
+        found = Client.from_record(context.get("client"))
+        client = self._configured_client(info) if self._config.client_id else found
+        if client is None:
+            raise AuthFailed("the login's client is unknown")
+        if not self._config.client_id and client.client_id != self._config.client_metadata_url:
+            # A registration, maybe made by another replica: the token is this client's, and
+            # so is its refresh.
+            self._registered = client
         # RFC 9207 before anything else in the answer is acted on, errors included.
         if (why := wire.iss_problem(info.sends_iss, answer.get("iss"), info.issuer)) is not None:
             raise AuthFailed(f"{why}; login refused")
@@ -511,30 +632,66 @@ class Authorizer:
         client = config.client_id or config.client_metadata_url or REGISTERED
         return store.Key(self._url, f"{config.type}:{client}", user)
 
-    def _load(self, user: str) -> None:
+    async def _load(self, user: str) -> None:
+        """The stored login of `user`: from the file store once; in a cluster, from the shared
+        store whenever this replica holds no usable token (another may have one)."""
+        if self._shared is not None:
+            held = self._tokens.get(user)
+            if held is None or not held.usable(time.time(), self._config.refresh_margin):
+                try:
+                    self._adopt(user, await self._shared.load(self._key(user)))
+                except StoreUnavailable as exc:
+                    raise AuthFailed(f"{exc}") from None
+            return
         if user in self._loaded:
             return
         self._loaded.add(user)
         if self._store is None:
             return
-        record = self._store.load(self._key(user))
+        self._adopt(user, self._store.load(self._key(user)))
+
+    async def _newer_stored(self, user: str, old: Token | None) -> Token | None:
+        """In a cluster: the shared store's token of `user` when it is usable and not `old`
+        (another replica logged in or renewed meanwhile), else None."""
+        if self._shared is None:
+            return None
+        return self._newer(user, await self._shared.load(self._key(user)), old)
+
+    def _newer(self, user: str, record: Record | None, old: Token | None) -> Token | None:
+        token = Token.from_record(record.get("token")) if record is not None else None
+        if token is None or not token.usable(time.time(), self._config.refresh_margin):
+            return None
+        if old is not None and token.access_token == old.access_token:
+            return None
+        self._adopt(user, record)
+        return token
+
+    def _adopt(self, user: str, record: Record | None) -> None:
         if record is None:
             return
         token = Token.from_record(record.get("token"))
         if token is not None:
-            self._tokens.setdefault(user, token)
+            if self._shared is not None:
+                # (the store's is the newest: this replica's copy was missing or spent)
+                self._tokens[user] = token
+                if token.scope is not None:
+                    self._asked.setdefault(user, token.scope)
+            else:
+                self._tokens.setdefault(user, token)
         issuer = record.get("issuer")
         if self._bound_issuer is None and self._config.client_id and isinstance(issuer, str):
             self._bound_issuer = issuer
         registered = Client.from_record(record.get("registration"))
-        if registered is not None and self._registered is None:
+        if registered is not None and (self._registered is None or self._shared is not None):
+            # (in a cluster, the client this token was issued to: its refresh needs that one)
             self._registered = registered
 
-    async def _save(self, user: str, token: Token) -> None:
+    async def _save(self, user: str, token: Token) -> bool:
+        """Keep the token (False: the shared store could not, which is logged)."""
         if self._bound_issuer is None and self._config.client_id and self._info is not None:
             self._bound_issuer = self._info.issuer
-        if self._store is None:
-            return
+        if self._store is None and self._shared is None:
+            return True
         record: dict[str, Any] = {
             "backend": self.name,
             "issuer": self._info.issuer if self._info is not None else None,
@@ -542,15 +699,46 @@ class Authorizer:
             "registration": self._registered.as_record() if self._registered else None,
             "saved_at": time.time(),
         }
+        if self._shared is not None:
+            try:
+                await self._shared.save(self._key(user), record)
+            except StoreUnavailable as exc:
+                log.warning("backend %s: token not kept for the other replicas: %s", self.name, exc)
+                return False
+            return True
+        assert self._store is not None
         try:
             await anyio.to_thread.run_sync(self._store.save, self._key(user), record)
         except OSError as exc:
             log.warning("backend %s: token not stored: %s", self.name, exc.strerror)
+        return True
 
     async def close(self) -> None:
         for task in [*self._renewals.values(), *self._background]:
             task.cancel()
         await self._http.close()
+
+
+def _info_record(info: ServerInfo) -> Record:
+    return {
+        "resource": info.resource,
+        "issuer": info.issuer,
+        "metadata": info.metadata,
+        "scopes_supported": info.scopes_supported,
+    }
+
+
+def _info_from(record: Any) -> ServerInfo:
+    """The authorization server a flow began with (a record the replicas sealed themselves)."""
+    if not isinstance(record, dict) or not isinstance(record.get("metadata"), dict):
+        raise AuthFailed("the login's authorization server is unknown")
+    scopes = record.get("scopes_supported")
+    return ServerInfo(
+        resource=str(record.get("resource")),
+        issuer=str(record.get("issuer")),
+        metadata=record["metadata"],
+        scopes_supported=[str(s) for s in scopes] if isinstance(scopes, list) else None,
+    )
 
 
 def _required(info: ServerInfo, name: str) -> str:
