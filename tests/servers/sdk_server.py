@@ -28,6 +28,9 @@ the server's own during the call, which only a legacy connection carries.
 `{"resultType": "complete", "_meta": {subscriptionId}}`), as SIGTERM does before exiting.
 `--request-state-key` seals `requestState` with a key of the caller's instead of one made per
 process, so copies of the server (one per gateway replica) accept each other's.
+`--record-listens` adds the tool `await_listen_uri`: it waits (at most `seconds`) until
+some open listen stream asks for a resource URI (or, with `present` false, none does) and says
+which holds, so a test sees what the gateway's listens ask of this server.
 """
 
 from __future__ import annotations
@@ -167,6 +170,40 @@ def _constant(value: str) -> Callable[[], str]:
 LISTEN_HANDLERS: weakref.WeakKeyDictionary[MCPServer, ListenHandler] = weakref.WeakKeyDictionary()
 
 
+class RecordingListen(ListenHandler):
+    """The SDK's listen handler, remembering the resource URIs each open stream asked for."""
+
+    def __init__(self, bus: InMemorySubscriptionBus) -> None:
+        super().__init__(bus)
+        self.asked: dict[object, frozenset[str]] = {}
+        self._changed: anyio.Event | None = None  # (made in the loop, when first awaited)
+
+    async def __call__(
+        self, ctx: ServerRequestContext[Any, Any], params: SubscriptionsListenRequestParams
+    ) -> Any:
+        key = object()
+        self.asked[key] = frozenset(params.notifications.resource_subscriptions or ())
+        self._signal()
+        try:
+            return await super().__call__(ctx, params)
+        finally:
+            del self.asked[key]
+            self._signal()
+
+    def asks_for(self, uri: str) -> bool:
+        return any(uri in uris for uris in self.asked.values())
+
+    async def changed(self) -> None:
+        if self._changed is None:
+            self._changed = anyio.Event()
+        await self._changed.wait()
+
+    def _signal(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+
 def close_listens(mcp: MCPServer) -> None:
     """End `mcp`'s open listen streams with their graceful completion result."""
     handler = LISTEN_HANDLERS.get(mcp)
@@ -202,6 +239,7 @@ def build_server(
     legacy_only: bool = False,
     silent_discover: bool = False,
     request_state_key: str | None = None,
+    record_listens: bool = False,
 ) -> MCPServer:
     bus = InMemorySubscriptionBus()
     middleware: list[Any] = [ListPager(page_size)]
@@ -240,7 +278,7 @@ def build_server(
     lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
     lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
     # Serve subscriptions/listen with a handler we hold (same bus `ctx.notify_*` publishes on).
-    listen_handler = ListenHandler(bus)
+    listen_handler = RecordingListen(bus)
     mcp._lowlevel_server.add_request_handler(
         "subscriptions/listen", SubscriptionsListenRequestParams, listen_handler
     )
@@ -384,6 +422,16 @@ def build_server(
         listen_handler.close()
         return "closed"
 
+    if record_listens:
+
+        @mcp.tool(name="await_listen_uri")
+        async def await_listen_uri(uri: str, present: bool = True, seconds: float = 5.0) -> str:
+            """Wait until some open listen stream asks for `uri` (or none does); say which."""
+            with anyio.move_on_after(seconds):
+                while listen_handler.asks_for(uri) != present:
+                    await listen_handler.changed()
+            return "present" if listen_handler.asks_for(uri) else "absent"
+
     for i in range(EXTRA_TOOLS):
         name = f"t{i:02d}"
         mcp.add_tool(_constant(name), name=name, description=f"Trivial tool {name}.")
@@ -514,6 +562,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--request-state-key", help="seal requestState with this key (copies that share it)"
     )
+    parser.add_argument("--record-listens", action="store_true", help="add await_listen_uri")
     args = parser.parse_args(argv)
     mcp = build_server(
         args.page_size,
@@ -521,6 +570,7 @@ def main(argv: list[str] | None = None) -> None:
         legacy_only=args.legacy_only or args.transport == "sse",
         silent_discover=args.silent_discover,
         request_state_key=args.request_state_key,
+        record_listens=args.record_listens,
     )
     if args.transport == "stdio":
         if args.legacy_only:
