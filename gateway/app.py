@@ -436,9 +436,15 @@ class Gateway:
         for wired in self.wired:
             self._attach(wired)
         # --- cluster: list changes and resource updates across replicas (core/changes.py) ---
-        # Its topic is named on the bus here, before the bus runs; it runs in __aenter__.
+        # Its topics (changes, and the replicas' resource interests: core/interest.py) are named
+        # on the bus here, before the bus runs; it runs in __aenter__.
         self.changes = (
-            ClusterChanges(self.bus, self.dispatcher.subscriptions, self.dispatcher.catalogs)
+            ClusterChanges(
+                self.bus,
+                self.dispatcher.subscriptions,
+                self.dispatcher.catalogs,
+                ready=self.bus.ready,
+            )
             if self.bus is not None
             else None
         )

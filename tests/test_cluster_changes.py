@@ -4,12 +4,16 @@ Two `Gateway`s in this process share a real `redis-server` started by each test 
 loopback port; each runs its own stdio child of the SDK test server, so a change made through
 one replica happens in that replica's child only, and the other can learn of it only through
 the bus. Proved: a listen on A hears a list change made through B, and A's catalog is loaded
-again without a request asking; a resource update caused on B reaches A's subscriber; a client
-of A that did not ask for a flag hears nothing of it; B's own listen hears B's change once;
-a legacy session on A (its GET stream) hears it too; with Redis stopped each replica still
-serves its own listens; malformed bus messages are ignored; without `cluster.redis` there is no
-bus and nothing is published. And a reload: an open listen gets the list changes of a backend
-the reload added.
+again without a request asking; a resource update caused on B reaches A's subscriber with no
+client of B subscribed (A's interest makes B's watch ask B's child for the URI; the child,
+started with `--record-listens`, says what its listens ask for), the interest goes when A's
+listen closes, a replica started later learns it at once, and the interests of a replica gone
+without a word expire (a clock of the test); forged interests are bounded; a client of A that
+did not ask for a flag hears nothing of it; B's own listen hears B's change once; a legacy
+session on A (its GET stream) hears list changes and, subscribed on A, resource updates
+caused on B; with Redis stopped each replica still serves its own listens; malformed bus
+messages are ignored; without `cluster.redis` there is no bus and nothing is published. And a
+reload: an open listen gets the list changes of a backend the reload added.
 """
 
 from __future__ import annotations
@@ -25,15 +29,17 @@ import pytest
 import yaml
 from mcp import Client, MCPError
 from mcp.client.subscriptions import ResourceUpdated, ToolsListChanged
+from mcp_types import TextContent
 from redis.asyncio import Redis
 
 from gateway.app import Gateway
 from gateway.config import parse
+from gateway.core import interest
 from gateway.core.changes import TOPIC
 from gateway.shared.bus import PREFIX
 from tests.redis_support import free_port, launch, need_redis, redis_url
 from tests.support import BOUND, START_BOUND, Proc, sdk_stdio_command, stdio_backend
-from tests.test_legacy_clients import Changes
+from tests.test_legacy_clients import Changes, legacy_only_method
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -46,7 +52,8 @@ UPDATED = "notifications/resources/updated"
 def config_text(redis_port: int | None, **backends: dict[str, object]) -> str:
     settings: dict[str, Any] = {
         "listen": {"http": {"host": "127.0.0.1", "port": 0}},
-        "backends": backends or {"sdk": stdio_backend(sdk_stdio_command("--page-size", "0"))},
+        "backends": backends
+        or {"sdk": stdio_backend(sdk_stdio_command("--page-size", "0", "--record-listens"))},
     }
     if redis_port is not None:
         settings["cluster"] = {
@@ -159,24 +166,99 @@ async def test_a_listen_on_one_replica_hears_a_list_change_made_through_the_othe
         tg.cancel_scope.cancel()
 
 
+async def asked_of_child(connected: Client, uri: str, present: bool = True) -> bool:
+    """Whether the replica's stdio child has (`present`) or no longer has a listen stream
+    asking for `uri`, once it does or the bound has passed (the child waits: no polling)."""
+    with anyio.fail_after(BOUND + 1):
+        result = await connected.call_tool(
+            "await_listen_uri", {"uri": uri, "present": present, "seconds": BOUND}
+        )
+    content = result.content[0]
+    assert isinstance(content, TextContent)
+    return content.text == "present"
+
+
 async def test_a_resource_update_caused_on_one_replica_reaches_a_subscriber_on_the_other(
     redis: tuple[int, list[Proc]],
 ) -> None:
-    """B hears an update from its child only where something of B listens for that URI (here
-    a client of B): resource subscriptions are not spread over the cluster (README)."""
+    """No client of B is subscribed: A tells B of its listen's URI (its interest), B's watch
+    asks B's child for it, hears the update the child sends and publishes it."""
     port, _ = redis
     async with (
         replicas(port) as (a, b),
         client(a) as on_a,
         client(b) as on_b,
         on_a.listen(resource_subscriptions=[MOTD]) as sub_a,
-        on_b.listen(resource_subscriptions=[MOTD]) as sub_b,
     ):
         assert sub_a.honored.resource_subscriptions == [MOTD]
-        events_a, events_b = sub_a.__aiter__(), sub_b.__aiter__()
+        events_a = sub_a.__aiter__()
+        assert await asked_of_child(on_b, MOTD)
+        assert b.changes is not None and b.changes.watching["sdk"] == {MOTD}
         await on_b.call_tool("touch", {"uri": MOTD})
-        assert await next_event(events_b) == ResourceUpdated(uri=MOTD)
         assert await next_event(events_a) == ResourceUpdated(uri=MOTD)
+
+
+async def test_an_interest_ends_with_its_listen_and_a_replica_started_later_learns_it(
+    redis: tuple[int, list[Proc]],
+) -> None:
+    port, _ = redis
+    text = config_text(port)
+    with anyio.fail_after(START_BOUND):
+        async with (
+            Gateway(parse(text)) as a,
+            client(a) as on_a,
+            contextlib.AsyncExitStack() as listening,
+        ):
+            await listening.enter_async_context(on_a.listen(resource_subscriptions=[MOTD]))
+            # B starts after A's listen opened: its hello has A tell its interests at once,
+            # not at A's next period.
+            async with Gateway(parse(text)) as b, client(b) as on_b:
+                assert await asked_of_child(on_b, MOTD)
+                assert a.changes is not None and b.changes is not None
+                assert a.changes.interests.told == {"sdk": [MOTD]}
+                # A's listen closes: A tells B it wants nothing, and B's watch of its child
+                # stops asking for the URI.
+                await listening.aclose()
+                assert not await asked_of_child(on_b, MOTD, present=False)
+                assert b.changes.watching["sdk"] == frozenset()
+                assert a.changes.interests.told == {}
+
+
+async def test_the_interests_of_a_replica_gone_without_a_word_expire_and_are_bounded(
+    redis: tuple[int, list[Proc]],
+) -> None:
+    """Interests published straight on Redis by replicas that never speak again (forged, or
+    dead): only what is well-formed and bounded is watched, and the whole goes after the TTL
+    (the expiry run with a clock of the test)."""
+    port, _ = redis
+    channel = PREFIX + interest.TOPIC
+    publisher = Redis.from_url(redis_url(port))
+    try:
+        async with replicas(port) as (_, b), client(b) as on_b:
+            changes = b.changes
+            assert changes is not None
+
+            async def send(sender: str, body: object) -> None:
+                with anyio.fail_after(BOUND):
+                    await publisher.publish(channel, orjson.dumps({"from": sender, "body": body}))
+
+            await send("ghost", {"uris": ["not", "a", "table"]})
+            flood = [f"mem://flood/{i}" for i in range(interest.MAX_URIS + 10)]
+            await send("flood", {"uris": {"sdk": flood}})
+            long = "mem://" + "x" * interest.MAX_URI
+            listed = [MOTD, long, 7, "", ["mem://nested"]]
+            await send("ghost", {"uris": {"sdk": listed, "nowhere": ["mem://elsewhere"]}})
+            assert await asked_of_child(on_b, MOTD)
+            watched = changes.watching["sdk"]
+            assert MOTD in watched and long not in watched and "mem://elsewhere" not in watched
+            assert len(watched) == interest.MAX_URIS + 1  # (the flood's first MAX_URIS)
+            # Neither replica is heard from again: after the TTL, nothing is asked for.
+            changes.interests.expire(now=anyio.current_time() + interest.TTL + 1)
+            assert not await asked_of_child(on_b, MOTD, present=False)
+            assert changes.watching["sdk"] == frozenset()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await publisher.aclose()
 
 
 async def test_only_listens_that_asked_hear_and_the_changing_replica_hears_it_once(
@@ -227,6 +309,27 @@ async def test_a_legacy_session_on_one_replica_hears_the_other_replicas_change(
             changes.arrival,
             lambda: (LIST_CHANGED, None) in changes.seen,
         )
+
+
+async def test_a_legacy_sessions_subscription_on_one_replica_hears_an_update_caused_on_the_other(
+    redis: tuple[int, list[Proc]],
+) -> None:
+    """`resources/subscribe` over a session on A: its watch (a modern listen on A) is A's
+    interest, so B's watch asks B's child for the URI; no client of B subscribes."""
+    port, _ = redis
+    changes = Changes()
+    async with (
+        replicas(port) as (a, b),
+        client(a, mode="legacy", message_handler=changes) as legacy,
+        client(b) as on_b,
+    ):
+        with legacy_only_method():
+            await legacy.subscribe_resource(MOTD)
+        assert await asked_of_child(on_b, MOTD)
+        await on_b.call_tool("touch", {"uri": MOTD})
+        with anyio.fail_after(BOUND):
+            while (UPDATED, MOTD) not in changes.seen:
+                await changes.arrival()
 
 
 async def test_with_redis_stopped_each_replica_serves_its_own_listens(
@@ -294,6 +397,7 @@ async def test_without_cluster_redis_there_is_no_bus_and_nothing_is_published() 
             assert gateway.bus is None
             assert gateway.changes is None
             assert gateway.dispatcher.subscriptions.on_heard is None
+            assert gateway.dispatcher.subscriptions.on_listens_changed is None
 
 
 async def test_a_reload_extends_an_open_listen_to_an_added_backend() -> None:

@@ -9,8 +9,12 @@ every local listen whose plan covers it, as if the local backend stream had deli
 list change makes the backend's catalog stale and loads it again in the background.
 
 So that a replica hears its backends' list changes even when none of its own clients listens,
-it holds one listen of its own on each backend for the list changes it announces (the watch;
-a resource update is heard, and published, only where some client is subscribed to it).
+it holds one listen of its own on each backend for the list changes it announces (the watch).
+The watch also asks for the backend URIs the other replicas' listens are subscribed to
+(core/interest.py), so an update caused through this replica is heard here and published even
+when no client of this replica is subscribed to it; when their union changes, the watch is
+planned again (`REPLAN_DELAY` after the first change, so a burst is one re-plan): a new listen
+with the new filter is opened, and the old one ended once the new one is acknowledged.
 
 Duplicates: notices heard by several local streams while one of them waits to be published
 are published once (coalesced while queued, never suppressed after: a change made after a
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Collection
 from typing import Any
 
 import anyio
@@ -37,7 +42,8 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from gateway.core.bus import Bus
 from gateway.core.catalog import Catalogs
-from gateway.core.listen import ACKNOWLEDGED, LIST_FLAGS, UPDATED, Subscriptions
+from gateway.core.interest import MAX_URI, Interests
+from gateway.core.listen import ACK_TIMEOUT, ACKNOWLEDGED, LIST_FLAGS, UPDATED, Subscriptions
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
 
@@ -53,14 +59,22 @@ ECHO_WINDOW = 1.0
 PUBLISH_QUEUE = 256
 # Backends' notices remembered for the echo check; older ones are forgotten past this many.
 REMEMBERED = 1024
-# A URI longer than this in a bus message is not one the gateway would have sent.
-MAX_URI = 8192
+# A watch is planned again this long after the other replicas' interests in its backend first
+# changed (a burst of subscriptions and unsubscriptions is one new backend listen).
+REPLAN_DELAY = 0.5
 
 Key = tuple[str, str, str]  # backend, method, backend's URI ("" for a list change)
 
 
 class ClusterChanges:
-    def __init__(self, bus: Bus, subscriptions: Subscriptions, catalogs: Catalogs) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        subscriptions: Subscriptions,
+        catalogs: Catalogs,
+        ready: anyio.Event | None = None,
+    ) -> None:
+        """`ready`: set once the bus hears the others (the interests' hello waits for it)."""
         self._bus = bus
         self._subscriptions = subscriptions
         self._catalogs = catalogs
@@ -72,9 +86,13 @@ class ClusterChanges:
         self._tg: anyio.abc.TaskGroup | None = None
         self.published = 0
         self.dropped = 0
+        # Each watch's wake-up for a re-plan, and the URIs its newest backend listen asks for.
+        self._replans: dict[str, anyio.Event] = {}
+        self.watching: dict[str, frozenset[str]] = {}
         bus.on(TOPIC, self._received)
         subscriptions.on_heard = self.heard
         subscriptions.on_reconfigure = self._watch_added
+        self.interests = Interests(bus, subscriptions, self._replan, ready)
 
     async def run(self) -> None:
         """Publish what is heard, and watch every backend (those a reload adds too)."""
@@ -84,6 +102,7 @@ class ClusterChanges:
                 self._tg = tg
                 self._outbox = send
                 try:
+                    tg.start_soon(self.interests.run)
                     for backend in self._subscriptions.backends:
                         tg.start_soon(self._watch, backend)
                     async for key in receive:
@@ -146,17 +165,64 @@ class ClusterChanges:
         self._subscriptions.deliver(backend, {"jsonrpc": "2.0", "method": method, "params": params})
 
     async def _watch(self, backend: str) -> None:
+        """The watch of one backend, until a reload removes or replaces it: planned again
+        whenever the other replicas' interests in it change."""
+        target = self._subscriptions.backends.get(backend)
+        if target is None:
+            return
+        running: anyio.CancelScope | None = None
+        asked: frozenset[str] | None = None
+        replan: anyio.Event | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                while self._subscriptions.backends.get(backend) is target:
+                    replan = self._replans[backend] = anyio.Event()
+                    wanted = self.interests.wanted(backend)
+                    if wanted != asked:
+                        # The new listen first, the old one ended once it is acknowledged,
+                        # so no update falls between them.
+                        scope, acked = anyio.CancelScope(), anyio.Event()
+                        self.watching[backend] = wanted
+                        tg.start_soon(self._listen, backend, wanted, scope, acked)
+                        with anyio.move_on_after(ACK_TIMEOUT):
+                            await acked.wait()
+                        if running is not None:
+                            running.cancel()
+                        running, asked = scope, wanted
+                    await replan.wait()
+                    await anyio.sleep(REPLAN_DELAY)
+                tg.cancel_scope.cancel()
+        finally:
+            if replan is not None and self._replans.get(backend) is replan:
+                del self._replans[backend]
+                self.watching.pop(backend, None)
+
+    async def _listen(
+        self, backend: str, uris: frozenset[str], scope: anyio.CancelScope, acked: anyio.Event
+    ) -> None:
         async def relay(name: str, note: Message) -> None:
             method = note.get("method")
             if method == ACKNOWLEDGED:
+                acked.set()
                 return
             if method in LIST_CHANGED:
                 self._refresh(name)
             self.heard(name, note)
 
-        await self._subscriptions.watch(backend, relay)
+        with scope:
+            await self._subscriptions.watch(backend, relay, uris)
+        acked.set()  # (nothing to ask of it, or it is gone: the next plan need not wait)
+
+    def _replan(self, backends: Collection[str]) -> None:
+        """The other replicas' interests in these backends changed."""
+        for backend in backends:
+            replan = self._replans.get(backend)
+            if replan is not None:
+                replan.set()
 
     def _watch_added(self, added: list[str]) -> None:
+        # Every watch looks again: those of removed or replaced backends end.
+        self._replan(list(self._replans))
         if self._tg is not None:
             for backend in added:
                 self._tg.start_soon(self._watch, backend)

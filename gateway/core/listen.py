@@ -8,7 +8,9 @@ open listens to the added backends, within what each listen's acknowledgement to
 
 With a cluster bus (`core/changes.py`) what the backend streams hear is also handed to
 `on_heard`, and notices from other replicas come in through `deliver`; `watch` is the replica's
-own listen on a backend for its list changes.
+own listen on a backend for its list changes and the resource URIs other replicas' listens are
+subscribed to (`core/interest.py`), which learns of this replica's from `interest`, told by
+`on_listens_changed` when open listens come and go.
 """
 
 from __future__ import annotations
@@ -102,6 +104,8 @@ class Subscriptions:
         # delivers (not acknowledgements), and the backends a reload added or replaced.
         self.on_heard: Callable[[str, Message], None] | None = None
         self.on_reconfigure: Callable[[list[str]], None] | None = None
+        # Set by core/interest.py with a cluster bus: a listen opened, closed or was extended.
+        self.on_listens_changed: Callable[[], None] | None = None
 
     @property
     def backends(self) -> Mapping[str, Backend]:
@@ -119,11 +123,13 @@ class Subscriptions:
         self._naming = naming
         added = [name for name, backend in backends.items() if old.get(name) is not backend]
         if not added:
+            self._listens_changed()  # (a removed backend's URIs are no longer asked for)
             return
         for listening in list(self._open):
             self._extend(listening, added)
         if self.on_reconfigure is not None:
             self.on_reconfigure(added)
+        self._listens_changed()
 
     def _extend(self, listening: _Listening, added: Collection[str]) -> None:
         """The added backends' part of an open listen. Once acknowledged, only what the
@@ -157,20 +163,34 @@ class Subscriptions:
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 pass  # (the listen is ending)
 
-    async def watch(self, backend: str, relay: Relay) -> None:
+    def interest(self) -> dict[str, set[str]]:
+        """The backend URIs this replica's open listens ask each backend for (the plans: only
+        URIs the caller may read and the backend can subscribe to), for the other replicas'
+        watches (core/interest.py)."""
+        wanted: dict[str, set[str]] = {}
+        for listening in self._open:
+            for backend, plan in listening.stream.plans.items():
+                if plan.uris and backend in self._backends:
+                    wanted.setdefault(backend, set()).update(plan.uris)
+        return wanted
+
+    async def watch(self, backend: str, relay: Relay, uris: Collection[str] = ()) -> None:
         """The replica's own listen on a backend for the list changes it announces (or may:
         capabilities unknown yet count), so that a change is heard here even when no client
-        of this replica listens (core/changes.py, with a cluster bus). As the gateway's own
-        request, like a catalog load. Ends with the backend (a reload) or at once when the
-        backend announces no list changes."""
+        of this replica listens (core/changes.py, with a cluster bus), and for `uris`, the
+        backend URIs other replicas' listens are subscribed to, if the backend can subscribe.
+        As the gateway's own request, like a catalog load. Ends with the backend (a reload)
+        or at once when there is nothing to ask of it."""
         caps = self._catalogs.capabilities(backend)
-        flags = {f: True for f, (c, _) in LIST_FLAGS.items() if _announces_changes(caps, c)}
-        if backend not in self._backends or not flags:
+        plan = _Plan({f: True for f, (c, _) in LIST_FLAGS.items() if _announces_changes(caps, c)})
+        if _can_subscribe(caps):
+            plan.uris = {uri: uri for uri in uris}
+        if backend not in self._backends or not (plan.flags or plan.uris):
             return
         msg: Message = {"params": {"_meta": meta.gateway_meta(self._catalogs.client_info)}}
         token = SERVING.set((SERVING.get()[0], GATEWAY_ORIGIN))
         try:
-            await self._keep_listening(backend, _Plan(flags), msg, relay)
+            await self._keep_listening(backend, plan, msg, relay)
         finally:
             SERVING.reset(token)
 
@@ -234,6 +254,7 @@ class Subscriptions:
                 async with anyio.create_task_group() as tg:
                     listening = _Listening(msg, wanted, judge, stream, relay, tg, send)
                     self._open.add(listening)
+                    self._listens_changed()
                     for backend, plan in plans.items():
                         tg.start_soon(self._keep_listening, backend, plan, msg, relay)
                     tg.start_soon(_relay_remote, receive, stream)
@@ -245,10 +266,15 @@ class Subscriptions:
         finally:
             if listening is not None:
                 self._open.discard(listening)
+                self._listens_changed()
             self.active -= 1
         return jsonrpc.result(
             client_id, {"resultType": "complete", "_meta": {meta.SUBSCRIPTION_ID: client_id}}
         )
+
+    def _listens_changed(self) -> None:
+        if self.on_listens_changed is not None:
+            self.on_listens_changed()
 
     async def _keep_listening(
         self,
@@ -301,7 +327,7 @@ class _Stream:
         invalidate: Callable[[str], None],
     ) -> None:
         self._id = client_id
-        self._plans = plans
+        self.plans = plans
         self._sink = sink
         self._invalidate = invalidate
         self._acks: dict[str, dict[str, Any]] = {}
@@ -314,11 +340,11 @@ class _Stream:
             self.all_acked.set()
 
     def covers(self, backend: str) -> bool:
-        return backend in self._plans
+        return backend in self.plans
 
     def add(self, backend: str, plan: _Plan) -> None:
         """A backend's part added by a reload (or replaced: the old one's stream has ended)."""
-        self._plans[backend] = plan
+        self.plans[backend] = plan
 
     async def relay(self, backend: str, note: Message) -> None:
         method = note.get("method")
@@ -327,7 +353,7 @@ class _Stream:
             if backend not in self._acks:
                 honoured = params.get("notifications")
                 self._acks[backend] = honoured if isinstance(honoured, dict) else {}
-                if len(self._acks) == len(self._plans):
+                if len(self._acks) == len(self.plans):
                     self.all_acked.set()
             return  # later acknowledgements are re-subscriptions the client never sees
         if isinstance(method, str) and method.endswith("/list_changed"):
@@ -341,7 +367,7 @@ class _Stream:
         await self._sink(shown)
 
     def _for_client(self, backend: str, note: Message) -> Message | None:
-        plan = self._plans[backend]
+        plan = self.plans[backend]
         method = note.get("method")
         params = dict(jsonrpc.params(note))
         if method == UPDATED:
@@ -362,7 +388,7 @@ class _Stream:
         honoured: dict[str, Any] = {}
         uris: list[str] = []
         for backend, ack in self._acks.items():
-            plan = self._plans[backend]
+            plan = self.plans[backend]
             for flag in LIST_FLAGS:
                 if ack.get(flag) is True:
                     honoured[flag] = True
