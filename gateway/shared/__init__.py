@@ -1,5 +1,9 @@
-"""State the replicas share through Redis (`cluster.redis`): so far, the rate-limit buckets.
+"""State the replicas share through Redis (`cluster.redis`): the rate-limit buckets, the
+replicas' messages to each other (the bus), the legacy sessions' records and the backends'
+logins.
 
-Core sees this package only through `core/ratelimit.py`'s `SharedBuckets` protocol; `app.py`
-wires it. Only this package imports redis (tests/test_layers.py).
+Core, the front ends and the OAuth client see this package only through the protocols it
+implements (`core.ratelimit.SharedBuckets`, `core.bus.Bus`, `core.sessions.SessionRecords`,
+`oauth.shared.SharedStore`); `app.py` wires it. Only this package imports redis
+(tests/test_layers.py), and every client it makes comes from `connection.connect`.
 """

@@ -24,12 +24,10 @@ import time
 from collections.abc import Callable, Sequence
 
 import anyio
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.core.ratelimit import Want
+from gateway.shared.connection import connect
 from gateway.telemetry.api import Stats
 
 log = logging.getLogger("gateway")
@@ -90,12 +88,7 @@ class RedisBuckets:
     ) -> None:
         # No retries inside redis-py: a failed check falls back at once, and the next one
         # (after `retry_interval`) takes a fresh connection from the pool, which reconnects.
-        self._client = Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
+        self._client = connect(url, timeout)
         self._take = self._client.register_script(TAKE)
         self._timeout = timeout
         self._retry_interval = retry_interval

@@ -19,12 +19,10 @@ from typing import Any
 
 import anyio
 import orjson
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.core.bus import Handler
+from gateway.shared.connection import connect
 from gateway.telemetry.api import Stats
 
 log = logging.getLogger("gateway")
@@ -47,12 +45,8 @@ class RedisBus:
         self._retry_interval = retry_interval
         self._stats = stats
         self._handlers: dict[str, Handler] = {}
-        self._publisher = Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
-        )
-        self._subscriber = Redis.from_url(
-            url, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
-        )
+        self._publisher = connect(url, timeout)
+        self._subscriber = connect(url, timeout, read_timeout=False)
         # Set once every topic is subscribed (tests and start-up wait on it); `up` follows
         # the subscription's state after that.
         self.ready = anyio.Event()

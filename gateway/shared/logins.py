@@ -28,11 +28,10 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.oauth.shared import Key, Record, StoreUnavailable
+from gateway.shared.connection import connect
 
 log = logging.getLogger("gateway.oauth")
 
@@ -120,12 +119,7 @@ class RedisLogins:
     def __init__(self, url: str, keys: Sequence[bytes], timeout: float) -> None:
         # No retries inside redis-py: each operation is one attempt within `timeout`; the
         # next one takes a fresh connection from the pool, which reconnects.
-        self._client = Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
+        self._client = connect(url, timeout)
         self._unlock = self._client.register_script(UNLOCK)
         self._sealer = Sealer(keys)
         self._timeout = timeout

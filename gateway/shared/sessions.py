@@ -20,12 +20,10 @@ from typing import TypeVar
 
 import anyio
 import orjson
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.core.sessions import Record, SessionsUnavailable, valid
+from gateway.shared.connection import connect
 from gateway.telemetry.api import Stats
 
 log = logging.getLogger("gateway")
@@ -48,12 +46,7 @@ class RedisSessions:
     ) -> None:
         # No retries inside redis-py, as for the buckets: a failure is reported at once, and
         # the pool reconnects on the next try.
-        self._client = Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
+        self._client = connect(url, timeout)
         self._ttl_ms = max(1, math.ceil(ttl * 1000))
         self._timeout = timeout
         self._retry_interval = retry_interval
