@@ -21,6 +21,9 @@ h1 { font-size: 1.4rem; margin: 0 0 .25rem; }
 h2 { font-size: 1.1rem; margin: 1.5rem 0 .5rem; }
 .muted { color: var(--muted); }
 table { border-collapse: collapse; width: 100%; }
+table.narrow { width: auto; }
+td.time { white-space: nowrap; }
+td.last { min-width: 14rem; }
 th, td { text-align: left; padding: .3rem .5rem; border-bottom: 1px solid var(--line);
   vertical-align: top; }
 th { font-weight: 600; white-space: nowrap; }
@@ -36,7 +39,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: now
 .chart svg { width: 100%; height: 120px; display: block; }
 .chart .bars { fill: var(--bar); } .chart .errs { fill: var(--bad); }
 .chart .p99 { fill: none; stroke: var(--p99); stroke-width: 1.5; }
-.chart .axis { stroke: var(--line); }
+.chart .axis { stroke: var(--line); } .chart .dot { fill: var(--p99); }
 .legend { font-size: 12px; }
 .legend .b { color: var(--bar); } .legend .e { color: var(--bad); }
 .legend .p { color: var(--p99); }
@@ -62,7 +65,9 @@ function row(cells) {
 }
 function num(value, digits) {
   if (value === null || value === undefined) return el('td', '\\u2013', 'num');
-  return el('td', digits === undefined ? value : Number(value).toFixed(digits), 'num');
+  if (digits === undefined) return el('td', value, 'num');
+  const n = Number(value);
+  return el('td', n.toFixed(n && Math.abs(n) < 1 ? Math.max(digits, 2) : digits), 'num');
 }
 function duration(seconds) {
   const s = Math.floor(seconds);
@@ -87,7 +92,7 @@ function chart(backend, slotSeconds) {
   const root = svg('svg', { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: 'none',
     role: 'img', 'aria-label': `requests and p99 latency of ${backend.name}` });
   root.append(svg('line', { x1: 0, y1: H - 0.5, x2: W, y2: H - 0.5, class: 'axis' }));
-  const path = [];
+  const path = [], dots = [];
   points.forEach((p, i) => {
     if (p.requests) {
       const h = (p.requests / most) * (H - 10);
@@ -102,9 +107,10 @@ function chart(backend, slotSeconds) {
     if (p.p99_ms !== null) {
       const y = H - 2 - (p.p99_ms / slowest) * (H - 12);
       path.push(`${path.length ? 'L' : 'M'}${(i + 0.5) * bw},${y.toFixed(1)}`);
+      dots.push(svg('circle', { cx: (i + 0.5) * bw, cy: y.toFixed(1), r: 2.5, class: 'dot' }));
     }
   });
-  if (path.length) root.append(svg('path', { d: path.join(' '), class: 'p99' }));
+  if (path.length) root.append(svg('path', { d: path.join(' '), class: 'p99' }), ...dots);
   box.append(root);
   const legend = el('div', null, 'legend muted');
   legend.append(el('span', `\\u25A0 requests per ${slotSeconds} s (max ${most})`, 'b'), ' ',
@@ -131,9 +137,9 @@ function render(data) {
   body.replaceChildren(...data.backends.map((b) => {
     const health = el('td');
     health.append(el('span', b.health, 'badge ' + b.health));
-    if (b.down_reason) health.append(el('div', b.down_reason, 'error'));
     const c = b.catalog;
-    const last = el('td');
+    const last = el('td', null, 'last');
+    if (b.down_reason) last.append(el('div', `down: ${b.down_reason}`, 'error'));
     if (b.last_error) {
       last.append(el('div', `${b.last_error.time} ${b.last_error.method || ''} ` +
         `(${b.last_error.code})`, 'muted'), el('div', b.last_error.message, 'error'));
@@ -151,7 +157,7 @@ function render(data) {
     ...data.backends.map((b) => chart(b, data.slot_seconds)));
 
   const errors = document.getElementById('errors');
-  errors.replaceChildren(...data.recent_errors.map((e) => row([el('td', e.time),
+  errors.replaceChildren(...data.recent_errors.map((e) => row([el('td', e.time, 'time'),
     el('td', e.backend), el('td', e.method), el('td', e.code), el('td', e.message, 'error')])));
   document.getElementById('no-errors').hidden = data.recent_errors.length > 0;
   refreshes += 1;
@@ -187,7 +193,7 @@ PAGE = f"""<!doctype html>
 &middot; <span id="state"></span> &middot; as of <span id="now"></span>
 <span id="stale"></span></div>
 <h2>Listeners</h2>
-<table><tbody id="listeners"></tbody></table>
+<table class="narrow"><tbody id="listeners"></tbody></table>
 <h2>Backends</h2>
 <table>
 <thead><tr><th>name</th><th>transport</th><th>era</th><th>health</th><th>in flight</th>
