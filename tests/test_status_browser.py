@@ -91,4 +91,4 @@ async def test_the_page_renders_the_backends_and_refreshes_itself(tmp_path: Path
     assert report["reloads"] == 0
     assert report["statusJsonFetches"] >= 2 and report["refreshes"] >= 2
     assert report["requestsAfter"] >= at_least
-    assert Path(screenshot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (await anyio.Path(screenshot).read_bytes())[:8] == b"\x89PNG\r\n\x1a\n"
