@@ -79,6 +79,7 @@ from gateway.telemetry.api import STDIO_ORIGIN, Origin, Stats
 from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.metrics import BackendState, GatewayCollector, Recorder
 from gateway.telemetry.otel import GatewayTelemetry
+from gateway.telemetry.status import BackendFacts, StatusBoard, snapshot
 from gateway.telemetry.tap import Tap
 
 log = logging.getLogger("gateway")
@@ -463,11 +464,15 @@ class Gateway:
         # Set when shutdown begins (a signal, the end of stdin): /readyz answers 503 from then
         # on, so a load balancer stops sending while what runs drains.
         self.draining = False
+        # The status page's series and recent errors (/status on the admin listener).
+        self.status = StatusBoard()
+        self.telemetry.status = self.status
         self.operations = Operations(
             metrics=self._render_metrics,
             backends=self._backends_up,
             serving=lambda: self._serving,
             draining=lambda: self.draining,
+            status=self._status,
         )
         self._admin: Listener | None = None
         self.admin_url: str | None = None
@@ -514,7 +519,7 @@ class Gateway:
 
     def _attach(self, wired: Wired) -> None:
         wired.layer.on_notification = self.dispatcher.backend_notification
-        wired.health.on_change = self._on_health(wired.config.name)
+        wired.health.on_change = self._on_health(wired.config.name, wired.health)
 
     # Views of the backends' layers, in config order (tests and metrics read them).
     @property
@@ -719,14 +724,60 @@ class Gateway:
             for t, e, g in zip(self.transports, self.layers, self.guarded, strict=True)
         ]
 
-    def _on_health(self, name: str) -> Callable[[bool], None]:
+    def _on_health(self, name: str, health: Health) -> Callable[[bool], None]:
         def changed(up: bool) -> None:
+            if not up:
+                self.status.down(name, health.reason)  # (the status page's recent errors)
             # Back up: its catalog is loaded again now, not at the next lookup that misses.
             if up and self._tg is not None:
                 self.dispatcher.catalogs.invalidate(name)
                 self._tg.start_soon(self.dispatcher.catalogs.refresh, name)
 
         return changed
+
+    # --- the status page (/status.json) ---
+    def _status(self) -> dict[str, Any]:
+        catalogs = self.dispatcher.catalogs
+        facts = []
+        for w in self.wired:
+            name, health, data = w.config.name, w.health, catalogs.data(w.config.name)
+            t = w.transport
+            facts.append(
+                BackendFacts(
+                    name=name,
+                    transport=t.transport,
+                    era=w.layer.era or "unknown",
+                    health="up" if w.guarded.up else "down" if health.down else "starting",
+                    reason=health.reason,
+                    in_flight=w.bound.busy,
+                    restarts=t.restarts if not isinstance(t, HttpBackend) else 0,
+                    catalog=None
+                    if data is None
+                    else {
+                        "tools": len(data.tools),
+                        "prompts": len(data.prompts),
+                        "resources": len(data.resources),
+                        "templates": len(data.templates),
+                    },
+                )
+            )
+        self.status.forget(f.name for f in facts)
+        listen = self.config.listen
+        listeners = {
+            "mcp_http": self.http_url,
+            "mcp_stdio": "stdin/stdout" if listen.stdio else None,
+            "admin": self.admin_url,
+        }
+        return snapshot(
+            self.status,
+            version=__version__,
+            listeners=listeners,
+            backends=facts,
+            serving=self._serving,
+            draining=self.draining,
+        )
+
+    # --- end status page ---
 
     def _queued(self) -> list[tuple[str, str, int]]:
         """Every bound's queue, the empty ones too: a gauge that is there at 0 can be graphed

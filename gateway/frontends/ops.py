@@ -1,15 +1,17 @@
 """Operator endpoints: `/metrics`, `/healthz`, `/readyz`, on the MCP listener and on the optional
-admin listener (so a stdio-only gateway can be scraped)."""
+admin listener (so a stdio-only gateway can be scraped); the status page (`/status`,
+`/status.json`) on the admin listener only."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from aiohttp import hdrs, web
 
-from gateway.frontends import guard
+from gateway.frontends import guard, status_page
 from gateway.frontends.listener import Handler
 from gateway.protocol import codes, jsonrpc
 
@@ -27,6 +29,8 @@ class Operations:
     serving: Callable[[], bool]
     # shutdown has begun: requests in flight drain, and a load balancer should send no more
     draining: Callable[[], bool] = lambda: False
+    # the status page's data (`/status.json`, telemetry/status.py); None: no status page
+    status: Callable[[], Mapping[str, Any]] | None = None
 
 
 def _error(status: int, message: str, **extra: str) -> web.Response:
@@ -68,11 +72,39 @@ def operation_routes(ops: Operations) -> dict[str, Handler]:
     return {"/metrics": metrics, "/healthz": healthz, "/readyz": readyz}
 
 
+def status_routes(status: Callable[[], Mapping[str, Any]]) -> dict[str, Handler]:
+    """The status page and its data: read-only, never cached, the page limited by its CSP to
+    its own inline script and style and to fetching from its own origin."""
+
+    async def page(request: web.BaseRequest) -> web.StreamResponse:
+        if request.method not in READ_METHODS:
+            return _not_allowed()
+        return web.Response(
+            body=status_page.PAGE, content_type="text/html", charset="utf-8",
+            headers=status_page.HEADERS,
+        )  # fmt: skip
+
+    async def data(request: web.BaseRequest) -> web.StreamResponse:
+        if request.method not in READ_METHODS:
+            return _not_allowed()
+        return web.Response(
+            body=orjson.dumps(status()),
+            content_type=JSON,
+            headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"},
+        )
+
+    return {"/status": page, "/status.json": data}
+
+
 def admin_handler(ops: Operations, *, loopback: bool) -> Handler:
     """The admin listener's one handler: the operator routes, behind the same DNS-rebinding
     guard as the MCP listener (on loopback, a rebound name could read the metrics too). It has
-    no allowed lists of its own: only loopback origins, and on loopback only loopback hosts."""
+    no allowed lists of its own: only loopback origins, and on loopback only loopback hosts.
+    The status page is served here only (not on the MCP listener, whose clients are not its
+    operators)."""
     routes = operation_routes(ops)
+    if ops.status is not None:
+        routes |= status_routes(ops.status)
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
         fields = request.headers

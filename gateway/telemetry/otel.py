@@ -25,6 +25,7 @@ from gateway.telemetry.api import (
 )
 from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.metrics import OTHER, Recorder
+from gateway.telemetry.status import StatusBoard
 from gateway.telemetry.tap import Tap
 
 TRACE_KEYS = ("traceparent", "tracestate")
@@ -165,6 +166,7 @@ class GatewayTelemetry:
         self._recorder = recorder
         self._access = access_log
         self._payloads = record_payloads
+        self.status: StatusBoard | None = None  # the status page's series (app.py sets it)
 
     def record(
         self,
@@ -260,6 +262,8 @@ class GatewayTelemetry:
         seconds = time.perf_counter() - observed.started
         error = error_type(observed.reply)
         trace_id = observed.end_span(error, observed.reply) if observed.span is not None else ""
+        if self.status is not None:
+            self.status.client(observed.backend_name, observed.msg, observed.reply, seconds)
         if self._recorder is not None:
             msg = observed.msg
             method = str(msg.get("method", ""))
