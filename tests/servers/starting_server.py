@@ -9,7 +9,8 @@ then serves: `server/discover`, one tool `hello` (answers "hello from PID"), and
 refused with UnsupportedProtocolVersionError naming its versions, as a modern-only server
 does (basic/versioning, Backward Compatibility with Initialization-Based Versions).
 With `--stderr`, it first writes each LINE to stderr (the lines may hold any character but
-a newline), as servers log. `exit` writes its lines to stderr and exits with CODE at once, reading nothing.
+a newline), as servers log. `exit` writes its lines to stderr and exits with CODE at once,
+reading nothing.
 """
 
 from __future__ import annotations
