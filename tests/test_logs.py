@@ -236,3 +236,25 @@ def test_the_environment_variable_sets_the_format_and_errors_are_records(tmp_pat
     records = [orjson.loads(line) for line in done.stderr.splitlines()]
     assert records and all(r["level"] == "ERROR" and r["logger"] == "gateway.cli" for r in records)
     assert "missing.yaml" in records[0]["message"]
+
+
+def test_in_json_a_warning_and_an_uncaught_exception_are_records_too() -> None:
+    """What Python itself writes to stderr (a warning, the traceback of an uncaught exception)
+    is a JSON record as well once the json format is set up."""
+    script = (
+        "import warnings; from gateway.telemetry import logs; logs.setup('info', 'json'); "
+        "warnings.warn('old'); raise RuntimeError('bad\\nthing')"
+    )
+    done = subprocess.run(
+        [PYTHON, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=START_BOUND,
+        check=False,
+    )
+    assert done.returncode == 1
+    warning, uncaught = (orjson.loads(line) for line in done.stderr.splitlines())
+    assert warning["level"] == "WARNING" and "UserWarning: old" in warning["message"]
+    assert uncaught["level"] == "CRITICAL" and uncaught["message"] == "uncaught exception"
+    assert uncaught["exception"].endswith("RuntimeError: bad\nthing")

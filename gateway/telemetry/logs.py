@@ -109,6 +109,8 @@ def setup(level: str, fmt: str = "text") -> None:
     """The root logger writes `level` and above to stderr in `fmt` (FORMATS). As
     `logging.basicConfig`, nothing changes if the root logger has handlers already (a test's
     capture, an embedding program's own)."""
+    if logging.getLogger().handlers:
+        return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
