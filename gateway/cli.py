@@ -44,20 +44,32 @@ from gateway.config.schema import schema_text
 from gateway.oauth.shared import StoreUnavailable
 from gateway.oauth.store import TokenStore, state_dir
 from gateway.oauth.wire import outbound_problem
+from gateway.telemetry import logs
 from gateway.telemetry.tap import DEFAULT_TOP, Summarizer, follow, format_call, format_summary
 
 PYTHON_VAR = "MCP_GATEWAY_PYTHON"
 # `connect --auth`: a client secret from the environment rather than the command line (which
 # other users of the machine can read in the process list).
 SECRET_VAR = "MCP_GATEWAY_CLIENT_SECRET"
+LOG_FORMAT_VAR = "MCP_GATEWAY_LOG_FORMAT"
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+# The log format of this command; in `json` its own error lines are log records too, so that
+# every line on stderr is JSON for the collector.
+_format = "text"
+
+
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    global _format
+    _format = fmt
+    logs.setup(level, fmt)
+
+
+def _error(text: str) -> None:
+    if _format == "json":
+        logging.getLogger("gateway.cli").error("%s", text)
+    else:
+        click.echo(f"error: {text}", err=True)
 
 
 def _config_env() -> dict[str, str]:
@@ -79,7 +91,7 @@ def _load_or_exit(path: Path, mcp_json: Path | None = None) -> Config:
         return load(path, _config_env(), extra)
     except ConfigInvalid as exc:
         for problem in exc.problems:
-            click.echo(f"error: {problem}", err=True)
+            _error(str(problem))
         sys.exit(2)
 
 
@@ -112,7 +124,7 @@ def _run(
             run = functools.partial(app.run, load=reload, pid_file=pid_file, watch=watch)
             anyio.run(run, config, backend_options=_loop_options())
     except app.StartupError as exc:
-        click.echo(f"error: {exc}", err=True)
+        _error(str(exc))
         sys.exit(2)
 
 
@@ -122,6 +134,18 @@ log_level = click.option(
     default="info",
     show_default=True,
     help="Least severe log level written to stderr.",
+)
+# An environment variable as well: a container's log collector wants JSON whatever command
+# the image is run with.
+log_format = click.option(
+    "--log-format",
+    type=click.Choice(logs.FORMATS, case_sensitive=False),
+    default="text",
+    show_default=True,
+    envvar=LOG_FORMAT_VAR,
+    show_envvar=True,
+    help="How stderr's log lines are written: text (for people) or json (one object a line, "
+    "for log collectors). Times are UTC either way.",
 )
 
 
@@ -176,12 +200,14 @@ pid_file_option = click.option(
     "second).",
 )
 @log_level
+@log_format
 def run(
     config_path: Path | None,
     mcp_json: Path | None,
     pid_file: Path | None,
     watch: bool,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Run the front ends and backends a config names, until SIGINT/SIGTERM. SIGHUP (or
     `reload`) reads the config again: README "Reloading the config".
@@ -190,7 +216,7 @@ def run(
     namespaced (`{backend}_{name}`, URIs as `mcp-gateway://{backend}/{uri}`) per the config's
     `namespacing` section.
     """
-    _setup_logging(log_level)
+    _setup_logging(log_level, log_format.lower())
     path, extra = _inputs(config_path, mcp_json)
     config = _load_or_exit(path, extra)
     _run(config, _loader(path, extra), pid_file, path if watch else None)
@@ -300,6 +326,7 @@ def _parse_header(_: click.Context, __: click.Parameter, values: tuple[str, ...]
 @click.option("--no-store", is_flag=True, help="Keep the login in memory only, not on disk.")
 @click.option("--no-browser", is_flag=True, help="Do not open a browser; only log the login URL.")
 @log_level
+@log_format
 def connect(
     url: str,
     headers: dict[str, str],
@@ -318,6 +345,7 @@ def connect(
     no_store: bool,
     no_browser: bool,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Serve one remote HTTP server on stdio.
 
@@ -328,7 +356,7 @@ def connect(
     the authorization server's page, the redirect comes back to 127.0.0.1, and the tokens are
     kept under $XDG_STATE_HOME/mcp-gateway for next time (`auth list`, `auth logout`).
     """
-    _setup_logging(log_level)
+    _setup_logging(log_level, log_format.lower())
     if authorization_server and (why := outbound_problem(authorization_server)):
         raise click.BadParameter(why, param_hint="--authorization-server")
     auth = None
@@ -367,7 +395,7 @@ def connect(
             backend = anyio.run(fallback.settle, backend)
     except ConfigInvalid as exc:
         for problem in exc.problems:
-            click.echo(f"error: {problem}", err=True)
+            _error(str(problem))
         sys.exit(2)
     _run(Config(listen=Listen(stdio=True), backends=(backend,), source="connect"))
 
@@ -402,6 +430,7 @@ def _parse_env(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -
 )
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @log_level
+@log_format
 def expose(
     host: str,
     port: int,
@@ -411,6 +440,7 @@ def expose(
     cwd: str | None,
     command: tuple[str, ...],
     log_level: str,
+    log_format: str,
 ) -> None:
     """Serve one stdio server over Streamable HTTP.
 
@@ -421,7 +451,7 @@ def expose(
     Its backend is named after the server, not the launcher (`npx -y @scope/server-x` is
     `server-x`, `python server.py` is `server`).
     """
-    _setup_logging(log_level)
+    _setup_logging(log_level, log_format.lower())
     target = StdioTarget(
         command=command[0], args=tuple(command[1:]), env=env, cwd=cwd, inherit_env=True
     )

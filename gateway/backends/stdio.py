@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
 from collections import deque
@@ -52,6 +53,18 @@ TERM_GRACE = 2.0
 STDERR_TAIL_LINES = 5
 STDERR_TAIL_CHARS = 200
 STDERR_GRACE = 1.0
+# A stderr line is logged with at most this many characters (the rest counted, not kept): a
+# child's long line must not make a log record of megabytes.
+STDERR_LOG_CHARS = 8192
+# A child's stderr line that looks like an error is logged at WARNING, any other at INFO (many
+# servers log everything to stderr, so it cannot all be a warning): one of these words in any
+# case, an exception's class name (`ValueError`, `IOException`), or a glog/klog error prefix
+# (`E1206 12:00:00.000000 ...`, `F...`).
+ERROR_LINE = re.compile(
+    r"(?i:\b(?:error|exception|traceback|fatal|panic|critical)\b)"
+    r"|\b[A-Z]\w*(?:Error|Exception)\b"
+    r"|^[EF]\d{4} "
+)
 
 
 def child_env(extra: dict[str, str] | None = None, inherit: bool = False) -> dict[str, str]:
@@ -224,7 +237,12 @@ class StdioBackend(Channel):
         try:
             async for line in _lines(proc.stderr):
                 text = line.decode(errors="replace").rstrip()
-                child_log.info("%s", text)
+                if len(text) > STDERR_LOG_CHARS:
+                    cut = len(text) - STDERR_LOG_CHARS
+                    text = f"{text[:STDERR_LOG_CHARS]}... ({cut} more characters)"
+                level = logging.WARNING if ERROR_LINE.search(text) else logging.INFO
+                # (The log's formatter keeps it one line: a child cannot forge records.)
+                child_log.log(level, "%s", text, extra={"backend": self.name})
                 if text:
                     tail.append(text[:STDERR_TAIL_CHARS])
         except _LineTooLong:

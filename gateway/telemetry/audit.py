@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -21,6 +20,7 @@ import orjson
 from gateway.config import AUDIT_STDERR, AuditConfig
 from gateway.protocol import jsonrpc
 from gateway.telemetry.api import Message, Origin
+from gateway.telemetry.logs import utc_now
 from gateway.telemetry.records import LineFile, Rule, compile_rules, redact
 
 log = logging.getLogger("gateway.telemetry")
@@ -28,11 +28,6 @@ log = logging.getLogger("gateway.telemetry")
 # Requests whose arguments the audit line can carry (`include_arguments`).
 WITH_ARGUMENTS = ("tools/call", "prompts/get")
 NAMED = ("tools/call", "prompts/get")
-
-
-def _now() -> str:
-    # ISO 8601 in UTC with its zone, e.g. 2026-08-01T12:00:00.123Z.
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _outcome(reply: Message | None) -> tuple[str, int | None]:
@@ -80,7 +75,7 @@ def entry(
     name, uri = _subject(msg)
     outcome, code = _outcome(reply)
     out: dict[str, Any] = {
-        "time": _now(),
+        "time": utc_now(),  # e.g. 2026-08-01T12:00:00.123Z, as the log
         "frontend": origin.frontend,
         "peer": origin.peer,
         "subject": identity.subject if identity is not None else None,

@@ -24,6 +24,7 @@ from gateway.telemetry.api import (
     error_type,
 )
 from gateway.telemetry.audit import AuditLog
+from gateway.telemetry.logs import utc_now
 from gateway.telemetry.metrics import OTHER, Recorder
 from gateway.telemetry.status import StatusBoard
 from gateway.telemetry.tap import Tap
@@ -225,7 +226,7 @@ class GatewayTelemetry:
             self._recorder.server(method, target, error, seconds, trace_id)
         if self._access is not None:
             line = {
-                "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()),
+                "time": utc_now(),  # RFC 3339 with the zone, as the log and the audit log
                 "method": method,
                 "name": _span_target(msg) or None,
                 "backend": observed.backend,

@@ -1,14 +1,16 @@
 """A hand-written modern stdio MCP server (stdlib + orjson, no SDK) for start-up tests.
 
 Usage:
-    python tests/servers/starting_server.py serve [--delay SECONDS]
+    python tests/servers/starting_server.py serve [--delay SECONDS] [--stderr LINE ...]
     python tests/servers/starting_server.py exit CODE [STDERR_LINE ...]
 
 `serve` waits SECONDS before it reads anything (a first `npx`/`uvx` run, a loaded machine),
 then serves: `server/discover`, one tool `hello` (answers "hello from PID"), and `initialize`
 refused with UnsupportedProtocolVersionError naming its versions, as a modern-only server
 does (basic/versioning, Backward Compatibility with Initialization-Based Versions).
-`exit` writes its lines to stderr and exits with CODE at once, reading nothing.
+With `--stderr`, it first writes each LINE to stderr (the lines may hold any character but
+a newline), as servers log. `exit` writes its lines to stderr and exits with CODE at once,
+reading nothing.
 """
 
 from __future__ import annotations
@@ -49,7 +51,10 @@ def answer(msg: dict[str, Any]) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": msg["id"], "result": {"resultType": "complete", **result}}
 
 
-def serve(delay: float) -> None:
+def serve(delay: float, stderr: list[str]) -> None:
+    for text in stderr:
+        sys.stderr.write(text + "\n")
+    sys.stderr.flush()
     time.sleep(delay)  # the slow start itself: nothing is read meanwhile
     out = sys.stdout.buffer
     for line in sys.stdin.buffer:
@@ -68,8 +73,14 @@ def main(argv: list[str]) -> None:
             sys.stderr.write(text + "\n")
         sys.stderr.flush()
         sys.exit(int(argv[2]))
-    delay = float(argv[3]) if len(argv) > 3 and argv[2] == "--delay" else 0.0
-    serve(delay)
+    delay, stderr, rest = 0.0, [], argv[2:]
+    while rest:
+        flag, value, *rest = rest
+        if flag == "--delay":
+            delay = float(value)
+        elif flag == "--stderr":
+            stderr.append(value)
+    serve(delay, stderr)
 
 
 if __name__ == "__main__":
