@@ -270,7 +270,7 @@ async def test_http_backend_in_flight_and_pool_connections(sdk_http_url: str) ->
 def exemplars(text: str) -> dict[str, list[Sample]]:
     """Trace id -> the bucket samples carrying it, out of an OpenMetrics exposition."""
     out: dict[str, list[Sample]] = {}
-    for family in openmetrics_families(text):
+    for family in openmetrics_families(text):  # type: ignore[no-untyped-call]
         for s in family.samples:
             if s.exemplar is not None:
                 out.setdefault(s.exemplar.labels["trace_id"], []).append(s)
