@@ -111,6 +111,7 @@ class _Observed:
         return (format(ctx.trace_id, "032x"), ctx.trace_flags.sampled) if ctx.is_valid else _NONE
 
 
+# What `end_span` gives without a valid span context: no trace id, not sampled.
 _NONE = ("", False)
 # What `carrier` gives without a span: shared, and never changed by callers.
 _NO_CARRIER: dict[str, str] = {}
