@@ -77,7 +77,13 @@ from gateway.shared.logins import RedisLogins
 from gateway.shared.sessions import RedisSessions
 from gateway.telemetry.api import STDIO_ORIGIN, Origin, Stats
 from gateway.telemetry.audit import AuditLog
-from gateway.telemetry.metrics import BackendState, GatewayCollector, Recorder
+from gateway.telemetry.loop import measure_lag
+from gateway.telemetry.metrics import (
+    BackendState,
+    GatewayCollector,
+    Recorder,
+    process_metrics,
+)
 from gateway.telemetry.otel import GatewayTelemetry
 from gateway.telemetry.status import BackendFacts, StatusBoard, snapshot
 from gateway.telemetry.tap import Tap
@@ -460,6 +466,8 @@ class Gateway:
                 self.telemetry.stats, self._backend_states, self._listens, self._queued
             )
         )
+        # The process (CPU, memory, fds, GC) and the event loop's measured lag (run in __aenter__).
+        self._loop_lag = process_metrics(self.registry)
         self._serving = False
         # Set when shutdown begins (a signal, the end of stdin): /readyz answers 503 from then
         # on, so a load balancer stops sending while what runs drains.
@@ -560,6 +568,7 @@ class Gateway:
             await self._start_admin()
             if self.config.listen.http is not None:
                 await self._start_http()
+            self._tg.start_soon(measure_lag, self._loop_lag, name="event-loop lag")
             if self.bus is not None:
                 self._tg.start_soon(self.bus.run, name="cluster bus")
             if self.changes is not None:  # (cluster changes)
@@ -720,8 +729,13 @@ class Gateway:
                 fanout_failures=self.dispatcher.fan_out_failures.get(t.name, 0),
                 era=e.era or "unknown",
                 children=t.children if isinstance(t, IsolatedBackend) else None,
+                pids=t.running_pids() if isinstance(t, StdioBackend | IsolatedBackend) else None,
+                in_flight=b.busy,
+                pool=t.pool_connections() if isinstance(t, HttpBackend | SseBackend) else None,
             )
-            for t, e, g in zip(self.transports, self.layers, self.guarded, strict=True)
+            for t, e, g, b in zip(
+                self.transports, self.layers, self.guarded, self.bounds, strict=True
+            )
         ]
 
     def _on_health(self, name: str, health: Health) -> Callable[[bool], None]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -30,6 +31,7 @@ from gateway.core.legacy import Session
 from gateway.protocol.jsonrpc import Message
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure
+from gateway.telemetry import procfs
 from gateway.telemetry.api import GATEWAY_ORIGIN, NO_OBSERVATION, SERVING, STDIO_ORIGIN, Origin
 from tests.support import PYTHON, ROOT, START_BOUND, gone, sdk_stdio_command
 from tests.test_http_transport_rules import call, post, send
@@ -245,6 +247,15 @@ async def test_legacy_sessions_get_children_of_their_own() -> None:
         assert all(pid != os.getpid() for pid in backend.pids())
         metrics, _ = gw._render_metrics("text/plain")
         assert b'mcp_gateway_backend_children{backend="counter"} 3.0' in metrics
+        # Their CPU and memory, summed over the three running children (/proc, Linux).
+        assert set(backend.running_pids()) == set(backend.pids())
+        if procfs.AVAILABLE:
+            rss = re.search(
+                rb'^mcp_gateway_backend_child_resident_memory_bytes\{backend="counter"\} (\S+)$',
+                metrics,
+                re.MULTILINE,
+            )
+            assert rss is not None and float(rss[1]) > 3 * 5_000_000  # three interpreters
 
 
 async def test_modern_callers_are_told_apart_by_their_credentials() -> None:

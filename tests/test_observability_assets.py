@@ -73,6 +73,23 @@ EXPORTED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
         "counter",
         frozenset({"backend", "grant", "outcome"}),
     ),
+    # The process, its event loop, and its backends' resources (read when scraped).
+    "mcp_gateway_event_loop_lag_seconds": ("histogram", frozenset()),
+    "mcp_gateway_backend_child_cpu_seconds_total": ("counter", frozenset({"backend"})),
+    "mcp_gateway_backend_child_resident_memory_bytes": ("gauge", frozenset({"backend"})),
+    "mcp_gateway_backend_requests_in_flight": ("gauge", frozenset({"backend"})),
+    "mcp_gateway_backend_pool_connections": ("gauge", frozenset({"backend", "state"})),
+    # prometheus_client's process (from /proc: Linux), platform and GC collectors
+    "process_cpu_seconds_total": ("counter", frozenset()),
+    "process_resident_memory_bytes": ("gauge", frozenset()),
+    "process_open_fds": ("gauge", frozenset()),
+    "process_max_fds": ("gauge", frozenset()),
+    "process_start_time_seconds": ("gauge", frozenset()),
+    "python_gc_collections_total": ("counter", frozenset({"generation"})),
+    "python_info": (
+        "gauge",
+        frozenset({"implementation", "major", "minor", "patchlevel", "version"}),
+    ),
 }
 DATASOURCE = {"type": "prometheus", "uid": "prometheus"}
 SERVICES = {
@@ -197,6 +214,21 @@ def test_dashboard_labels_exist_on_the_metrics_queried() -> None:
         assert used <= labels, f"{title}: unknown labels {sorted(used - labels)} in {expr!r}"
 
 
+def test_latency_panels_show_exemplars() -> None:
+    """The duration histograms carry exemplars (a sampled request's trace id): the latency
+    panels ask for them, so each dot links to its trace (test_grafana_provisioning)."""
+    panels = [
+        p
+        for p in all_panels(load_dashboard())
+        if p["type"] != "row" and "latency" in p["title"].lower()
+    ]
+    assert len(panels) >= 4
+    for panel in panels:
+        for target in panel["targets"]:
+            assert target.get("exemplar") is True, (panel["title"], target["expr"])
+            assert "operation_duration_seconds_bucket" in target["expr"]
+
+
 def test_histogram_quantiles_aggregate_buckets_by_le() -> None:
     for title, expr in panel_queries(load_dashboard()):
         for inner in re.findall(r"histogram_quantile\(\s*[\d.]+\s*,(.*?)\[", expr):
@@ -310,8 +342,12 @@ def test_prometheus_scrapes_the_gateway_admin_listener_every_5s() -> None:
 
 
 def test_grafana_provisioning() -> None:
-    (source,) = load_yaml(DATASOURCES)["datasources"]
+    source, traces = load_yaml(DATASOURCES)["datasources"]
     assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    # An exemplar's trace_id opens its trace in Jaeger (the compose stack's jaeger service).
+    assert traces["type"] == "jaeger" and traces["url"] == "http://jaeger:16686"
+    (link,) = source["jsonData"]["exemplarTraceIdDestinations"]
+    assert link == {"name": "trace_id", "datasourceUid": traces["uid"]}
     (provider,) = load_yaml(DASHBOARD_PROVIDERS)["providers"]
     assert provider["type"] == "file"
     assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
@@ -489,4 +525,13 @@ def test_live_metrics_match_the_dashboard(tmp_path: Path) -> None:
         "mcp_client_operation_duration_seconds",
         "mcp_gateway_backend_up",
         "mcp_gateway_bytes_total",
+        # read when scraped: the process, its loop, the demo's child (Linux: /proc)
+        "mcp_gateway_event_loop_lag_seconds",
+        "mcp_gateway_backend_requests_in_flight",
+        "mcp_gateway_backend_child_cpu_seconds_total",
+        "mcp_gateway_backend_child_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "python_gc_collections_total",
+        "python_info",
     } <= seen

@@ -11,11 +11,13 @@ from __future__ import annotations
 import re
 import shutil
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -94,7 +96,7 @@ def _free_port() -> int:
 
 
 class StdioGateway:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, **top: Any) -> None:
         config = directory / "gateway.yaml"
         config.write_text(
             yaml.safe_dump(
@@ -105,6 +107,7 @@ class StdioGateway:
                             "stdio": {"command": PYTHON, "args": ["-m", "gateway.demo.server"]}
                         }
                     },
+                    **top,
                 }
             ),
             encoding="utf-8",
@@ -160,7 +163,9 @@ def gateway(tmp_path: Path) -> Iterator[StdioGateway]:
 class Prometheus:
     """A Prometheus server scraping `target` every second, on a free port, with its own TSDB."""
 
-    def __init__(self, binary: str, directory: Path, target: str) -> None:
+    def __init__(
+        self, binary: str, directory: Path, target: str, features: tuple[str, ...] = ()
+    ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         config = directory / "prometheus.yml"
         config.write_text(
@@ -191,6 +196,7 @@ class Prometheus:
                     f"--storage.tsdb.path={directory / f'tsdb-{attempt}'}",
                     f"--web.listen-address=127.0.0.1:{port}",
                     "--log.level=info",
+                    *(f"--enable-feature={feature}" for feature in features),
                 ]
             )
             try:
@@ -282,3 +288,72 @@ def test_the_admin_listener_serves_metrics_and_health_for_a_stdio_only_gateway(
         f"{ECHO_COUNT} on {gateway.admin}/metrics",
     )
     assert count == 1.0
+
+
+class _OtlpSink(BaseHTTPRequestHandler):
+    """Takes OTLP/HTTP trace exports and drops them: the gateway's spans need somewhere to go."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:  # (quiet)
+        pass
+
+
+@pytest.fixture
+def otlp_sink() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OtlpSink)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(BOUND)
+
+
+def test_prometheus_stores_the_trace_id_of_a_sampled_request_as_an_exemplar(
+    prometheus_binary: str, otlp_sink: str, tmp_path: Path
+) -> None:
+    """Prometheus scrapes OpenMetrics (its Accept header asks for it first), which carries the
+    exemplars; with exemplar storage on, the trace id of a sampled call is queryable."""
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    gw = StdioGateway(tmp_path, telemetry={"otlp_endpoint": otlp_sink})
+    try:
+        prom = Prometheus(
+            prometheus_binary, tmp_path / "prometheus", gw.host_port, ("exemplar-storage",)
+        )
+        try:
+            msg = call("e1", "echo", text="hi")
+            msg["params"]["_meta"]["traceparent"] = f"00-{trace_id}-b7ad6b7169203331-01"
+            assert gw.ask(msg)["result"]["content"][0]["text"] == "hi"
+
+            def stored() -> dict[str, Any] | None:
+                now = time.time()
+                query = urllib.parse.urlencode(
+                    {
+                        "query": "mcp_server_operation_duration_seconds_bucket",
+                        "start": now - 300,
+                        "end": now + 60,
+                    }
+                )
+                status, body = _get(f"{prom.url}/api/v1/query_exemplars?{query}")
+                assert status == 200, body[:500]
+                for series in orjson.loads(body)["data"]:
+                    for exemplar in series["exemplars"]:
+                        if exemplar["labels"].get("trace_id") == trace_id:
+                            found: dict[str, Any] = series["seriesLabels"]
+                            return found
+                return None
+
+            labels = _until(stored, SCRAPE_BOUND, f"an exemplar trace_id={trace_id}")
+            assert labels["mcp_method_name"] == "tools/call" and labels["target"] == "echo"
+        finally:
+            prom.proc.stop()
+    finally:
+        gw.proc.stop()

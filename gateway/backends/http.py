@@ -117,6 +117,10 @@ class HttpBackend:
             found = self._deadlines[within] = web.timeout(within, self._connect_timeout)
         return found
 
+    def pool_connections(self) -> tuple[int, int]:
+        """Its pooled connections (in use, idle), for /metrics."""
+        return web.pool_connections(self._calls, self._streams)
+
     async def run(self) -> None:
         config, tls, proxy = self._config, self._tls, self._proxy
         self._calls = web.session(

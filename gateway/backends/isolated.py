@@ -113,6 +113,10 @@ class IsolatedBackend:
     def pids(self) -> list[int]:
         return [c.stdio.pid for c in self._children.values() if c.stdio.pid is not None]
 
+    def running_pids(self) -> tuple[int, ...]:
+        """Its running children's pids (for /metrics, as StdioBackend.running_pids)."""
+        return tuple(pid for c in self._children.values() for pid in c.stdio.running_pids())
+
     # --- the Backend protocol --------------------------------------------------------------------
 
     async def run(self) -> None:

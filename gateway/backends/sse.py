@@ -82,6 +82,10 @@ class SseBackend(Channel):
     def _count_token(self, grant: str, outcome: str) -> None:
         self._stats.backend_tokens[self.name, grant, outcome] += 1
 
+    def pool_connections(self) -> tuple[int, int]:
+        """Its pooled connections (in use, idle), for /metrics."""
+        return web.pool_connections(self._streams, self._posts)
+
     async def run(self) -> None:
         self._ready = asyncio.Event()
         config, tls, proxy = self._config, self._tls, self._proxy

@@ -333,6 +333,12 @@ class StdioBackend(Channel):
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    def running_pids(self) -> tuple[int, ...]:
+        """Its child's pid while the child runs, not yet reaped (/metrics reads its CPU and
+        memory from /proc; a reaped pid may be another process's by then)."""
+        proc = self._proc
+        return (proc.pid,) if proc is not None and proc.returncode is None else ()
+
 
 class _LineTooLong(Exception):
     pass

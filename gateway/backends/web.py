@@ -171,6 +171,20 @@ def session(
     )
 
 
+def pool_connections(*sessions: aiohttp.ClientSession | None) -> tuple[int, int]:
+    """Connections (in use, idle) of the sessions' pools, for /metrics. aiohttp 3.14 has no
+    public count: its BaseConnector's `_acquired` (the connections handed out) and `_conns`
+    (the idle ones, by host) are read, and a pool without them counts 0 (tests pin both)."""
+    in_use = idle = 0
+    for session in sessions:
+        if session is None or session.closed:
+            continue
+        connector = session.connector
+        in_use += len(getattr(connector, "_acquired", ()))
+        idle += sum(len(conns) for conns in getattr(connector, "_conns", {}).values())
+    return in_use, idle
+
+
 async def send(
     session: aiohttp.ClientSession,
     method: str,

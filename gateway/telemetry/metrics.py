@@ -8,7 +8,12 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -19,6 +24,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
+from gateway.telemetry import procfs
 from gateway.telemetry.api import Stats
 
 # Fine at the low end: the gateway's own overhead is well under a millisecond, and the
@@ -33,6 +39,8 @@ OTHER = "_other"
 # backend with endless tool names cannot blow up the exposition.
 MAX_TARGETS = 500
 MAX_CACHED_CHILDREN = 10_000
+# How late the event loop ran a wake-up: 1 ms is a busy loop, 100 ms a stall clients notice.
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class _Series:
@@ -150,6 +158,29 @@ class Recorder:
         self.client_duration.observe(child, seconds, trace_id)
 
 
+def process_metrics(registry: CollectorRegistry) -> Callable[[float], None]:
+    """The process's own metrics on the gateway's registry, all read when scraped: CPU, memory,
+    open fds, start time (`process_*`, from /proc; Linux only), the interpreter (`python_info`),
+    garbage collections (`python_gc_*`). And the event loop's lag histogram: the function
+    returned observes one measurement (telemetry/loop.py)."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    lag = DurationHistogram(
+        "mcp_gateway_event_loop_lag_seconds",
+        "How late the event loop woke a task that asked to wake every 0.5 s (measured).",
+        (),
+        LAG_BUCKETS,
+        registry,
+    )
+    series = lag.series(())
+
+    def observe(seconds: float) -> None:
+        lag.observe(series, seconds, "")
+
+    return observe
+
+
 @dataclass(frozen=True)
 class BackendState:
     name: str
@@ -159,6 +190,9 @@ class BackendState:
     fanout_failures: int
     era: str = "modern"
     children: int | None = None  # running children of an `isolation: per_session` backend
+    pids: tuple[int, ...] | None = None  # its child processes (stdio); None: it has none
+    in_flight: int = 0  # requests holding a slot of its bound (core/overload.py)
+    pool: tuple[int, int] | None = None  # HTTP connections (in use, idle); None: not HTTP
 
 
 class GatewayCollector(Collector):
@@ -346,7 +380,36 @@ class GatewayCollector(Collector):
             "Running children of a backend with a child per client (isolation: per_session).",
             labels=["backend"],
         )
+        cpu = CounterMetricFamily(
+            "mcp_gateway_backend_child_cpu_seconds",
+            "CPU time (user + system) of a stdio backend's running children, read from /proc"
+            " when scraped (Linux). Starts again from 0 when a child is restarted.",
+            labels=["backend"],
+        )
+        rss = GaugeMetricFamily(
+            "mcp_gateway_backend_child_resident_memory_bytes",
+            "Resident memory of a stdio backend's running children, read from /proc (Linux).",
+            labels=["backend"],
+        )
+        in_flight = GaugeMetricFamily(
+            "mcp_gateway_backend_requests_in_flight",
+            "Requests the gateway has sent to the backend and not yet had answered.",
+            labels=["backend"],
+        )
+        pool = GaugeMetricFamily(
+            "mcp_gateway_backend_pool_connections",
+            "Pooled HTTP connections to the backend, by state (in_use, idle).",
+            labels=["backend", "state"],
+        )
         for b in self._backends():
+            in_flight.add_metric([b.name], b.in_flight)
+            if b.pool is not None:
+                pool.add_metric([b.name, "in_use"], b.pool[0])
+                pool.add_metric([b.name, "idle"], b.pool[1])
+            used = procfs.usage(b.pids) if b.pids is not None else None
+            if used is not None:
+                cpu.add_metric([b.name], used.cpu_seconds)
+                rss.add_metric([b.name], used.resident_bytes)
             if b.children is not None:
                 children.add_metric([b.name], b.children)
             era.add_metric([b.name, b.era], 1)
@@ -355,3 +418,4 @@ class GatewayCollector(Collector):
             refreshes.add_metric([b.name], b.catalog_refreshes)
             failures.add_metric([b.name], b.fanout_failures)
         yield from (up, era, restarts, refreshes, failures, children)
+        yield from (in_flight, pool, cpu, rss)

@@ -97,8 +97,9 @@ class _Observed:
         propagate.inject(out, context=trace.set_span_in_context(self.span))
         return out
 
-    def end_span(self, error: str, reply: Message | None) -> str:
-        """End the span; the trace id, for exemplars."""
+    def end_span(self, error: str, reply: Message | None) -> tuple[str, bool]:
+        """End the span; its trace id (for the logs), and whether the trace was sampled (an
+        exemplar names only a trace that was recorded: a link to any other leads nowhere)."""
         span = self.span
         assert span is not None
         if error:
@@ -109,9 +110,11 @@ class _Observed:
             span.set_status(Status(StatusCode.ERROR))
         span.end()
         ctx = span.get_span_context()
-        return format(ctx.trace_id, "032x") if ctx.is_valid else ""
+        return (format(ctx.trace_id, "032x"), ctx.trace_flags.sampled) if ctx.is_valid else _NONE
 
 
+# What `end_span` gives without a valid span context: no trace id, not sampled.
+_NONE = ("", False)
 # What `carrier` gives without a span: shared, and never changed by callers.
 _NO_CARRIER: dict[str, str] = {}
 
@@ -215,15 +218,16 @@ class GatewayTelemetry:
         seconds = time.perf_counter() - observed.started
         reply = observed.reply
         error = error_type(reply)
-        trace_id = ""
+        trace_id, sampled = _NONE
         if observed.span is not None:
             if observed.target:
                 observed.span.update_name(f"{msg.get('method', '')} {observed.target}")
-            trace_id = observed.end_span(error, reply)
+            trace_id, sampled = observed.end_span(error, reply)
         method = str(msg.get("method", ""))
         if self._recorder is not None:
             target = observed.target or ("" if method not in _NAME_ATTR else OTHER)
-            self._recorder.server(method, target, error, seconds, trace_id)
+            exemplar = trace_id if sampled else ""
+            self._recorder.server(method, target, error, seconds, exemplar)
         if self._access is not None:
             line = {
                 "time": utc_now(),  # RFC 3339 with the zone, as the log and the audit log
@@ -262,7 +266,9 @@ class GatewayTelemetry:
     def _end_client(self, observed: _ClientObserved) -> None:
         seconds = time.perf_counter() - observed.started
         error = error_type(observed.reply)
-        trace_id = observed.end_span(error, observed.reply) if observed.span is not None else ""
+        trace_id, sampled = (
+            observed.end_span(error, observed.reply) if observed.span is not None else _NONE
+        )
         if self.status is not None:
             self.status.client(observed.backend_name, observed.msg, observed.reply, seconds)
         if self._recorder is not None:
@@ -274,4 +280,5 @@ class GatewayTelemetry:
                 # A name becomes a label only if the client's name was a listed one (bounded).
                 if not isinstance(serving, _ServerObserved) or serving.target:
                     target = _span_target(msg)
-            self._recorder.client(method, target, observed.backend_name, error, seconds, trace_id)
+            exemplar = trace_id if sampled else ""
+            self._recorder.client(method, target, observed.backend_name, error, seconds, exemplar)
