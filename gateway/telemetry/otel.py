@@ -40,11 +40,14 @@ NETWORK_TRANSPORT = {"stdio": "pipe", "http": "tcp"}
 _NAME_ATTR = {"tools/call": "gen_ai.tool.name", "prompts/get": "gen_ai.prompt.name"}
 
 
-def _request_attributes(msg: Message) -> dict[str, Any]:
-    params = jsonrpc.params(msg)
+def _request_attributes(msg: Message, params: dict[str, Any], attrs: dict[str, Any]) -> None:
+    """The conventions' request attributes, added to `attrs`: one dict per span, handed to the
+    SDK at start (which copies it once) rather than merged from several or set one by one."""
     method = msg.get("method", "")
-    attrs: dict[str, Any] = {"mcp.method.name": method, "jsonrpc.request.id": str(msg.get("id"))}
-    version = jsonrpc.meta(msg).get(meta.PROTOCOL_VERSION)
+    attrs["mcp.method.name"] = method
+    attrs["jsonrpc.request.id"] = str(msg.get("id"))
+    meta_ = params.get("_meta")
+    version = meta_.get(meta.PROTOCOL_VERSION) if isinstance(meta_, dict) else None
     if isinstance(version, str):
         attrs["mcp.protocol.version"] = version
     name_attr = _NAME_ATTR.get(method)
@@ -52,7 +55,7 @@ def _request_attributes(msg: Message) -> dict[str, Any]:
         attrs[name_attr] = params["name"]
     if method == "resources/read" and isinstance(params.get("uri"), str):
         attrs["mcp.resource.uri"] = params["uri"]
-    return attrs
+    attrs[ATTR_ERA] = "modern"
 
 
 def _span_target(msg: Message) -> str:
@@ -112,6 +115,8 @@ class _Observed:
 
 # What `carrier` gives without a span: shared, and never changed by callers.
 _NO_CARRIER: dict[str, str] = {}
+# The parent of a request that carries no trace context: none (what extracting nothing gives).
+_ROOT = context.Context()
 
 
 class _ServerObserved(_Observed):
@@ -183,13 +188,14 @@ class GatewayTelemetry:
             log.exception("traffic tap: a message could not be recorded")
 
     def _start(
-        self, msg: Message, kind: SpanKind, parent: context.Context | None, extra: dict[str, Any]
+        self, msg: Message, kind: SpanKind, parent: context.Context | None, attrs: dict[str, Any]
     ) -> trace.Span | None:
         if self._tracer is None:
             return None
-        attrs = {**_request_attributes(msg), **extra, ATTR_ERA: "modern"}
+        params = jsonrpc.params(msg)
+        _request_attributes(msg, params, attrs)
         if self._payloads:
-            attrs["mcp_gateway.request.params"] = orjson.dumps(jsonrpc.params(msg)).decode()
+            attrs["mcp_gateway.request.params"] = orjson.dumps(params).decode()
         name = f"{msg.get('method', '')} {_span_target(msg)}".strip()
         return self._tracer.start_span(name, context=parent, kind=kind, attributes=attrs)
 
@@ -197,12 +203,14 @@ class GatewayTelemetry:
         span = None
         if self._tracer is not None:  # with tracing off, trace context just passes through
             carrier = {k: v for k in TRACE_KEYS if (v := jsonrpc.meta(msg).get(k)) is not None}
-            parent = propagate.extract(carrier or origin.trace_headers())
-            extra = {
+            headers = carrier or origin.trace_headers()
+            # Nothing to extract: a root span, without a pass through the propagators.
+            parent = propagate.extract(headers) if headers else _ROOT
+            attrs = {
                 ATTR_FRONTEND: origin.frontend,
                 "network.transport": NETWORK_TRANSPORT[origin.frontend],
             }
-            span = self._start(msg, SpanKind.SERVER, parent, extra)
+            span = self._start(msg, SpanKind.SERVER, parent, attrs)
         self.stats.in_flight[origin.frontend] += 1
         return _ServerObserved(self, msg, span, origin)
 
@@ -246,14 +254,14 @@ class GatewayTelemetry:
     ) -> Observation:
         span = None
         if self._tracer is not None:
-            extra: dict[str, Any] = {
+            attrs: dict[str, Any] = {
                 ATTR_BACKEND: backend,
                 ATTR_TRANSPORT: transport,
                 "network.transport": NETWORK_TRANSPORT.get(transport, transport),
             }
             if address is not None:
-                extra["server.address"], extra["server.port"] = address
-            span = self._start(msg, SpanKind.CLIENT, None, extra)
+                attrs["server.address"], attrs["server.port"] = address
+            span = self._start(msg, SpanKind.CLIENT, None, attrs)
         return _ClientObserved(self, msg, span, backend)
 
     def _end_client(self, observed: _ClientObserved) -> None:
