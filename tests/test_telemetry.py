@@ -106,9 +106,17 @@ async def test_spans_follow_the_mcp_conventions_and_link_across_hops(beta_url: s
     assert server.attributes["mcp.protocol.version"] == "2026-07-28"
     assert server.attributes["network.transport"] == "tcp"
     assert server.attributes["mcp_gateway.backend"] == "alpha"
+    request = {"mcp.method.name", "jsonrpc.request.id", "mcp.protocol.version", "gen_ai.tool.name"}
+    # Exactly these: each attribute is paid for on every span (SDK copy, OTLP encoding).
+    assert set(server.attributes) == request | {"network.transport", "mcp_gateway.backend"}
     client = next(c for c in clients if c.parent and c.parent.span_id == server.context.span_id)
     assert client.name == "tools/call echo"  # the backend's own name on the CLIENT span
     assert client.attributes is not None
+    assert set(client.attributes) == request | {
+        "network.transport",
+        "mcp_gateway.backend",
+        "mcp_gateway.transport",
+    }
     assert client.attributes["network.transport"] == "pipe"
     assert client.attributes["mcp_gateway.transport"] == "stdio"
     http_client = next(
