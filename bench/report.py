@@ -35,6 +35,8 @@ TARGET_SHARE_OF_PASSTHROUGH = 0.80
 TARGET_TIMES_FASTMCP = 20.0
 TARGET_TIMES_SUPERGATEWAY = 5.0
 TARGET_CPU_PAIRING_FACTOR = 1.2
+# Tracing with every request sampled may add at most half the gateway's CPU per request.
+TARGET_TRACING_CPU_FACTOR = 1.5
 # Another proxy's row still counts for "its best" with up to this share of failed requests.
 COMPETITOR_MAX_ERRORS = 0.01
 # A soak whose RSS still climbs faster than this over its second half is not "flat".
@@ -425,6 +427,19 @@ def check_targets(rows: Sequence[Row], soak: Soak | None = None) -> list[Check]:
                 "CPU ms per 1000 requests, telemetry off",
             )
         )
+    traced = _find(rows, GATEWAY, telemetry="on", concurrency=64)
+    on64 = traced[0] if traced and _valid(traced[0]) else None
+    checks.append(
+        _check(
+            "gateway CPU tracing on / off, HTTP->HTTP tools/call, 64 clients",
+            on64.cpu_ms_per_1k / gw64.cpu_ms_per_1k
+            if on64 and gw64 and on64.cpu_ms_per_1k is not None and gw64.cpu_ms_per_1k
+            else None,
+            TARGET_TRACING_CPU_FACTOR,
+            True,
+            "CPU ms per 1000 requests, every request sampled, OTLP/HTTP to a sink that drops it",
+        )
+    )
     if soak is not None:
         checks.append(
             _check(
@@ -684,7 +699,7 @@ def chart_data(rows: Sequence[Row], method: str = "tools/call") -> dict[str, tup
 
 
 def _label(row: Row) -> str:
-    if row.telemetry in ("off", "on"):
+    if row.telemetry != NO_TELEMETRY:
         return f"{row.subject}\ntel {row.telemetry}"
     return row.subject
 

@@ -57,6 +57,11 @@ READY = re.compile(r"READY (http://\S+)")
 # logs nothing at INFO (only debug), so the hot path is the same as at warning.
 LISTENING = re.compile(r"listening on (http://\S+)")
 START_BOUND = 20.0
+# Telemetry modes of the gateway: none; tracing with every request sampled (the worst case); and
+# the documented production setting, a parent-based 10% ratio through the standard variables.
+SAMPLED = "10%"
+TELEMETRY_MODES = ("off", "on", SAMPLED)
+SAMPLER_ENV = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}
 # npx/pip-installed proxies start slower than our own processes (node, big imports).
 PROXY_START_BOUND = 60.0
 STOP_BOUND = 5.0
@@ -389,7 +394,7 @@ def parse_args(argv: Sequence[str]) -> Options:
     )
     ap.add_argument("--concurrency", nargs="+", type=int, default=None, metavar="N")
     ap.add_argument("--methods", nargs="+", choices=METHODS, default=None, metavar="M")
-    ap.add_argument("--telemetry", nargs="+", choices=("off", "on"), default=None)
+    ap.add_argument("--telemetry", nargs="+", choices=TELEMETRY_MODES, default=None)
     ap.add_argument("--no-proxies", action="store_true", help="skip mcp-proxy/supergateway/fastmcp")
     ap.add_argument("--no-passthroughs", action="store_true", help="skip bench.passthrough rows")
     ap.add_argument("--rounds", type=int, default=None, help="default 3 (smoke: 1)")
@@ -407,7 +412,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         pairings=tuple(dict.fromkeys(ns.pairings or PAIRINGS)),
         concurrency=tuple(ns.concurrency or ((1, 8) if smoke else (1, 8, 64))),
         methods=tuple(ns.methods or METHODS),
-        telemetry=tuple(ns.telemetry or ("off", "on")),
+        telemetry=tuple(ns.telemetry or TELEMETRY_MODES),
         proxies=not (ns.no_proxies or smoke),
         passthroughs=not ns.no_passthroughs,
         rounds=max(1, ns.rounds or (1 if smoke else 3)),
@@ -480,8 +485,9 @@ def gateway_config(pairing: str, echo_url: str, otlp: str | None) -> dict[str, A
 
 
 def write_config(run: Run, pairing: str, telemetry: str) -> Path:
-    config = gateway_config(pairing, run.echo_url, run.sink.url if telemetry == "on" else None)
-    path = run.config_dir / f"gateway-{pairing.replace('->', '-')}-{telemetry}.yaml"
+    config = gateway_config(pairing, run.echo_url, run.sink.url if telemetry != "off" else None)
+    mode = telemetry.replace("%", "pct")
+    path = run.config_dir / f"gateway-{pairing.replace('->', '-')}-{mode}.yaml"
     path.write_bytes(orjson.dumps(config, option=orjson.OPT_INDENT_2))  # JSON is YAML
     return path
 
@@ -490,14 +496,23 @@ def gateway_argv(config: Path, level: str) -> list[str]:
     return [PY, "-m", "gateway", "run", "--config", str(config), "--log-level", level]
 
 
+def gateway_env(run: Run, telemetry: str) -> dict[str, str]:
+    """The ratio mode samples through the standard variables, the documented production setting."""
+    if telemetry != SAMPLED:
+        return run.env
+    return {**run.env, **SAMPLER_ENV}
+
+
 async def start_gateway(run: Run, procs: Procs, pairing: str, telemetry: str) -> Subject:
     config = write_config(run, pairing, telemetry)
     subject = Subject(GATEWAY, telemetry)
+    env = gateway_env(run, telemetry)
     if pairing.startswith("stdio"):
         subject.stdio = gateway_argv(config, "warning")
+        subject.env = env
         return subject
     gw = await start_proc(
-        procs, f"gateway ({pairing}, telemetry {telemetry})", gateway_argv(config, "info"), run.env
+        procs, f"gateway ({pairing}, telemetry {telemetry})", gateway_argv(config, "info"), env
     )
     subject.proc = gw
     subject.url = (await gw.wait_line("stderr", LISTENING, START_BOUND)).group(1)
@@ -548,6 +563,8 @@ async def start_ours(run: Run, procs: Procs, pairing: str) -> list[Subject]:
     names: list[str] = []
     jobs: list[Any] = []
     for tel in run.opts.telemetry:
+        if tel == SAMPLED and pairing != "http->http":
+            continue  # the sampled mode prices the ratio once, where tracing costs the most
         names.append(f"gateway (telemetry {tel})")
         jobs.append(start_gateway(run, procs, pairing, tel))
     if run.opts.passthroughs and pairing == "http->http":

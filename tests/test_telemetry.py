@@ -15,6 +15,7 @@ import pytest
 import yaml
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -105,9 +106,17 @@ async def test_spans_follow_the_mcp_conventions_and_link_across_hops(beta_url: s
     assert server.attributes["mcp.protocol.version"] == "2026-07-28"
     assert server.attributes["network.transport"] == "tcp"
     assert server.attributes["mcp_gateway.backend"] == "alpha"
+    request = {"mcp.method.name", "jsonrpc.request.id", "mcp.protocol.version", "gen_ai.tool.name"}
+    # Exactly these: each attribute is paid for on every span (SDK copy, OTLP encoding).
+    assert set(server.attributes) == request | {"network.transport", "mcp_gateway.backend"}
     client = next(c for c in clients if c.parent and c.parent.span_id == server.context.span_id)
     assert client.name == "tools/call echo"  # the backend's own name on the CLIENT span
     assert client.attributes is not None
+    assert set(client.attributes) == request | {
+        "network.transport",
+        "mcp_gateway.backend",
+        "mcp_gateway.transport",
+    }
     assert client.attributes["network.transport"] == "pipe"
     assert client.attributes["mcp_gateway.transport"] == "stdio"
     http_client = next(
@@ -298,6 +307,46 @@ async def test_spans_are_exported_over_otlp_http() -> None:
         for span in scope.spans
     }
     assert {"tools/call echo"} <= names
+
+
+async def test_the_standard_sampler_variables_apply(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The documented production setting: a parent-based ratio from OTEL_TRACES_SAMPLER(_ARG).
+    At ratio 0 no root request is exported, but a client's sampled traceparent is followed, with
+    its SERVER and CLIENT spans and their attributes, over the real OTLP exporter."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")  # (the standard variable; default 5 s)
+    spans: list[ProtoSpan] = []
+    both = anyio.Event()
+
+    async def collector(request: web.Request) -> web.Response:
+        export = ExportTraceServiceRequest()
+        export.ParseFromString(await request.read())
+        for resource in export.resource_spans:
+            for scope in resource.scope_spans:
+                spans.extend(scope.spans)
+        if len({span.kind for span in spans}) == 2:
+            both.set()
+        return web.Response(status=200)
+
+    async with serve_http(collector, "/v1/traces") as endpoint:
+        demo = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
+        telemetry = {"otlp_endpoint": endpoint}
+        async with running({"demo": demo}, telemetry=telemetry) as (_, session, url):
+            await post(session, url, call(1, "echo", text="x"))  # a root: not sampled
+            await post(session, url, traced(call(2, "echo", text="y")))
+            # Exported while the gateway runs: its collector shares the gateway's event loop.
+            with anyio.fail_after(BOUND):
+                await both.wait()
+    assert spans and {span.trace_id.hex() for span in spans} == {TRACE_ID}
+    attrs = {
+        span.kind: {kv.key: kv.value.string_value or kv.value.int_value for kv in span.attributes}
+        for span in spans
+    }
+    server, client = attrs[ProtoSpan.SPAN_KIND_SERVER], attrs[ProtoSpan.SPAN_KIND_CLIENT]
+    assert server["jsonrpc.request.id"] == "2" and server["gen_ai.tool.name"] == "echo"
+    assert server["mcp.method.name"] == "tools/call" and server["network.transport"] == "tcp"
+    assert client["mcp_gateway.backend"] == "demo" and client["network.transport"] == "pipe"
 
 
 async def test_the_tap_records_both_hops_with_redaction(tmp_path: Path) -> None:
