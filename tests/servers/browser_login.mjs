@@ -17,24 +17,9 @@
 // whole run is bounded by BOUND_MS.
 
 import { chromium } from '../npm/node_modules/playwright-core/index.mjs';
+import { ARGS, CHROMIUM } from './chromium.mjs';
 
 const BOUND_MS = 20_000;
-const CHROMIUM = '/usr/bin/chromium';
-const ARGS = [
-  '--headless',
-  '--no-sandbox', // root in a container: chromium's sandbox needs user namespaces
-  '--disable-gpu',
-  '--disable-quic',
-  '--no-first-run',
-  '--disable-background-networking',
-  '--disable-component-update',
-  '--disable-sync',
-  // The machine has only loopback: a name lookup elsewhere fails at once (the login page's
-  // stylesheet imports a web font) instead of waiting on a resolver, and no proxy from the
-  // environment is tried.
-  '--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE localhost',
-  '--no-proxy-server',
-];
 
 function fail(message) {
   process.stderr.write(`browser_login: ${message.split('\n')[0]}\n`);

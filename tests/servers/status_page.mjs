@@ -19,22 +19,9 @@
 
 import { createInterface } from 'node:readline';
 import { chromium } from '../npm/node_modules/playwright-core/index.mjs';
+import { ARGS, CHROMIUM } from './chromium.mjs';
 
 const BOUND_MS = 30_000;
-const CHROMIUM = '/usr/bin/chromium';
-const ARGS = [
-  '--headless',
-  '--no-sandbox', // root in a container: chromium's sandbox needs user namespaces
-  '--disable-gpu',
-  '--disable-quic',
-  '--no-first-run',
-  '--disable-background-networking',
-  '--disable-component-update',
-  '--disable-sync',
-  // Only loopback: any other name fails at once (and would show in the report).
-  '--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE localhost',
-  '--no-proxy-server',
-];
 
 function fail(message) {
   process.stderr.write(`status_page: ${String(message).split('\n')[0]}\n`);
