@@ -405,6 +405,7 @@ class Gateway:
             config.telemetry.record_payloads,
             self.tap,
             self.audit,
+            backend_spans=config.telemetry.backend_spans,
         )
         stats = self.telemetry.stats
         # The HTTP listener's token checks (`auth:`); None: no authentication.
