@@ -34,6 +34,7 @@ from tests.support import (
     call,
     http_backend,
     mirrored_headers,
+    request,
     sdk_stdio_command,
     serve_http,
     start_sdk_http,
@@ -249,6 +250,22 @@ async def test_other_propagators_carry_the_context_their_way(
     finally:
         propagate.set_global_textmap(before)
     assert seen and all("traceparent" not in h for h in seen)
+
+
+async def test_a_resource_uri_is_an_attribute_not_part_of_the_span_name() -> None:
+    """MCP conventions, span name: `{method} {target}` with a tool or prompt name as target; a
+    resource URI (unbounded) only as `mcp.resource.uri`."""
+    exporter = InMemorySpanExporter()
+    demo = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
+    async with running({"demo": demo}, exporter) as (_, session, url):
+        exporter.clear()
+        msg = request(3, "resources/read", {"uri": "demo://echo/hello"})
+        reply = await post(session, url, msg)
+        assert reply["result"]["contents"][0]["text"] == "hello"
+    (server,) = by_kind(exporter.get_finished_spans(), SpanKind.SERVER)
+    assert server.name == "resources/read"
+    assert server.attributes is not None
+    assert server.attributes["mcp.resource.uri"] == "demo://echo/hello"
 
 
 async def test_errors_are_recorded_on_spans() -> None:

@@ -69,9 +69,11 @@ def _inject(span: trace.Span, w3c: bool) -> dict[str, str]:
     return out
 
 
-def _request_attributes(msg: Message, params: dict[str, Any], attrs: dict[str, Any]) -> None:
+def _request_attributes(msg: Message, params: dict[str, Any], attrs: dict[str, Any]) -> str:
     """The conventions' request attributes, added to `attrs`: one dict per span, handed to the
-    SDK at start (which copies it once) rather than merged from several or set one by one."""
+    SDK at start (which copies it once) rather than merged from several or set one by one. The
+    span's name: `{method} {tool or prompt name}`, or the method alone (a resource URI is not in
+    it: the conventions keep span names of low cardinality by default)."""
     method = msg.get("method", "")
     attrs["mcp.method.name"] = method
     attrs["jsonrpc.request.id"] = str(msg.get("id"))
@@ -80,10 +82,14 @@ def _request_attributes(msg: Message, params: dict[str, Any], attrs: dict[str, A
     if isinstance(version, str):
         attrs["mcp.protocol.version"] = version
     name_attr = _NAME_ATTR.get(method)
-    if name_attr and isinstance(params.get("name"), str):
-        attrs[name_attr] = params["name"]
-    if method == "resources/read" and isinstance(params.get("uri"), str):
+    if name_attr:
+        name = params.get("name")
+        if isinstance(name, str):
+            attrs[name_attr] = name
+            return f"{method} {name}"
+    elif method == "resources/read" and isinstance(params.get("uri"), str):
         attrs["mcp.resource.uri"] = params["uri"]
+    return str(method)
 
 
 def _span_target(msg: Message) -> str:
@@ -240,10 +246,9 @@ class GatewayTelemetry:
         if self._tracer is None:
             return None
         params = jsonrpc.params(msg)
-        _request_attributes(msg, params, attrs)
+        name = _request_attributes(msg, params, attrs)
         if self._payloads:
             attrs["mcp_gateway.request.params"] = orjson.dumps(params).decode()
-        name = f"{msg.get('method', '')} {_span_target(msg)}".strip()
         return self._tracer.start_span(name, context=parent, kind=kind, attributes=attrs)
 
     def server(self, msg: Message, origin: Origin) -> Observation:
