@@ -254,8 +254,12 @@ class GatewayTelemetry:
     def server(self, msg: Message, origin: Origin) -> Observation:
         span = None
         if self._tracer is not None:  # with tracing off, trace context just passes through
-            carrier = {k: v for k in TRACE_KEYS if (v := jsonrpc.meta(msg).get(k)) is not None}
-            headers = carrier or origin.trace_headers()
+            fields = jsonrpc.meta(msg)
+            headers = (
+                {k: v for k in TRACE_KEYS if (v := fields.get(k)) is not None}
+                if "traceparent" in fields or "tracestate" in fields
+                else origin.trace_headers()
+            )
             # Nothing to extract: a root span, without a pass through the propagators.
             parent = propagate.extract(headers) if headers else _ROOT
             attrs = {"network.transport": NETWORK_TRANSPORT[origin.frontend]}
@@ -271,8 +275,7 @@ class GatewayTelemetry:
         error = error_type(reply)
         trace_id, sampled = _NONE
         if observed.span is not None:
-            if observed.target:
-                observed.span.update_name(f"{msg.get('method', '')} {observed.target}")
+            # (Its name, given at start, already holds the client-visible name the target is.)
             trace_id, sampled = observed.end_span(error, reply)
         method = str(msg.get("method", ""))
         if self._recorder is not None:
