@@ -146,7 +146,9 @@ class Encoder:
         if span.dropped_attributes:
             parts.append(b"\x50" + varint(span.dropped_attributes))
         for event in span.events:
-            body = b"\x09" + (event.timestamp or 0).to_bytes(8, "little") + _text(b"\x12", event.name)
+            body = (
+                b"\x09" + (event.timestamp or 0).to_bytes(8, "little") + _text(b"\x12", event.name)
+            )
             body += self.attributes(b"\x1a", event.attributes)
             if event.dropped_attributes:
                 body += b"\x20" + varint(event.dropped_attributes)
