@@ -104,14 +104,16 @@ class Encoder:
             try:
                 out.append(cache[item])
             except KeyError:
-                encoded = _field(tag, key_value(*item))
+                # Kept without its tag: spans, events and links put the same pair under
+                # different field numbers.
+                encoded = _field(b"", key_value(*item))
                 if len(cache) >= ATTRIBUTE_CACHE:
                     cache.clear()
                 cache[item] = encoded
                 out.append(encoded)
             except TypeError:  # an unhashable value (a list): encoded every time
-                out.append(_field(tag, key_value(*item)))
-        return b"".join(out)
+                out.append(_field(b"", key_value(*item)))
+        return tag + tag.join(out)
 
     def span(self, span: ReadableSpan) -> bytes:
         """One Span message, framed as a repeated `spans` field of ScopeSpans."""
