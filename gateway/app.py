@@ -893,6 +893,8 @@ class Gateway:
             with anyio.CancelScope(shield=True):
                 await self.session_records.close()
         assert self._tg is not None
+        if self.otlp is not None:
+            self.otlp.stopping()  # (its batch in flight finishes within the export timeout)
         self._tg.cancel_scope.cancel()
         try:
             await self._tg.__aexit__(exc_type, exc, tb)

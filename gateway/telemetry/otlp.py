@@ -219,8 +219,10 @@ class OtlpSpanProcessor(SpanProcessor):
         self._ready: asyncio.Event | None = None
         self._sending: asyncio.Lock | None = None
         self._session: aiohttp.ClientSession | None = None
-        # A request body whose POST was cancelled (shutdown): the final flush sends it first.
-        self._unsent: tuple[bytes, int] | None = None
+        # The batch being delivered (shielded: a batch cancelled halfway would be lost, or
+        # sent twice by the final flush), and the loop time by which shutdown wants it done.
+        self._delivering: anyio.CancelScope | None = None
+        self._deadline: float | None = None
         self._flush_asked = False
 
     @property
@@ -307,6 +309,8 @@ class OtlpSpanProcessor(SpanProcessor):
         """Exports until cancelled: every schedule delay, or as soon as a batch is full."""
         self._attach()
         assert self._ready is not None
+        if self._queued >= self.settings.max_export_batch_size:
+            self._ready.set()  # (filled before this task ran, when no one could be woken)
         while True:
             with anyio.move_on_after(self.settings.schedule_delay) as timer:
                 await self._ready.wait()
@@ -317,14 +321,23 @@ class OtlpSpanProcessor(SpanProcessor):
             await self._export(whole)
 
     async def flush(self) -> None:
-        """Everything buffered now, in batches, bounded by the export timeout."""
+        """Everything buffered now, in batches, bounded by the export timeout (or by what is
+        left of it once shutdown has begun)."""
         self._attach()
-        with anyio.move_on_after(self.settings.export_timeout):
-            await self._export(whole=True)
+        deadline = self._deadline or anyio.current_time() + self.settings.export_timeout
+        with anyio.move_on_at(deadline):
+            await self._export(whole=True, deadline=deadline)
+
+    def stopping(self) -> None:
+        """Shutdown begins (on the loop, before `run` is cancelled): the batch in flight, and
+        then `close`'s flush, have the export timeout from now between them."""
+        self._deadline = anyio.current_time() + self.settings.export_timeout
+        if self._delivering is not None:
+            self._delivering.deadline = min(self._delivering.deadline, self._deadline)
 
     async def close(self) -> None:
         """The gateway's way out: no more spans, what is buffered is sent (bounded by the
-        export timeout), and the connection is closed."""
+        export timeout, counted from `stopping`), and the connection is closed."""
         with self._lock:
             self._closed = True
         try:
@@ -337,17 +350,14 @@ class OtlpSpanProcessor(SpanProcessor):
             session, self._session = self._session, None
             await session.close()
 
-    async def _export(self, whole: bool) -> None:
+    async def _export(self, whole: bool, deadline: float = math.inf) -> None:
         """Batches until the buffer is empty (`whole`) or holds less than a full batch."""
         assert self._sending is not None
         async with self._sending:  # one POST in flight
-            if self._unsent is not None:
-                body, count = self._unsent
-                await self._deliver(body, count)
             limit = self.settings.max_export_batch_size
             while self._queued and (whole or self._queued >= limit):
                 body, count = self._take(limit)
-                await self._deliver(body, count)
+                await self._deliver(body, count, deadline)
 
     def _take(self, limit: int) -> tuple[bytes, int]:
         """Up to `limit` spans out of the buffer, as one request body."""
@@ -378,15 +388,20 @@ class OtlpSpanProcessor(SpanProcessor):
             by_resource.setdefault(id(resource), (resource, []))[1].append((scope, spans))
         return otlp_wire.request(by_resource.values()), count
 
-    async def _deliver(self, body: bytes, count: int) -> None:
+    async def _deliver(self, body: bytes, count: int, deadline: float) -> None:
         """One batch, retried while the collector says "later" and the export timeout allows;
-        never raises (one warning line when the batch is lost)."""
-        self._unsent = (body, count)
-        try:
-            why = await self._attempts(body)
-        except Exception as exc:  # a bug here must not end tracing for the process's life
-            why = f"{type(exc).__name__}"
-        self._unsent = None
+        never raises (one warning line when the batch is lost). Not cancelled halfway: a
+        cancellation waits for it, which its own export timeout (and `stopping`) bounds."""
+        why: str | None = "shutdown's export timeout passed"
+        with anyio.CancelScope(shield=True) as scope:
+            scope.deadline = min(deadline, self._deadline or math.inf)
+            self._delivering = scope
+            try:
+                why = await self._attempts(body)
+            except Exception as exc:  # a bug here must not end tracing for the process's life
+                why = type(exc).__name__
+            finally:
+                self._delivering = None
         if why is None:
             self.spans["exported"] += count
             return
