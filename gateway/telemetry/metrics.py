@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -419,3 +419,29 @@ class GatewayCollector(Collector):
             failures.add_metric([b.name], b.fanout_failures)
         yield from (up, era, restarts, refreshes, failures, children)
         yield from (in_flight, pool, cpu, rss)
+
+
+class TraceExportCollector(Collector):
+    """The span exporter's counts (telemetry/otlp.py), read when scraped: the exporter bumps
+    plain ints (from whichever thread ends a span) and knows nothing of Prometheus."""
+
+    def __init__(self, spans: Mapping[str, int], queued: Callable[[], int]) -> None:
+        self._spans = spans
+        self._queued = queued
+
+    def collect(self) -> Iterator[Metric]:
+        spans = CounterMetricFamily(
+            "mcp_gateway_trace_spans",
+            "Sampled spans by what became of them: exported (the collector took them), dropped"
+            " (the buffer was full, or tracing had stopped), failed (their batch was refused or"
+            " did not reach the collector).",
+            labels=["outcome"],
+        )
+        for outcome, count in sorted(self._spans.items()):
+            spans.add_metric([outcome], count)
+        yield spans
+        yield GaugeMetricFamily(
+            "mcp_gateway_trace_spans_queued",
+            "Sampled spans encoded and waiting for their export.",
+            value=self._queued(),
+        )
