@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -48,6 +49,8 @@ BACKOFF = 1.0
 JITTER = 0.2
 # How long an answer's body may be read (the collector's partial-success message; not used).
 MAX_ANSWER = 64 * 1024
+# Spans encoded between two turns of the event loop (~0.6 ms of encoding).
+ENCODE_CHUNK = 64
 
 
 @dataclass(frozen=True)
@@ -195,7 +198,7 @@ class _Failed(Exception):
 
 # (the Resource, the scope, encoded spans): a buffer's group, keyed by the objects' ids, which
 # are the same for every span of a tracer (hashing a Resource serialises its attributes).
-_Group = tuple[Resource, InstrumentationScope | None, list[bytes]]
+_Group = tuple[Resource, InstrumentationScope | None, list[ReadableSpan]]
 
 
 class OtlpSpanProcessor(SpanProcessor):
@@ -213,7 +216,7 @@ class OtlpSpanProcessor(SpanProcessor):
         self._groups: dict[tuple[int, int], _Group] = {}
         self._queued = 0
         self._closed = False
-        self._local = threading.local()  # an Encoder per thread: its caches are not locked
+        self._encoder = otlp_wire.Encoder()  # the loop's: spans are encoded by the export task
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._ready: asyncio.Event | None = None
@@ -242,11 +245,6 @@ class OtlpSpanProcessor(SpanProcessor):
             with self._lock:  # (a cheap early look: no encoding for a span that is dropped)
                 self.spans["dropped"] += 1
             return
-        try:
-            encoder: otlp_wire.Encoder = self._local.encoder
-        except AttributeError:
-            encoder = self._local.encoder = otlp_wire.Encoder()
-        encoded = encoder.span(span)
         resource, scope = span.resource, span.instrumentation_scope
         key = (id(resource), id(scope))
         with self._lock:
@@ -256,7 +254,7 @@ class OtlpSpanProcessor(SpanProcessor):
             group = self._groups.get(key)
             if group is None:
                 group = self._groups[key] = (resource, scope, [])
-            group[2].append(encoded)
+            group[2].append(span)
             self._queued += 1
             full = self._queued == self.settings.max_export_batch_size
         if full:
@@ -356,11 +354,12 @@ class OtlpSpanProcessor(SpanProcessor):
         async with self._sending:  # one POST in flight
             limit = self.settings.max_export_batch_size
             while self._queued and (whole or self._queued >= limit):
-                body, count = self._take(limit)
+                taken, count = self._take(limit)
+                body = await self._encode(taken)
                 await self._deliver(body, count, deadline)
 
-    def _take(self, limit: int) -> tuple[bytes, int]:
-        """Up to `limit` spans out of the buffer, as one request body."""
+    def _take(self, limit: int) -> tuple[list[_Group], int]:
+        """Up to `limit` spans out of the buffer."""
         with self._lock:
             if self._queued <= limit:
                 taken = list(self._groups.values())
@@ -380,13 +379,27 @@ class OtlpSpanProcessor(SpanProcessor):
                     taken.append((resource, scope, part))
                     count += len(part)
                 self._queued -= count
+        return taken, count
+
+    async def _encode(self, taken: list[_Group]) -> bytes:
+        """One request body. Encoding a batch at once is ~2.5x cheaper per span than encoding
+        each span as it ends (measured in the gateway under load: the encoder's code and caches
+        stay hot); the loop gets a turn every ENCODE_CHUNK spans."""
+        encoder = self._encoder
         by_resource: dict[
             int, tuple[Resource, list[tuple[InstrumentationScope | None, list[bytes]]]]
         ]
         by_resource = {}
+        done = 0
         for resource, scope, spans in taken:
-            by_resource.setdefault(id(resource), (resource, []))[1].append((scope, spans))
-        return otlp_wire.request(by_resource.values()), count
+            encoded = []
+            for span in spans:
+                encoded.append(encoder.span(span))
+                done += 1
+                if done % ENCODE_CHUNK == 0:
+                    await anyio.lowlevel.checkpoint()
+            by_resource.setdefault(id(resource), (resource, []))[1].append((scope, encoded))
+        return otlp_wire.request(by_resource.values())
 
     async def _deliver(self, body: bytes, count: int, deadline: float) -> None:
         """One batch, retried while the collector says "later" and the export timeout allows;
