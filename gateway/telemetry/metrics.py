@@ -50,7 +50,8 @@ class _Series:
 
     def __init__(self, buckets: int) -> None:
         self.counts = [0] * buckets
-        self.exemplars: list[Exemplar | None] = [None] * buckets
+        # (trace id, value, time) of each bucket's last exemplar: made an Exemplar when scraped.
+        self.exemplars: list[tuple[str, float, float] | None] = [None] * buckets
         self.sum = 0.0
 
 
@@ -89,7 +90,7 @@ class DurationHistogram(Collector):
         series.counts[index] += 1
         series.sum += seconds
         if trace_id:
-            series.exemplars[index] = Exemplar({"trace_id": trace_id}, seconds, time.time())
+            series.exemplars[index] = (trace_id, seconds, time.time())
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
@@ -98,7 +99,11 @@ class DurationHistogram(Collector):
             buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
             for le, count, exemplar in zip(self._le, series.counts, series.exemplars, strict=True):
                 total += count
-                buckets.append((le, total) if exemplar is None else (le, total, exemplar))
+                if exemplar is None:
+                    buckets.append((le, total))
+                else:
+                    trace_id, value, at = exemplar
+                    buckets.append((le, total, Exemplar({"trace_id": trace_id}, value, at)))
             family.add_metric(labels, buckets, series.sum)
         yield family
 

@@ -99,7 +99,7 @@ def _span_target(msg: Message) -> str:
 
 
 class _Observed:
-    __slots__ = ("backend", "msg", "reply", "span", "started", "target", "telemetry")
+    __slots__ = ("backend", "msg", "ref", "reply", "span", "started", "target", "telemetry")
     telemetry: GatewayTelemetry
     msg: Message
     span: trace.Span | None
@@ -107,6 +107,7 @@ class _Observed:
     backend: str | None
     reply: Message | None
     started: float
+    ref: tuple[str, bool] | None
 
     def __init__(self, telemetry: GatewayTelemetry, msg: Message, span: trace.Span | None) -> None:
         self.telemetry = telemetry
@@ -115,6 +116,7 @@ class _Observed:
         self.target = None
         self.backend = None
         self.reply = None
+        self.ref = None
         self.started = time.perf_counter()
 
     def annotate(self, *, target: str | None = None, backend: str | None = None) -> None:
@@ -142,8 +144,20 @@ class _Observed:
                 span.set_attribute("rpc.response.status_code", str(code))
             span.set_status(Status(StatusCode.ERROR))
         span.end()
-        ctx = span.get_span_context()
-        return (format(ctx.trace_id, "032x"), ctx.trace_flags.sampled) if ctx.is_valid else _NONE
+        return self.trace_ref()
+
+    def trace_ref(self) -> tuple[str, bool]:
+        """The span's trace id and whether it is sampled, worked out once (a request routed
+        under its SERVER span asks for them twice: for each duration histogram's exemplar)."""
+        ref = self.ref
+        if ref is None:
+            ref = _NONE
+            if self.span is not None:
+                ctx = self.span.get_span_context()
+                if ctx.is_valid:
+                    ref = (format(ctx.trace_id, "032x"), ctx.trace_flags.sampled)
+            self.ref = ref
+        return ref
 
 
 # What `end_span` gives without a valid span context: no trace id, not sampled.
@@ -155,27 +169,26 @@ _ROOT = context.Context()
 
 
 class _ServerObserved(_Observed):
-    __slots__ = ("context_token", "forwarded", "origin")
+    """A client request. Its span is not attached as OpenTelemetry's current context: the
+    gateway's CLIENT spans find their parent through SERVING (a context variable as well, so it
+    follows the same tasks), which saves an attach and a detach a request."""
+
+    __slots__ = ("forwarded", "origin")
 
     def __init__(
         self, telemetry: GatewayTelemetry, msg: Message, span: trace.Span | None, origin: Origin
     ) -> None:
         self.origin = origin
-        self.forwarded = False  # its routed backend request was sent (under its own span)
-        self.context_token = (
-            context.attach(trace.set_span_in_context(span)) if span is not None else None
-        )
+        self.forwarded = False  # its routed backend request was sent (under this span)
         super().__init__(telemetry, msg, span)
 
     def end(self, reply: Message | None) -> None:
-        if self.context_token is not None:
-            context.detach(self.context_token)
         self.reply = reply
         self.telemetry._end_server(self)
 
 
 class _ClientObserved(_Observed):
-    __slots__ = ("backend_name", "carried")
+    __slots__ = ("backend_name", "via")
 
     def __init__(
         self,
@@ -183,17 +196,18 @@ class _ClientObserved(_Observed):
         msg: Message,
         span: trace.Span | None,
         backend: str,
-        carried: trace.Span | None = None,
+        via: _ServerObserved | None = None,
     ) -> None:
         super().__init__(telemetry, msg, span)
         self.backend_name = backend
-        # The span the backend continues: its own, or (without one) the client request's.
-        self.carried = span if carried is None else carried
+        # Without a span of its own: the client request whose SERVER span the backend continues.
+        self.via = via
 
     def carrier(self) -> dict[str, str]:
-        if self.carried is None:
+        span = self.span if self.via is None else self.via.span
+        if span is None:
             return _NO_CARRIER
-        return _inject(self.carried, self.telemetry._w3c)
+        return _inject(span, self.telemetry._w3c)
 
     def end(self, reply: Message | None) -> None:
         self.reply = reply
@@ -319,7 +333,12 @@ class GatewayTelemetry:
                 # the backend) stands for it, and the backend continues that span's context.
                 # Requests of the gateway's own or of a fan-out keep a CLIENT span each.
                 serving.forwarded = True
-                return _ClientObserved(self, msg, None, backend, serving.span)
+                return _ClientObserved(self, msg, None, backend, serving)
+            parent = (
+                trace.set_span_in_context(serving.span)
+                if isinstance(serving, _ServerObserved) and serving.span is not None
+                else _ROOT
+            )
             attrs: dict[str, Any] = {
                 ATTR_BACKEND: backend,
                 ATTR_TRANSPORT: transport,
@@ -327,7 +346,7 @@ class GatewayTelemetry:
             }
             if address is not None:
                 attrs["server.address"], attrs["server.port"] = address
-            span = self._start(msg, SpanKind.CLIENT, None, attrs)
+            span = self._start(msg, SpanKind.CLIENT, parent, attrs)
         return _ClientObserved(self, msg, span, backend)
 
     def _end_client(self, observed: _ClientObserved) -> None:
@@ -335,10 +354,8 @@ class GatewayTelemetry:
         error = error_type(observed.reply)
         if observed.span is not None:
             trace_id, sampled = observed.end_span(error, observed.reply)
-        elif observed.carried is not None:
-            ctx = observed.carried.get_span_context()
-            sampled = ctx.trace_flags.sampled
-            trace_id = format(ctx.trace_id, "032x") if sampled else ""
+        elif observed.via is not None:
+            trace_id, sampled = observed.via.trace_ref()
         else:
             trace_id, sampled = _NONE
         if self.status is not None:
