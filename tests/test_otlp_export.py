@@ -36,7 +36,7 @@ from prometheus_client import generate_latest
 from gateway.app import Gateway
 from gateway.config import parse
 from gateway.telemetry.api import STDIO_ORIGIN
-from gateway.telemetry.otlp import OtlpSpanProcessor, Settings
+from gateway.telemetry.otlp import ENCODE_CHUNK, OtlpSpanProcessor, Settings
 from tests.support import BOUND, PYTHON, START_BOUND, call, serve_http, stdio_backend
 
 pytestmark = pytest.mark.anyio
@@ -171,6 +171,23 @@ async def test_batches_hold_at_most_the_batch_size() -> None:
     assert [len(collector.spans(i)) for i in range(3)] == [4, 4, 2]
     assert [s.name for s in collector.spans()] == [f"span {n}" for n in range(10)]
     assert processor.spans == {"exported": 10, "dropped": 0, "failed": 0}
+
+
+async def test_ended_spans_are_encoded_a_chunk_at_a_time_not_held_for_their_batch() -> None:
+    """Spans wait for their batch (and its delay) encoded, not as the SDK's span objects: every
+    ENCODE_CHUNK ended spans wake the export task to encode them."""
+    async with collecting() as (collector, url):
+        setup = settings(url, OTEL_BSP_SCHEDULE_DELAY="60000")
+        async with exporting(setup) as (processor, provider):
+            end_spans(provider, ENCODE_CHUNK)
+            with anyio.fail_after(BOUND):
+                while processor.unencoded:  # noqa: ASYNC110 (no event for this state)
+                    await anyio.sleep(0.01)
+            assert processor.queued == ENCODE_CHUNK and not collector.exports
+            end_spans(provider, 3, "more")
+            assert processor.unencoded == 3  # (less than a chunk waits for the next one)
+        await collector.wait_for(1)
+    assert len(collector.spans()) == ENCODE_CHUNK + 3
 
 
 async def test_a_503_is_retried_and_the_batch_arrives_once() -> None:

@@ -244,6 +244,11 @@ class OtlpSpanProcessor(SpanProcessor):
     def queued(self) -> int:
         return self._queued
 
+    @property
+    def unencoded(self) -> int:
+        """Ended spans not yet encoded (at most a chunk, while `run` keeps up)."""
+        return self._ending
+
     # --- the SDK's side (any thread) ---
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
