@@ -21,10 +21,8 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 from opentelemetry import trace
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 
@@ -82,9 +80,11 @@ from gateway.telemetry.metrics import (
     BackendState,
     GatewayCollector,
     Recorder,
+    TraceExportCollector,
     process_metrics,
 )
 from gateway.telemetry.otel import GatewayTelemetry
+from gateway.telemetry.otlp import OtlpSpanProcessor, Settings
 from gateway.telemetry.status import BackendFacts, StatusBoard, snapshot
 from gateway.telemetry.tap import Tap
 
@@ -172,22 +172,22 @@ def _address(config: BackendConfig) -> tuple[str, int] | None:
     return url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
 
 
-def tracer_provider(config: Config) -> TracerProvider | None:
-    """An SDK tracer provider exporting OTLP over HTTP, when an endpoint is configured (in the
-    config or the standard OTEL_EXPORTER_OTLP_* variables) and OTEL_SDK_DISABLED is not set."""
+def tracer_provider(config: Config) -> tuple[TracerProvider, OtlpSpanProcessor] | None:
+    """An SDK tracer provider whose spans the gateway exports itself (OTLP over HTTP,
+    telemetry/otlp.py), when an endpoint is configured (in the config or the standard
+    OTEL_EXPORTER_OTLP_* variables) and OTEL_SDK_DISABLED is not set."""
     if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return None
     endpoint = config.telemetry.otlp_endpoint
-    env_endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
-        "OTEL_EXPORTER_OTLP_ENDPOINT"
-    )
-    if endpoint is None and env_endpoint is None:
+    traces_url = f"{endpoint.rstrip('/')}/v1/traces" if endpoint else None
+    settings = Settings.from_env(traces_url)
+    if settings is None:
         return None
     service = os.environ.get("OTEL_SERVICE_NAME") or config.telemetry.service_name
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    traces_url = f"{endpoint.rstrip('/')}/v1/traces" if endpoint else None
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url)))
-    return provider
+    processor = OtlpSpanProcessor(settings)
+    provider.add_span_processor(processor)
+    return provider, processor
 
 
 def _open_tap(config: TapConfig) -> Tap:
@@ -394,7 +394,12 @@ class Gateway:
     def __init__(self, config: Config, tracing: trace.TracerProvider | None = None) -> None:
         self.config = config
         self.registry = CollectorRegistry()
-        self._provider = tracing if tracing is not None else tracer_provider(config)
+        # The spans' exporter, when the gateway makes its own provider (a given one exports
+        # however its maker chose): it runs on the gateway's loop and is flushed on the way out.
+        self.otlp: OtlpSpanProcessor | None = None
+        self._provider = tracing
+        if tracing is None and (made := tracer_provider(config)) is not None:
+            self._provider, self.otlp = made
         tracer = self._provider.get_tracer("mcp-gateway", __version__) if self._provider else None
         self.tap = _open_tap(config.tap) if config.tap is not None else None
         self.audit = _open_audit(config.audit) if config.audit is not None else None
@@ -405,6 +410,7 @@ class Gateway:
             config.telemetry.record_payloads,
             self.tap,
             self.audit,
+            backend_spans=config.telemetry.backend_spans,
         )
         stats = self.telemetry.stats
         # The HTTP listener's token checks (`auth:`); None: no authentication.
@@ -468,6 +474,8 @@ class Gateway:
         )
         # The process (CPU, memory, fds, GC) and the event loop's measured lag (run in __aenter__).
         self._loop_lag = process_metrics(self.registry)
+        if (otlp := self.otlp) is not None:  # (what became of the sampled spans)
+            self.registry.register(TraceExportCollector(otlp.spans, lambda: otlp.queued))
         self._serving = False
         # Set when shutdown begins (a signal, the end of stdin): /readyz answers 503 from then
         # on, so a load balancer stops sending while what runs drains.
@@ -569,6 +577,8 @@ class Gateway:
             if self.config.listen.http is not None:
                 await self._start_http()
             self._tg.start_soon(measure_lag, self._loop_lag, name="event-loop lag")
+            if self.otlp is not None:
+                self._tg.start_soon(self.otlp.run, name="span export")
             if self.bus is not None:
                 self._tg.start_soon(self.bus.run, name="cluster bus")
             if self.changes is not None:  # (cluster changes)
@@ -884,6 +894,8 @@ class Gateway:
             with anyio.CancelScope(shield=True):
                 await self.session_records.close()
         assert self._tg is not None
+        if self.otlp is not None:
+            self.otlp.stopping()  # (its batch in flight finishes within the export timeout)
         self._tg.cancel_scope.cancel()
         try:
             await self._tg.__aexit__(exc_type, exc, tb)
@@ -898,7 +910,12 @@ class Gateway:
                 self.tap.close()
             if self.audit is not None:
                 self.audit.close()
-            if self._provider is not None and isinstance(self._provider, TracerProvider):
+            # The spans of the last requests, sent on this loop before it closes (bounded by
+            # the export timeout); a provider given by the caller is flushed its own way.
+            if self.otlp is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.otlp.close()
+            elif isinstance(self._provider, TracerProvider):
                 self._provider.force_flush()
 
     def drain(self) -> None:

@@ -14,6 +14,8 @@ import orjson
 import pytest
 import yaml
 from aiohttp import web
+from opentelemetry import propagate
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -32,6 +34,7 @@ from tests.support import (
     call,
     http_backend,
     mirrored_headers,
+    request,
     sdk_stdio_command,
     serve_http,
     start_sdk_http,
@@ -87,10 +90,13 @@ def by_kind(spans: tuple[ReadableSpan, ...], kind: SpanKind) -> list[ReadableSpa
     return [s for s in spans if s.kind == kind]
 
 
+BACKEND_SPANS = {"telemetry": {"backend_spans": True}}
+
+
 async def test_spans_follow_the_mcp_conventions_and_link_across_hops(beta_url: str) -> None:
     exporter = InMemorySpanExporter()
     backends = {"alpha": stdio_backend(sdk_stdio_command()), "beta": http_backend(beta_url)}
-    async with running(backends, exporter) as (_, session, url):
+    async with running(backends, exporter, **BACKEND_SPANS) as (_, session, url):
         exporter.clear()  # catalog loads at start-up are spans of their own
         reply = await post(session, url, traced(call(7, "alpha_echo", text="hi")))
         assert reply["result"]["content"][0]["text"] == "hi"
@@ -131,15 +137,55 @@ async def test_spans_follow_the_mcp_conventions_and_link_across_hops(beta_url: s
     assert http_client.context.trace_id == int(TRACE_ID, 16)
 
 
-async def test_stdio_backends_get_trace_context_in_meta(tmp_path: Path) -> None:
+def continued(spans: tuple[ReadableSpan, ...], name: str, backend_spans: bool) -> ReadableSpan:
+    """The span whose context a routed `tools/call name` carried to its backend: its CLIENT
+    span with `backend_spans`, else the client request's SERVER span (and there is no CLIENT
+    span for it)."""
+    clients = [c for c in by_kind(spans, SpanKind.CLIENT) if c.name == f"tools/call {name}"]
+    if backend_spans:
+        (client,) = clients
+        return client
+    assert clients == []
+    (server,) = [s for s in by_kind(spans, SpanKind.SERVER) if s.name == f"tools/call {name}"]
+    return server
+
+
+async def test_a_routed_request_is_one_span_the_backend_continues(beta_url: str) -> None:
+    """The default (`backend_spans` off): a request routed to one backend is its SERVER span
+    alone, naming the backend; the gateway's own requests (catalog loads) stay CLIENT spans."""
+    exporter = InMemorySpanExporter()
+    backends = {"alpha": stdio_backend(sdk_stdio_command()), "beta": http_backend(beta_url)}
+    async with running(backends, exporter) as (_, session, url):
+        own = by_kind(exporter.get_finished_spans(), SpanKind.CLIENT)
+        assert {c.name for c in own} >= {"tools/list"}
+        assert all(c.parent is None for c in own)
+        exporter.clear()
+        await post(session, url, traced(call(7, "alpha_echo", text="hi")))
+        await post(session, url, traced(call(8, "beta_echo", text="hi")))
+    spans = exporter.get_finished_spans()
+    assert by_kind(spans, SpanKind.CLIENT) == []
+    by_id = {s.attributes["jsonrpc.request.id"]: s for s in spans if s.attributes}
+    assert {
+        k: (s.kind, s.attributes and s.attributes["mcp_gateway.backend"]) for k, s in by_id.items()
+    } == {
+        "7": (SpanKind.SERVER, "alpha"),
+        "8": (SpanKind.SERVER, "beta"),
+    }
+    assert {s.context.trace_id for s in spans} == {int(TRACE_ID, 16)}
+
+
+@pytest.mark.parametrize("backend_spans", [False, True])
+async def test_stdio_backends_get_trace_context_in_meta(
+    tmp_path: Path, backend_spans: bool
+) -> None:
     exporter = InMemorySpanExporter()
     notes, requests = tmp_path / "notes.jsonl", tmp_path / "requests.jsonl"
     rude = stdio_backend([PYTHON, RUDE_SERVER, str(notes), str(requests)])
-    async with running({"rude": rude}, exporter) as (_, session, url):
+    top = {"telemetry": {"backend_spans": backend_spans}}
+    async with running({"rude": rude}, exporter, **top) as (_, session, url):
         reply = await post(session, url, traced(call(7, "ok")))
         assert reply["result"]["content"][0]["text"] == "ok"
-    clients = by_kind(exporter.get_finished_spans(), SpanKind.CLIENT)
-    client = next(c for c in clients if c.name == "tools/call ok")
+    client = continued(exporter.get_finished_spans(), "ok", backend_spans)
     sent = [orjson.loads(line) for line in requests.read_bytes().splitlines()]
     hop = next(m for m in sent if m["method"] == "tools/call")
     expected = f"00-{client.context.trace_id:032x}-{client.context.span_id:016x}-01"
@@ -147,7 +193,8 @@ async def test_stdio_backends_get_trace_context_in_meta(tmp_path: Path) -> None:
     assert client.context.trace_id == int(TRACE_ID, 16)
 
 
-async def test_http_backends_get_trace_context_in_meta_and_headers() -> None:
+@pytest.mark.parametrize("backend_spans", [False, True])
+async def test_http_backends_get_trace_context_in_meta_and_headers(backend_spans: bool) -> None:
     exporter = InMemorySpanExporter()
     seen: list[tuple[dict[str, str], dict[str, Any]]] = []
 
@@ -163,20 +210,62 @@ async def test_http_backends_get_trace_context_in_meta_and_headers() -> None:
         }
         return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": result})
 
+    top = {"telemetry": {"backend_spans": backend_spans}}
     async with (
         serve_http(handler) as base,
-        running({"b": http_backend(f"{base}/mcp")}, exporter) as (_, session, url),
+        running({"b": http_backend(f"{base}/mcp")}, exporter, **top) as (_, session, url),
     ):
+        exporter.clear()
         await post(session, url, traced(call(1, "t")))
     headers, body = next((h, b) for h, b in seen if b["method"] == "tools/call")
-    client = next(
-        s
-        for s in exporter.get_finished_spans()
-        if s.kind == SpanKind.CLIENT and s.name == "tools/call t"
-    )
+    client = continued(exporter.get_finished_spans(), "t", backend_spans)
     expected = f"00-{client.context.trace_id:032x}-{client.context.span_id:016x}-01"
     assert body["params"]["_meta"]["traceparent"] == expected
     assert headers["traceparent"] == expected
+
+
+async def test_other_propagators_carry_the_context_their_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The traceparent is formatted directly only under the default OTEL_PROPAGATORS; another
+    setting's propagators do the injecting (here baggage alone: no traceparent at all)."""
+    monkeypatch.setenv("OTEL_PROPAGATORS", "baggage")
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(W3CBaggagePropagator())
+    seen: list[dict[str, str]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        seen.append(dict(request.headers))
+        result = {"resultType": "complete", "content": [], "tools": [], "capabilities": {}}
+        return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": result})
+
+    try:
+        async with (
+            serve_http(handler) as base,
+            running({"b": http_backend(f"{base}/mcp")}, InMemorySpanExporter()) as (_, s, url),
+        ):
+            seen.clear()
+            await post(s, url, traced(call(1, "t")))
+    finally:
+        propagate.set_global_textmap(before)
+    assert seen and all("traceparent" not in h for h in seen)
+
+
+async def test_a_resource_uri_is_an_attribute_not_part_of_the_span_name() -> None:
+    """MCP conventions, span name: `{method} {target}` with a tool or prompt name as target; a
+    resource URI (unbounded) only as `mcp.resource.uri`."""
+    exporter = InMemorySpanExporter()
+    demo = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
+    async with running({"demo": demo}, exporter) as (_, session, url):
+        exporter.clear()
+        msg = request(3, "resources/read", {"uri": "demo://echo/hello"})
+        reply = await post(session, url, msg)
+        assert reply["result"]["contents"][0]["text"] == "hello"
+    (server,) = by_kind(exporter.get_finished_spans(), SpanKind.SERVER)
+    assert server.name == "resources/read"
+    assert server.attributes is not None
+    assert server.attributes["mcp.resource.uri"] == "demo://echo/hello"
 
 
 async def test_errors_are_recorded_on_spans() -> None:
@@ -331,7 +420,7 @@ async def test_the_standard_sampler_variables_apply(monkeypatch: pytest.MonkeyPa
 
     async with serve_http(collector, "/v1/traces") as endpoint:
         demo = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
-        telemetry = {"otlp_endpoint": endpoint}
+        telemetry = {"otlp_endpoint": endpoint, "backend_spans": True}
         async with running({"demo": demo}, telemetry=telemetry) as (_, session, url):
             await post(session, url, call(1, "echo", text="x"))  # a root: not sampled
             await post(session, url, traced(call(2, "echo", text="y")))

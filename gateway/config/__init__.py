@@ -363,6 +363,7 @@ def _telemetry(c: _Check, raw: Any, source: str) -> TelemetryConfig:
         service_name=service or DEFAULT_SERVICE_NAME,
         otlp_endpoint=endpoint,
         record_payloads=c.field(body, path, "record_payloads", t["record_payloads"]),
+        backend_spans=c.field(body, path, "backend_spans", t["backend_spans"]),
         access_log=access_log or None,
     )
 

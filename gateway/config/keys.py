@@ -381,6 +381,12 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "record_payloads": Key(
             "boolean", "Put message bodies on spans (they may hold secrets).", False
         ),
+        "backend_spans": Key(
+            "boolean",
+            "A CLIENT span for each request forwarded to a backend, beside the client's SERVER"
+            " span (off: the SERVER span stands for the whole pass through the gateway).",
+            False,
+        ),
         "access_log": Key("string", f"{ACCESS_LOG_STDERR!r} or a file path (off when absent)."),
     },
     "policy": {

@@ -322,6 +322,9 @@ class TelemetryConfig:
     service_name: str = DEFAULT_SERVICE_NAME
     otlp_endpoint: str | None = None  # None: no traces are exported
     record_payloads: bool = False  # put message bodies on spans (they may hold secrets)
+    # False: a request routed to one backend gets one span, the SERVER span, whose context the
+    # backend continues (as proxies such as Envoy and nginx trace); True adds its CLIENT span.
+    backend_spans: bool = False
     access_log: str | None = None  # None: off; "stderr"; or an absolute file path
 
 

@@ -115,10 +115,14 @@ class Origin:
         return None
 
     def trace_headers(self) -> dict[str, str]:
-        """W3C trace context from transport headers, used when `_meta` carries none."""
+        """W3C trace context from transport headers, used when `_meta` carries none. A mapping
+        is looked up, not scanned: the HTTP front end's (aiohttp's) ignores case."""
         if self.headers is None:
             return {}
-        fields = self.headers.items() if isinstance(self.headers, Mapping) else self.headers
+        if isinstance(self.headers, Mapping):
+            found = {k: v for k in TRACE_HEADERS if (v := self.headers.get(k)) is not None}
+            return found
+        fields = self.headers
         out: dict[str, str] = {}
         for name, value in fields:
             key = name.lower()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -50,7 +50,8 @@ class _Series:
 
     def __init__(self, buckets: int) -> None:
         self.counts = [0] * buckets
-        self.exemplars: list[Exemplar | None] = [None] * buckets
+        # (trace id, value, time) of each bucket's last exemplar: made an Exemplar when scraped.
+        self.exemplars: list[tuple[str, float, float] | None] = [None] * buckets
         self.sum = 0.0
 
 
@@ -89,7 +90,7 @@ class DurationHistogram(Collector):
         series.counts[index] += 1
         series.sum += seconds
         if trace_id:
-            series.exemplars[index] = Exemplar({"trace_id": trace_id}, seconds, time.time())
+            series.exemplars[index] = (trace_id, seconds, time.time())
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
@@ -98,7 +99,11 @@ class DurationHistogram(Collector):
             buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
             for le, count, exemplar in zip(self._le, series.counts, series.exemplars, strict=True):
                 total += count
-                buckets.append((le, total) if exemplar is None else (le, total, exemplar))
+                if exemplar is None:
+                    buckets.append((le, total))
+                else:
+                    trace_id, value, at = exemplar
+                    buckets.append((le, total, Exemplar({"trace_id": trace_id}, value, at)))
             family.add_metric(labels, buckets, series.sum)
         yield family
 
@@ -419,3 +424,29 @@ class GatewayCollector(Collector):
             failures.add_metric([b.name], b.fanout_failures)
         yield from (up, era, restarts, refreshes, failures, children)
         yield from (in_flight, pool, cpu, rss)
+
+
+class TraceExportCollector(Collector):
+    """The span exporter's counts (telemetry/otlp.py), read when scraped: the exporter bumps
+    plain ints (from whichever thread ends a span) and knows nothing of Prometheus."""
+
+    def __init__(self, spans: Mapping[str, int], queued: Callable[[], int]) -> None:
+        self._spans = spans
+        self._queued = queued
+
+    def collect(self) -> Iterator[Metric]:
+        spans = CounterMetricFamily(
+            "mcp_gateway_trace_spans",
+            "Sampled spans by what became of them: exported (the collector took them), dropped"
+            " (the buffer was full, or tracing had stopped), failed (their batch was refused or"
+            " did not reach the collector).",
+            labels=["outcome"],
+        )
+        for outcome, count in sorted(self._spans.items()):
+            spans.add_metric([outcome], count)
+        yield spans
+        yield GaugeMetricFamily(
+            "mcp_gateway_trace_spans_queued",
+            "Sampled spans encoded and waiting for their export.",
+            value=self._queued(),
+        )

@@ -6,6 +6,7 @@ OpenTelemetry API: the SDK (exporter, sampler) is set up by `app.py`.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -42,10 +43,37 @@ ATTR_TRANSPORT = "mcp_gateway.transport"
 NETWORK_TRANSPORT = {"stdio": "pipe", "http": "tcp"}
 _NAME_ATTR = {"tools/call": "gen_ai.tool.name", "prompts/get": "gen_ai.prompt.name"}
 
+# OTEL_PROPAGATORS settings whose injection of a span's context is exactly the W3C traceparent
+# (and tracestate): the gateway's current context never holds baggage (a client's is extracted
+# only into its span's parent), so the baggage propagator adds nothing. With these the header is
+# formatted here, without the propagators' pass (~3 us a request); any other setting runs them.
+_W3C_ONLY = {"tracecontext,baggage", "baggage,tracecontext", "tracecontext"}
 
-def _request_attributes(msg: Message, params: dict[str, Any], attrs: dict[str, Any]) -> None:
+
+def _w3c_only() -> bool:
+    setting = os.environ.get("OTEL_PROPAGATORS", "tracecontext,baggage")
+    return setting.replace(" ", "").lower() in _W3C_ONLY
+
+
+def _inject(span: trace.Span, w3c: bool) -> dict[str, str]:
+    if not w3c:
+        out: dict[str, str] = {}
+        propagate.inject(out, context=trace.set_span_in_context(span))
+        return out
+    ctx = span.get_span_context()
+    if not ctx.is_valid:
+        return _NO_CARRIER
+    out = {"traceparent": f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"}
+    if ctx.trace_state:
+        out["tracestate"] = ctx.trace_state.to_header()
+    return out
+
+
+def _request_attributes(msg: Message, params: dict[str, Any], attrs: dict[str, Any]) -> str:
     """The conventions' request attributes, added to `attrs`: one dict per span, handed to the
-    SDK at start (which copies it once) rather than merged from several or set one by one."""
+    SDK at start (which copies it once) rather than merged from several or set one by one. The
+    span's name: `{method} {tool or prompt name}`, or the method alone (a resource URI is not in
+    it: the conventions keep span names of low cardinality by default)."""
     method = msg.get("method", "")
     attrs["mcp.method.name"] = method
     attrs["jsonrpc.request.id"] = str(msg.get("id"))
@@ -54,10 +82,14 @@ def _request_attributes(msg: Message, params: dict[str, Any], attrs: dict[str, A
     if isinstance(version, str):
         attrs["mcp.protocol.version"] = version
     name_attr = _NAME_ATTR.get(method)
-    if name_attr and isinstance(params.get("name"), str):
-        attrs[name_attr] = params["name"]
-    if method == "resources/read" and isinstance(params.get("uri"), str):
+    if name_attr:
+        name = params.get("name")
+        if isinstance(name, str):
+            attrs[name_attr] = name
+            return f"{method} {name}"
+    elif method == "resources/read" and isinstance(params.get("uri"), str):
         attrs["mcp.resource.uri"] = params["uri"]
+    return str(method)
 
 
 def _span_target(msg: Message) -> str:
@@ -67,7 +99,7 @@ def _span_target(msg: Message) -> str:
 
 
 class _Observed:
-    __slots__ = ("backend", "msg", "reply", "span", "started", "target", "telemetry")
+    __slots__ = ("backend", "msg", "ref", "reply", "span", "started", "target", "telemetry")
     telemetry: GatewayTelemetry
     msg: Message
     span: trace.Span | None
@@ -75,6 +107,7 @@ class _Observed:
     backend: str | None
     reply: Message | None
     started: float
+    ref: tuple[str, bool] | None
 
     def __init__(self, telemetry: GatewayTelemetry, msg: Message, span: trace.Span | None) -> None:
         self.telemetry = telemetry
@@ -83,6 +116,7 @@ class _Observed:
         self.target = None
         self.backend = None
         self.reply = None
+        self.ref = None
         self.started = time.perf_counter()
 
     def annotate(self, *, target: str | None = None, backend: str | None = None) -> None:
@@ -96,9 +130,7 @@ class _Observed:
     def carrier(self) -> dict[str, str]:
         if self.span is None:
             return _NO_CARRIER
-        out: dict[str, str] = {}
-        propagate.inject(out, context=trace.set_span_in_context(self.span))
-        return out
+        return _inject(self.span, self.telemetry._w3c)
 
     def end_span(self, error: str, reply: Message | None) -> tuple[str, bool]:
         """End the span; its trace id (for the logs), and whether the trace was sampled (an
@@ -112,8 +144,20 @@ class _Observed:
                 span.set_attribute("rpc.response.status_code", str(code))
             span.set_status(Status(StatusCode.ERROR))
         span.end()
-        ctx = span.get_span_context()
-        return (format(ctx.trace_id, "032x"), ctx.trace_flags.sampled) if ctx.is_valid else _NONE
+        return self.trace_ref()
+
+    def trace_ref(self) -> tuple[str, bool]:
+        """The span's trace id and whether it is sampled, worked out once (a request routed
+        under its SERVER span asks for them twice: for each duration histogram's exemplar)."""
+        ref = self.ref
+        if ref is None:
+            ref = _NONE
+            if self.span is not None:
+                ctx = self.span.get_span_context()
+                if ctx.is_valid:
+                    ref = (format(ctx.trace_id, "032x"), ctx.trace_flags.sampled)
+            self.ref = ref
+        return ref
 
 
 # What `end_span` gives without a valid span context: no trace id, not sampled.
@@ -125,32 +169,45 @@ _ROOT = context.Context()
 
 
 class _ServerObserved(_Observed):
-    __slots__ = ("context_token", "origin")
+    """A client request. Its span is not attached as OpenTelemetry's current context: the
+    gateway's CLIENT spans find their parent through SERVING (a context variable as well, so it
+    follows the same tasks), which saves an attach and a detach a request."""
+
+    __slots__ = ("forwarded", "origin")
 
     def __init__(
         self, telemetry: GatewayTelemetry, msg: Message, span: trace.Span | None, origin: Origin
     ) -> None:
         self.origin = origin
-        self.context_token = (
-            context.attach(trace.set_span_in_context(span)) if span is not None else None
-        )
+        self.forwarded = False  # its routed backend request was sent (under this span)
         super().__init__(telemetry, msg, span)
 
     def end(self, reply: Message | None) -> None:
-        if self.context_token is not None:
-            context.detach(self.context_token)
         self.reply = reply
         self.telemetry._end_server(self)
 
 
 class _ClientObserved(_Observed):
-    __slots__ = ("backend_name",)
+    __slots__ = ("backend_name", "via")
 
     def __init__(
-        self, telemetry: GatewayTelemetry, msg: Message, span: trace.Span | None, backend: str
+        self,
+        telemetry: GatewayTelemetry,
+        msg: Message,
+        span: trace.Span | None,
+        backend: str,
+        via: _ServerObserved | None = None,
     ) -> None:
         super().__init__(telemetry, msg, span)
         self.backend_name = backend
+        # Without a span of its own: the client request whose SERVER span the backend continues.
+        self.via = via
+
+    def carrier(self) -> dict[str, str]:
+        span = self.span if self.via is None else self.via.span
+        if span is None:
+            return _NO_CARRIER
+        return _inject(span, self.telemetry._w3c)
 
     def end(self, reply: Message | None) -> None:
         self.reply = reply
@@ -166,8 +223,12 @@ class GatewayTelemetry:
         record_payloads: bool = False,
         tap: Tap | None = None,
         audit: AuditLog | None = None,
+        *,
+        backend_spans: bool = False,
     ) -> None:
         self.stats = Stats()
+        self._backend_spans = backend_spans
+        self._w3c = _w3c_only()
         self._audit = audit
         self._tap = tap
         self.tapping = tap is not None
@@ -199,17 +260,20 @@ class GatewayTelemetry:
         if self._tracer is None:
             return None
         params = jsonrpc.params(msg)
-        _request_attributes(msg, params, attrs)
+        name = _request_attributes(msg, params, attrs)
         if self._payloads:
             attrs["mcp_gateway.request.params"] = orjson.dumps(params).decode()
-        name = f"{msg.get('method', '')} {_span_target(msg)}".strip()
         return self._tracer.start_span(name, context=parent, kind=kind, attributes=attrs)
 
     def server(self, msg: Message, origin: Origin) -> Observation:
         span = None
         if self._tracer is not None:  # with tracing off, trace context just passes through
-            carrier = {k: v for k in TRACE_KEYS if (v := jsonrpc.meta(msg).get(k)) is not None}
-            headers = carrier or origin.trace_headers()
+            fields = jsonrpc.meta(msg)
+            headers = (
+                {k: v for k in TRACE_KEYS if (v := fields.get(k)) is not None}
+                if "traceparent" in fields or "tracestate" in fields
+                else origin.trace_headers()
+            )
             # Nothing to extract: a root span, without a pass through the propagators.
             parent = propagate.extract(headers) if headers else _ROOT
             attrs = {"network.transport": NETWORK_TRANSPORT[origin.frontend]}
@@ -225,8 +289,7 @@ class GatewayTelemetry:
         error = error_type(reply)
         trace_id, sampled = _NONE
         if observed.span is not None:
-            if observed.target:
-                observed.span.update_name(f"{msg.get('method', '')} {observed.target}")
+            # (Its name, given at start, already holds the client-visible name the target is.)
             trace_id, sampled = observed.end_span(error, reply)
         method = str(msg.get("method", ""))
         if self._recorder is not None:
@@ -258,6 +321,24 @@ class GatewayTelemetry:
     ) -> Observation:
         span = None
         if self._tracer is not None:
+            serving = SERVING.get()[0]
+            if (
+                not self._backend_spans
+                and isinstance(serving, _ServerObserved)
+                and serving.span is not None
+                and serving.backend == backend
+                and not serving.forwarded
+            ):
+                # The request a client's request was routed to: its SERVER span (which names
+                # the backend) stands for it, and the backend continues that span's context.
+                # Requests of the gateway's own or of a fan-out keep a CLIENT span each.
+                serving.forwarded = True
+                return _ClientObserved(self, msg, None, backend, serving)
+            parent = (
+                trace.set_span_in_context(serving.span)
+                if isinstance(serving, _ServerObserved) and serving.span is not None
+                else _ROOT
+            )
             attrs: dict[str, Any] = {
                 ATTR_BACKEND: backend,
                 ATTR_TRANSPORT: transport,
@@ -265,15 +346,18 @@ class GatewayTelemetry:
             }
             if address is not None:
                 attrs["server.address"], attrs["server.port"] = address
-            span = self._start(msg, SpanKind.CLIENT, None, attrs)
+            span = self._start(msg, SpanKind.CLIENT, parent, attrs)
         return _ClientObserved(self, msg, span, backend)
 
     def _end_client(self, observed: _ClientObserved) -> None:
         seconds = time.perf_counter() - observed.started
         error = error_type(observed.reply)
-        trace_id, sampled = (
-            observed.end_span(error, observed.reply) if observed.span is not None else _NONE
-        )
+        if observed.span is not None:
+            trace_id, sampled = observed.end_span(error, observed.reply)
+        elif observed.via is not None:
+            trace_id, sampled = observed.via.trace_ref()
+        else:
+            trace_id, sampled = _NONE
         if self.status is not None:
             self.status.client(observed.backend_name, observed.msg, observed.reply, seconds)
         if self._recorder is not None:
