@@ -37,6 +37,7 @@ from gateway.app import Gateway
 from gateway.config import parse
 from gateway.telemetry.api import STDIO_ORIGIN
 from gateway.telemetry.otlp import ENCODE_CHUNK, OtlpSpanProcessor, Settings
+from tests.servers.forward_proxy import ForwardProxy
 from tests.support import BOUND, PYTHON, START_BOUND, call, serve_http, stdio_backend
 
 pytestmark = pytest.mark.anyio
@@ -462,3 +463,28 @@ async def test_the_gateway_exports_counts_and_shuts_down_within_the_timeout(
 
 async def _ignore(notification: dict[str, Any]) -> None:
     pass
+
+
+# --- a forward proxy named by the environment ---
+
+
+@pytest.mark.parametrize("exempt", [False, True])
+async def test_spans_go_through_the_proxy_the_environment_names(
+    monkeypatch: pytest.MonkeyPatch, exempt: bool
+) -> None:
+    """HTTP_PROXY applies to the collector as to HTTP backends (gateway/proxies.py), and
+    NO_PROXY exempts it."""
+    for name in ("http_proxy", "https_proxy", "no_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    async with ForwardProxy() as proxy, collecting() as (collector, url):
+        monkeypatch.setenv("http_proxy", proxy.url)
+        monkeypatch.setenv("no_proxy", "127.0.0.1" if exempt else "")
+        setup = settings(url, OTEL_BSP_SCHEDULE_DELAY="50")
+        assert (setup.proxy is None) is exempt
+        async with exporting(setup) as (processor, provider):
+            end_spans(provider, 2)
+            await collector.wait_for(1)
+    assert processor.spans["exported"] == 2
+    lines = [seen.request_line for seen in proxy.seen]
+    assert lines == ([] if exempt else [f"POST {url} HTTP/1.1"])

@@ -12,7 +12,6 @@ import itertools
 import logging
 import re
 import ssl
-import urllib.request
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -34,6 +33,7 @@ from gateway.errors import (
 from gateway.oauth.authorizer import GATEWAY, Authorizer, Caller
 from gateway.oauth.failures import AuthFailed
 from gateway.protocol.jsonrpc import Message
+from gateway.proxies import named_proxy
 from gateway.telemetry.api import SERVING
 
 log = logging.getLogger("gateway.backend")
@@ -114,26 +114,18 @@ def ssl_context(config: BackendConfig) -> ssl.SSLContext | bool:
 
 
 def env_proxy(config: BackendConfig, url: URL) -> str | None:
-    """The proxy HTTP_PROXY/HTTPS_PROXY names for `url`, unless NO_PROXY exempts its host.
-
-    These are the rules of aiohttp's `trust_env`, from the same standard-library calls, applied
-    once per backend: `trust_env` looks the proxy up per request in a worker thread and reads
-    ~/.netrc each time, which cost 4.7x the client's CPU per request in our measurement. Proxy
-    credentials go in the proxy URL; ~/.netrc is never read, so no credential the config does
-    not name reaches a backend or a proxy."""
-    if url.host is None or urllib.request.proxy_bypass(url.host):
+    """The proxy HTTP_PROXY/HTTPS_PROXY names for the backend's `url`, unless NO_PROXY exempts
+    its host (gateway/proxies.py), looked up once per backend."""
+    proxy = named_proxy(url)
+    if proxy is None:
         return None
-    proxy = urllib.request.getproxies().get(url.scheme)
-    if not proxy:
+    if not proxy.usable:
+        log.warning(
+            "backend %s: ignoring proxy %s (only http:// proxies)", config.name, proxy.shown
+        )
         return None
-    parsed = URL(proxy)
-    shown = parsed.with_user(None)  # credentials are never logged
-    if parsed.scheme != "http":
-        # As trust_env: http:// proxies only (TLS to the proxy would be TLS in TLS).
-        log.warning("backend %s: ignoring proxy %s (only http:// proxies)", config.name, shown)
-        return None
-    log.info("backend %s: through proxy %s", config.name, shown)
-    return proxy
+    log.info("backend %s: through proxy %s", config.name, proxy.shown)
+    return proxy.url
 
 
 def timeout(total: float | None, connect: float) -> aiohttp.ClientTimeout:

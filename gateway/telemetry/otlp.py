@@ -33,8 +33,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.util.re import parse_env_headers
+from yarl import URL
 
 from gateway import __version__
+from gateway.proxies import named_proxy
 from gateway.telemetry import otlp_wire
 
 log = logging.getLogger("gateway.telemetry.otlp")
@@ -66,6 +68,7 @@ class Settings:
     max_queue_size: int = 2048
     max_export_batch_size: int = 512
     export_timeout: float = 30.0  # one batch, its retries included; and the flush at shutdown
+    proxy: str | None = None  # the process's HTTP(S)_PROXY for `url`, unless NO_PROXY exempts it
 
     @classmethod
     def from_env(cls, url: str | None, env: Mapping[str, str] | None = None) -> Settings | None:
@@ -114,6 +117,7 @@ class Settings:
             max_queue_size=queue,
             max_export_batch_size=batch,
             export_timeout=_number(env, "OTEL_BSP_EXPORT_TIMEOUT", 30000, int) / 1000,
+            proxy=_proxy(url),
         )
 
 
@@ -159,6 +163,17 @@ def _tls(url: str, ca: str, cert: str, key: str) -> ssl.SSLContext | None:
         log.warning("OTLP TLS files cannot be used (%s); verifying with the system's CAs", exc)
         return None
     return context
+
+
+def _proxy(url: str) -> str | None:
+    proxy = named_proxy(URL(url))
+    if proxy is None:
+        return None
+    if not proxy.usable:
+        log.warning("OTLP export: ignoring proxy %s (only http:// proxies)", proxy.shown)
+        return None
+    log.info("OTLP export through proxy %s", proxy.shown)
+    return proxy.url
 
 
 def _where(url: str) -> str:
@@ -491,6 +506,7 @@ class OtlpSpanProcessor(SpanProcessor):
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=seconds),
                 allow_redirects=False,
+                proxy=self.settings.proxy,
             ) as answer:
                 await answer.content.read(MAX_ANSWER)
                 status = answer.status
