@@ -1,5 +1,5 @@
 """The forward proxy the environment names for a destination (HTTP_PROXY, HTTPS_PROXY,
-NO_PROXY and their lowercase spellings).
+NO_PROXY and their lowercase spellings), for HTTP backends and the OTLP exporter alike.
 
 These are the rules of aiohttp's `trust_env`, from the same standard-library calls, applied
 once per destination: `trust_env` looks the proxy up per request in a worker thread and reads
@@ -10,25 +10,27 @@ name reaches a destination or a proxy.
 
 from __future__ import annotations
 
+import logging
 import urllib.request
-from dataclasses import dataclass
 
 from yarl import URL
 
-
-@dataclass(frozen=True)
-class Proxy:
-    url: str
-    shown: str  # the URL without its credentials, for log lines
-    usable: bool  # an http:// proxy (TLS to the proxy would be TLS in TLS, as trust_env says)
+log = logging.getLogger("gateway.proxies")
 
 
-def named_proxy(url: URL) -> Proxy | None:
-    """The proxy the environment names for `url`, unless NO_PROXY exempts its host."""
+def env_proxy(url: URL, who: str) -> str | None:
+    """The proxy to reach `url` through, unless NO_PROXY exempts its host; `who` goes to the
+    one log line that says which (never with the proxy's credentials)."""
     if url.host is None or urllib.request.proxy_bypass(url.host):
         return None
     proxy = urllib.request.getproxies().get(url.scheme)
     if not proxy:
         return None
     parsed = URL(proxy)
-    return Proxy(proxy, str(parsed.with_user(None)), parsed.scheme == "http")
+    shown = parsed.with_user(None)
+    if parsed.scheme != "http":
+        # As trust_env: http:// proxies only (TLS to the proxy would be TLS in TLS).
+        log.warning("%s: ignoring proxy %s (only http:// proxies)", who, shown)
+        return None
+    log.info("%s: through proxy %s", who, shown)
+    return proxy

@@ -23,6 +23,7 @@ from gateway.backends import web
 from gateway.config import BackendConfig, HttpTarget, SseTarget
 from gateway.protocol import headers, jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
+from gateway.proxies import env_proxy
 
 log = logging.getLogger("gateway.backend")
 
@@ -77,7 +78,7 @@ async def settle(config: BackendConfig) -> BackendConfig:
                 limit=1,
                 default_timeout=web.timeout(within, within),
                 tls=tls,
-                proxy=web.env_proxy(config, url),
+                proxy=env_proxy(url, f"backend {config.name}"),
             ) as session,
             session.post(
                 url, data=jsonrpc.encode(PROBE), headers=sent, allow_redirects=False

@@ -43,6 +43,7 @@ from gateway.oauth.authorizer import Authorizer
 from gateway.oauth.failures import AuthFailed
 from gateway.protocol import codes, headers, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
+from gateway.proxies import env_proxy
 from gateway.telemetry.api import Stats, Telemetry
 
 log = logging.getLogger("gateway.backend")
@@ -74,7 +75,7 @@ class HttpBackend:
         self.name = config.name
         self._url = web.target_url(config)  # a malformed URL fails here, at start-up
         self._tls = web.ssl_context(config)
-        self._proxy = web.env_proxy(config, self._url)
+        self._proxy = env_proxy(self._url, f"backend {config.name}")
         limits = config.target.limits
         self._limits = limits
         self._custom = web.fixed_headers(config)

@@ -26,6 +26,7 @@ from gateway.oauth import setup as oauth_setup
 from gateway.oauth.authorizer import Authorizer
 from gateway.protocol import codes, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
+from gateway.proxies import env_proxy
 from gateway.telemetry.api import Stats
 
 log = logging.getLogger("gateway.backend")
@@ -49,7 +50,7 @@ class SseBackend(Channel):
         self._stats = stats or Stats()
         self._url = web.target_url(config)  # a malformed URL fails here, at start-up
         self._tls = web.ssl_context(config)
-        self._proxy = web.env_proxy(config, self._url)
+        self._proxy = env_proxy(self._url, f"backend {config.name}")
         self._limits = config.target.limits
         custom = web.fixed_headers(config)
         self._stream_headers = CIMultiDict([*custom, ("Accept", SSE)])

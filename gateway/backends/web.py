@@ -33,7 +33,6 @@ from gateway.errors import (
 from gateway.oauth.authorizer import GATEWAY, Authorizer, Caller
 from gateway.oauth.failures import AuthFailed
 from gateway.protocol.jsonrpc import Message
-from gateway.proxies import named_proxy
 from gateway.telemetry.api import SERVING
 
 log = logging.getLogger("gateway.backend")
@@ -111,21 +110,6 @@ def ssl_context(config: BackendConfig) -> ssl.SSLContext | bool:
     except (OSError, ssl.SSLError) as exc:
         raise ConfigInvalid([f"{where(config)}.tls: cannot be loaded: {exc}"]) from None
     return context
-
-
-def env_proxy(config: BackendConfig, url: URL) -> str | None:
-    """The proxy HTTP_PROXY/HTTPS_PROXY names for the backend's `url`, unless NO_PROXY exempts
-    its host (gateway/proxies.py), looked up once per backend."""
-    proxy = named_proxy(url)
-    if proxy is None:
-        return None
-    if not proxy.usable:
-        log.warning(
-            "backend %s: ignoring proxy %s (only http:// proxies)", config.name, proxy.shown
-        )
-        return None
-    log.info("backend %s: through proxy %s", config.name, proxy.shown)
-    return proxy.url
 
 
 def timeout(total: float | None, connect: float) -> aiohttp.ClientTimeout:

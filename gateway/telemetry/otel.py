@@ -17,6 +17,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from gateway.protocol import jsonrpc, meta
 from gateway.telemetry.api import (
     SERVING,
+    TRACE_HEADERS,
     HeaderFields,
     Message,
     Observation,
@@ -29,8 +30,6 @@ from gateway.telemetry.logs import utc_now
 from gateway.telemetry.metrics import OTHER, Recorder
 from gateway.telemetry.status import StatusBoard
 from gateway.telemetry.tap import Tap
-
-TRACE_KEYS = ("traceparent", "tracestate")
 
 log = logging.getLogger("gateway.telemetry")
 
@@ -204,10 +203,7 @@ class _ClientObserved(_Observed):
         self.via = via
 
     def carrier(self) -> dict[str, str]:
-        span = self.span if self.via is None else self.via.span
-        if span is None:
-            return _NO_CARRIER
-        return _inject(span, self.telemetry._w3c)
+        return super().carrier() if self.via is None else self.via.carrier()
 
     def end(self, reply: Message | None) -> None:
         self.reply = reply
@@ -270,7 +266,7 @@ class GatewayTelemetry:
         if self._tracer is not None:  # with tracing off, trace context just passes through
             fields = jsonrpc.meta(msg)
             headers = (
-                {k: v for k in TRACE_KEYS if (v := fields.get(k)) is not None}
+                {k: v for k in TRACE_HEADERS if (v := fields.get(k)) is not None}
                 if "traceparent" in fields or "tracestate" in fields
                 else origin.trace_headers()
             )

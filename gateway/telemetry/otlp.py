@@ -1,5 +1,6 @@
-"""The gateway's span processor and OTLP/HTTP exporter in one: finished spans are encoded on the
-spot (otlp_wire.py) into a buffer, and a task on the gateway's event loop posts them with aiohttp.
+"""The gateway's span processor and OTLP/HTTP exporter in one: finished spans are kept as they
+end, and a task on the gateway's event loop encodes them (otlp_wire.py) a chunk at a time and
+posts them in batches with aiohttp.
 
 Why not the SDK's BatchSpanProcessor with its OTLP exporter: that encoder builds protobuf objects
 per span and attribute (~40 us a span, against ~8 here), in a thread of its own that takes the
@@ -20,7 +21,7 @@ import ssl
 import threading
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -36,7 +37,7 @@ from opentelemetry.util.re import parse_env_headers
 from yarl import URL
 
 from gateway import __version__
-from gateway.proxies import named_proxy
+from gateway.proxies import env_proxy
 from gateway.telemetry import otlp_wire
 
 log = logging.getLogger("gateway.telemetry.otlp")
@@ -96,8 +97,8 @@ class Settings:
         if compression not in ("none", "gzip", "deflate"):
             log.warning("OTLP compression %r is not supported; sending uncompressed", compression)
             compression = "none"
-        queue = _number(env, "OTEL_BSP_MAX_QUEUE_SIZE", 2048, int)
-        batch = _number(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512, int)
+        queue = _number(env, "OTEL_BSP_MAX_QUEUE_SIZE", 2048)
+        batch = _number(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)
         if batch > queue:
             log.warning(
                 "OTEL_BSP_MAX_EXPORT_BATCH_SIZE %d is more than OTEL_BSP_MAX_QUEUE_SIZE %d; "
@@ -113,20 +114,20 @@ class Settings:
             timeout=_seconds(env, pick("TIMEOUT")),
             compression=compression,
             tls=_tls(url, pick("CERTIFICATE"), pick("CLIENT_CERTIFICATE"), pick("CLIENT_KEY")),
-            schedule_delay=_number(env, "OTEL_BSP_SCHEDULE_DELAY", 5000, int) / 1000,
+            schedule_delay=_number(env, "OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000,
             max_queue_size=queue,
             max_export_batch_size=batch,
-            export_timeout=_number(env, "OTEL_BSP_EXPORT_TIMEOUT", 30000, int) / 1000,
-            proxy=_proxy(url),
+            export_timeout=_number(env, "OTEL_BSP_EXPORT_TIMEOUT", 30000) / 1000,
+            proxy=env_proxy(URL(url), "OTLP export"),
         )
 
 
-def _number(env: Mapping[str, str], name: str, default: int, kind: Callable[[str], int]) -> int:
+def _number(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
     if raw is None or not raw.strip():
         return default
     try:
-        value = kind(raw.strip())
+        value = int(raw.strip())
     except ValueError:
         value = 0
     if value <= 0:
@@ -163,17 +164,6 @@ def _tls(url: str, ca: str, cert: str, key: str) -> ssl.SSLContext | None:
         log.warning("OTLP TLS files cannot be used (%s); verifying with the system's CAs", exc)
         return None
     return context
-
-
-def _proxy(url: str) -> str | None:
-    proxy = named_proxy(URL(url))
-    if proxy is None:
-        return None
-    if not proxy.usable:
-        log.warning("OTLP export: ignoring proxy %s (only http:// proxies)", proxy.shown)
-        return None
-    log.info("OTLP export through proxy %s", proxy.shown)
-    return proxy.url
 
 
 def _where(url: str) -> str:
@@ -272,10 +262,6 @@ class OtlpSpanProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         ctx = span.context
         if ctx is None or not ctx.trace_flags.sampled:
-            return
-        if self._queued >= self.settings.max_queue_size or self._closed:
-            with self._lock:  # (a cheap early look: no encoding for a span that is dropped)
-                self.spans["dropped"] += 1
             return
         resource, scope = span.resource, span.instrumentation_scope
         key = (id(resource), id(scope))
