@@ -37,6 +37,7 @@ from gateway.app import Gateway
 from gateway.config import parse
 from gateway.telemetry.api import STDIO_ORIGIN
 from gateway.telemetry.otlp import ENCODE_CHUNK, OtlpSpanProcessor, Settings
+from tests.listener_support import until
 from tests.servers.forward_proxy import ForwardProxy
 from tests.support import BOUND, PYTHON, START_BOUND, call, serve_http, stdio_backend
 
@@ -181,13 +182,10 @@ async def test_ended_spans_are_encoded_a_chunk_at_a_time_not_held_for_their_batc
         setup = settings(url, OTEL_BSP_SCHEDULE_DELAY="60000")
         async with exporting(setup) as (processor, provider):
             end_spans(provider, ENCODE_CHUNK)
-            with anyio.fail_after(BOUND):
-                while processor.unencoded:  # noqa: ASYNC110 (no event for this state)
-                    await anyio.sleep(0.01)
+            await until(lambda: not processor.unencoded)
             assert processor.queued == ENCODE_CHUNK and not collector.exports
             end_spans(provider, 3, "more")
-            held: int = processor.unencoded  # (after the wait above mypy thinks it is 0)
-            assert held == 3  # (less than a chunk waits for the next one)
+            assert processor.unencoded == 3  # (less than a chunk waits for the next one)
         await collector.wait_for(1)
     assert len(collector.spans()) == ENCODE_CHUNK + 3
 
