@@ -224,6 +224,23 @@ async def test_http_backends_get_trace_context_in_meta_and_headers(backend_spans
     assert headers["traceparent"] == expected
 
 
+async def test_a_traceparent_header_parents_the_span_when_meta_has_none() -> None:
+    """Trace context from the HTTP request's headers (any case) when `_meta` carries none."""
+    exporter = InMemorySpanExporter()
+    demo = stdio_backend([PYTHON, "-m", "gateway.demo.server"])
+    async with running({"demo": demo}, exporter) as (_, session, url):
+        exporter.clear()
+        msg = call(4, "echo", text="x")
+        headers = {**mirrored_headers(msg), "TraceParent": TRACEPARENT}
+        with anyio.fail_after(START_BOUND):
+            async with session.post(url, data=orjson.dumps(msg), headers=headers) as resp:
+                assert resp.status == 200
+                await resp.read()
+    (server,) = by_kind(exporter.get_finished_spans(), SpanKind.SERVER)
+    assert server.context.trace_id == int(TRACE_ID, 16)
+    assert server.parent is not None and server.parent.span_id == int(TRACEPARENT[36:52], 16)
+
+
 async def test_other_propagators_carry_the_context_their_way(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -120,8 +120,7 @@ class Origin:
         if self.headers is None:
             return {}
         if isinstance(self.headers, Mapping):
-            found = {k: v for k in TRACE_HEADERS if (v := self.headers.get(k)) is not None}
-            return found
+            return {k: v for k in TRACE_HEADERS if (v := self.headers.get(k)) is not None}
         fields = self.headers
         out: dict[str, str] = {}
         for name, value in fields:
