@@ -358,6 +358,13 @@ async def test_exemplars_carry_trace_ids_in_openmetrics() -> None:
         async with session.get(url.removesuffix("/mcp") + "/metrics", headers=accept) as resp:
             text = await resp.text()
     assert f'trace_id="{TRACE_ID}"' in text
+    # Both histograms: the routed request's SERVER span stands for the backend hop too.
+    for histogram in (
+        "mcp_server_operation_duration_seconds",
+        "mcp_client_operation_duration_seconds",
+    ):
+        lines = [line for line in text.splitlines() if line.startswith(f"{histogram}_bucket")]
+        assert any(f'# {{trace_id="{TRACE_ID}"}}' in line for line in lines), histogram
 
 
 async def test_readyz_names_a_backend_that_is_down() -> None:
