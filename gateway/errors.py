@@ -174,10 +174,30 @@ HTTP_STATUS: Final[Mapping[int, int]] = MappingProxyType(
 )
 
 
-def http_status(reply: Message) -> int:
+# The statuses a legacy session's replies keep (2025-11-25 transports): what an HTTP client or
+# intermediary must act on whatever the era (a scope to step up to, when to retry). In that era
+# every other JSON-RPC error travels as 200, as the servers behind us send it: a 404 there means
+# "the session is gone, start a new one", and a 400 makes clients drop the error's code and data.
+LEGACY_HTTP_STATUS: Final[Mapping[int, int]] = MappingProxyType(
+    {
+        code: status
+        for code, status in HTTP_STATUS.items()
+        if code
+        in (
+            codes.INSUFFICIENT_SCOPE,
+            codes.RATE_LIMITED,
+            codes.GATEWAY_OVERLOADED,
+            codes.SHARED_STATE_UNAVAILABLE,
+        )
+    }
+)
+
+
+def http_status(reply: Message, table: Mapping[int, int] = HTTP_STATUS) -> int:
     """HTTP status for a reply; errors not in the table (tool failures, our backend errors)
-    travel as 200 so every client reads the JSON-RPC error rather than a bare HTTP failure."""
+    travel as 200 so every client reads the JSON-RPC error rather than a bare HTTP failure.
+    `table`: LEGACY_HTTP_STATUS for the replies of a legacy session."""
     if "error" not in reply:
         return 200
     code = jsonrpc.error_code(reply)
-    return HTTP_STATUS.get(code, 200) if code is not None else 200
+    return table.get(code, 200) if code is not None else 200

@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+
 from gateway.backends.base import NotificationSink
 from gateway.core.dispatcher import Dispatcher
 from gateway.protocol import codes, jsonrpc, meta
@@ -48,6 +50,9 @@ ASK_TIMEOUT = 600.0
 # Notifications of the watch that are not for the client.
 ACKNOWLEDGED = meta.ACKNOWLEDGED
 WATCH_ID = "mcp-gateway-watch"
+# How long `resources/subscribe` waits for the session's new watch to be acknowledged before it
+# answers all the same (the listen's own wait for its backends is core/listen.py ACK_TIMEOUT).
+WATCH_SETTLE = 10.0
 # Change notifications a legacy session gets without asking (it subscribes to resources).
 WATCH_FLAGS = {"toolsListChanged": True, "promptsListChanged": True, "resourcesListChanged": True}
 # Capabilities both eras share; `extensions` is modern only.
@@ -180,24 +185,57 @@ class LegacyFront:
                 session.subscribed.add(uri)
             else:
                 session.subscribed.discard(uri)
-            self.watch(session, origin)
+            settled = self.watch(session, origin)
+            if settled is not None:
+                # Answered once the new watch is in place (or has failed): an update after the
+                # answer is one the client hears.
+                with anyio.move_on_after(WATCH_SETTLE):
+                    await settled.wait()
             return jsonrpc.result(id_, {})
         return await self._forward(session, msg, sink, origin)
 
-    def watch(self, session: Session, origin: Origin = STDIO_ORIGIN) -> None:
+    def watch(self, session: Session, origin: Origin = STDIO_ORIGIN) -> asyncio.Event | None:
         """(Re)start the session's watch: one modern `subscriptions/listen` through the
         dispatcher for list changes and the subscribed resources, whose notifications go to the
-        session as its era has them (no subscription id)."""
+        session as its era has them (no subscription id). The watch it replaces goes on until
+        the new one is acknowledged, so no change in between is lost (one heard by both may
+        reach the client twice: change notifications say "look again", harmless to repeat).
+        Returns an event set once the new watch is acknowledged or has ended (None: there is
+        nowhere to deliver to, so nothing is watched)."""
         if session.deliver is None:
-            return
-        if session.watcher is not None:
-            session.watcher.cancel()
+            return None
         loop = asyncio.get_running_loop()
         # The session's own (dual.py: over stdio its changes come from where its calls go).
         origin = origin.for_legacy(session.client)
-        session.watcher = loop.create_task(self._watch(session, session.deliver, origin))
+        settled = asyncio.Event()
+        session.watcher = loop.create_task(
+            self._watch(session, session.deliver, origin, settled, session.watcher)
+        )
+        return settled
 
-    async def _watch(self, session: Session, deliver: Deliver, origin: Origin) -> None:
+    async def _watch(
+        self,
+        session: Session,
+        deliver: Deliver,
+        origin: Origin,
+        settled: asyncio.Event,
+        previous: asyncio.Task[None] | None,
+    ) -> None:
+        try:
+            await self._listen(session, deliver, origin, settled, previous)
+        finally:
+            settled.set()
+            if previous is not None:
+                previous.cancel()  # (a chain of replaced watches ends with the newest)
+
+    async def _listen(
+        self,
+        session: Session,
+        deliver: Deliver,
+        origin: Origin,
+        settled: asyncio.Event,
+        previous: asyncio.Task[None] | None,
+    ) -> None:
         wanted: dict[str, Any] = dict(WATCH_FLAGS)
         if session.subscribed:
             wanted["resourceSubscriptions"] = sorted(session.subscribed)
@@ -213,7 +251,12 @@ class LegacyFront:
 
         async def relay(note: Message) -> None:
             method = note.get("method")
-            if not isinstance(method, str) or method == ACKNOWLEDGED:
+            if method == ACKNOWLEDGED:
+                if previous is not None:
+                    previous.cancel()  # this watch hears everything from now on
+                settled.set()
+                return
+            if not isinstance(method, str):
                 return
             params = dict(jsonrpc.params(note))
             fields = {k: v for k, v in jsonrpc.meta(note).items() if k != meta.SUBSCRIPTION_ID}
@@ -363,20 +406,24 @@ class LegacyFront:
 
 # What a modern result carries for the modern era only: a legacy client never sees them.
 MODERN_RESULT_META = frozenset({meta.SERVER_INFO, meta.PROTOCOL_VERSION, meta.SUBSCRIPTION_ID})
+# Result members of the modern era only (`resultType`; the cache hints of lists, reads and
+# discovery, server/utilities/caching): 2025-11-25 results have none of them.
+MODERN_RESULT_FIELDS = ("resultType", "ttlMs", "cacheScope")
 
 
 def legacy_reply(reply: Message) -> Message:
-    """A modern reply as a legacy client gets it: without `resultType` (2025-11-25 results have
-    none) and the modern-only `_meta` keys. The reply is changed in place."""
+    """A modern reply as a legacy client gets it: without the modern-only members
+    (`MODERN_RESULT_FIELDS`) and `_meta` keys. The reply is changed in place."""
     result = reply.get("result")
     if type(result) is not dict:
         return reply
     fields = result.get("_meta")
     modern_fields = type(fields) is dict and not MODERN_RESULT_META.isdisjoint(fields)
-    if "resultType" not in result and not modern_fields:
+    if not modern_fields and not any(f in result for f in MODERN_RESULT_FIELDS):
         return reply
     jsonrpc.changed(reply)
-    result.pop("resultType", None)
+    for name in MODERN_RESULT_FIELDS:
+        result.pop(name, None)
     if modern_fields:
         assert isinstance(fields, dict)
         kept = {k: v for k, v in fields.items() if k not in MODERN_RESULT_META}

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import functools
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aiohttp import HttpVersion11, hdrs, web
@@ -361,7 +362,7 @@ class Endpoint:
         reply = await self._legacy.handle(session, msg, _drop, _origin(request))
         if not session.initialized:
             self.sessions.end(session)  # the handshake failed: no session to speak of
-            return self._reply(reply, jsonrpc.encode(reply))
+            return self._reply(reply, jsonrpc.encode(reply), errors.LEGACY_HTTP_STATUS)
         if self._shared is not None:
             try:
                 await self._shared.opened(session)
@@ -453,7 +454,7 @@ class Endpoint:
             saved = await self._share_state(session, msg["method"], reply)
             if saved is not None:
                 return saved
-        return await self._finish(relay, reply)
+        return await self._finish(relay, reply, errors.LEGACY_HTTP_STATUS)
 
     async def _share_state(
         self, session: HttpSession, method: str, reply: Message
@@ -536,16 +537,21 @@ class Endpoint:
                 shared.stream_closed(session)
         return stream
 
-    async def _finish(self, relay: _Relay, reply: Message) -> web.StreamResponse:
+    async def _finish(
+        self, relay: _Relay, reply: Message, table: Mapping[int, int] = errors.HTTP_STATUS
+    ) -> web.StreamResponse:
         body = relay.count_out(jsonrpc.encode(reply))
         if relay.stream is None:
-            return self._reply(reply, body)
+            return self._reply(reply, body, table)
         return await relay.finish_stream(body)
 
-    def _reply(self, reply: Message, body: bytes) -> web.Response:
-        """A reply as one JSON body, with the status its error calls for (errors.http_status)
-        and the headers that status carries."""
-        status = errors.http_status(reply)
+    def _reply(
+        self, reply: Message, body: bytes, table: Mapping[int, int] = errors.HTTP_STATUS
+    ) -> web.Response:
+        """A reply as one JSON body, with the status its error calls for (errors.http_status,
+        by `table`: a legacy session's replies keep fewer statuses) and the headers that status
+        carries."""
+        status = errors.http_status(reply, table)
         extra = None if status == 200 else self._status_headers(status, reply)
         return web.Response(status=status, body=body, content_type=JSON, headers=extra)
 
