@@ -27,7 +27,7 @@ from gateway.backends.resilience import (
     safe,
     safe_tool,
 )
-from gateway.config import BackendConfig, StdioTarget
+from gateway.config import BackendConfig, ConfigInvalid, StdioTarget, parse
 from gateway.config.model import BreakerSettings, RetrySettings
 from gateway.errors import (
     BackendConnectionLost,
@@ -356,3 +356,39 @@ async def test_retries_stop_when_the_breaker_opens(flaky: Flaky) -> None:
     with pytest.raises(BreakerOpen), anyio.fail_after(BOUND):
         await layer.request(request(1, "tools/list"), _ignore)
     assert flaky.asked == ["tools/list"] * 2
+
+
+# --- the config ----------------------------------------------------------------------------------
+
+
+def _backend(extra: str) -> str:
+    return f"listen: {{stdio: true}}\nbackends:\n  b:\n    stdio: {{command: x}}\n    {extra}\n"
+
+
+def test_the_keys_are_read_with_their_defaults() -> None:
+    (plain,) = parse(_backend("era: modern")).backends
+    assert plain.tool_timeouts == {} and plain.breaker is None
+    assert plain.retries == RetrySettings(attempts=3, backoff=0.1, max_backoff=2.0)
+    text = _backend("tools: {allow: [build], build: {timeout: 900}}\n    breaker: true")
+    (b,) = parse(text).backends
+    assert b.tool_timeouts == {"build": 900.0} and b.allow_tools == ("build",)
+    assert b.breaker == BreakerSettings(failures=5, window=30.0, cooldown=10.0)
+
+
+@pytest.mark.parametrize(
+    ("extra", "where"),
+    [
+        ("tools: {build: 900}", "backends.b.tools.build"),
+        ("tools: {build: {timeout: 0}}", "backends.b.tools.build.timeout"),
+        ("tools: {build: {timout: 9}}", "backends.b.tools.build.timout"),
+        ("retries: {attempts: 0}", "backends.b.retries.attempts"),
+        ("retries: {backoff: -1}", "backends.b.retries.backoff"),
+        ("breaker: sometimes", "backends.b.breaker"),
+        ("breaker: {failures: 0}", "backends.b.breaker.failures"),
+        ("breaker: {cooldown: soon}", "backends.b.breaker.cooldown"),
+    ],
+)
+def test_a_wrong_value_is_refused_naming_its_key(extra: str, where: str) -> None:
+    with pytest.raises(ConfigInvalid) as refused:
+        parse(_backend(extra))
+    assert f"<config>:5: {where}:" in str(refused.value)

@@ -217,21 +217,29 @@ class Resilient:
                 )
             probe = breaker.probing
         outcome: bool | None = None
-        token = deadline.OVERRIDE.set(deadline.CEILING if idle is not None else within)
         try:
-            if idle is None:
-                reply = await self.inner.request(msg, sink)
-            else:
+            if idle is not None:
                 reply = await self._timed(msg, sink, idle)
+            elif within is not None:
+                reply = await self._within(msg, sink, within)
+            else:
+                reply = await self.inner.request(msg, sink)
             outcome = True
             return reply
         except BackendError as exc:
             outcome = counts(exc)
             raise
         finally:
-            deadline.OVERRIDE.reset(token)
             if breaker is not None:
                 breaker.done(outcome, probe=probe)
+
+    async def _within(self, msg: Message, sink: NotificationSink, within: float) -> Message:
+        """A retry, given what is left of the request's time instead of a fresh timeout."""
+        token = deadline.OVERRIDE.set(within)
+        try:
+            return await self.inner.request(msg, sink)
+        finally:
+            deadline.OVERRIDE.reset(token)
 
     async def _timed(self, msg: Message, sink: NotificationSink, idle: float) -> Message:
         """The call under its tool's idle timer: each progress notification restarts it."""
@@ -243,7 +251,12 @@ class Resilient:
                     scope.deadline = anyio.current_time() + idle
                 await sink(note)
 
-            return await self.inner.request(msg, watched)
+            # The transport waits up to the backstop: this timer decides.
+            token = deadline.OVERRIDE.set(deadline.CEILING)
+            try:
+                return await self.inner.request(msg, watched)
+            finally:
+                deadline.OVERRIDE.reset(token)
         # (The scope ran out: cancelling the request told the backend, as a timeout does.)
         raise BackendTimeout(
             self.name, f"tool {_tool(msg)!r}: no reply or progress within {idle:g}s"
