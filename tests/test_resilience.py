@@ -35,6 +35,7 @@ from gateway.config import parse
 from gateway.protocol import codes
 from tests.support import (
     BOUND,
+    PYTHON,
     START_BOUND,
     Message,
     call,
@@ -225,6 +226,28 @@ async def test_a_tools_own_timeout_may_be_longer_than_the_backends() -> None:
         assert steady["result"]["content"][0]["text"] == "steady"
     async with gateway(request_timeout=0.3) as (_, _, url):
         assert error_code(await reply_to(url, call(2, "steady"))) == codes.BACKEND_TIMEOUT
+
+
+async def test_over_stdio_progress_keeps_a_call_past_request_timeout_and_silence_ends_it() -> None:
+    """The demo server's `sleep` reports progress each second when asked (a progressToken)."""
+    demo = {
+        "stdio": {"command": PYTHON, "args": ["-m", "gateway.demo.server"]},
+        "request_timeout": 0.5,
+        "tools": {"sleep": {"timeout": 1.5}},
+    }
+    text = yaml.safe_dump(
+        {"listen": {"http": {"host": "127.0.0.1", "port": 0}}, "backends": {"demo": demo}}
+    )
+    with anyio.fail_after(START_BOUND):
+        async with Gateway(parse(text)) as gw:
+            assert gw.http_url is not None
+            await gw.catalogs_loaded.wait()
+            got = await exchange(gw.http_url, call(1, "sleep", token="t", seconds=2.5))
+            assert [m["params"]["progress"] for m in got if m.get("method")] == [1, 2, 2.5]
+            assert "result" in got[-1]
+            silent = await reply_to(gw.http_url, call(2, "sleep", seconds=2.5))
+            assert error_code(silent) == codes.BACKEND_TIMEOUT
+            assert "sleep" in silent["error"]["message"]
 
 
 # --- the circuit breaker -------------------------------------------------------------------------
