@@ -66,8 +66,8 @@ TOOLS = [
     {"name": "long", "inputSchema": SCHEMA},
 ]
 # How long `steady` takes, and `long` between its progress notifications (of which it sends 8).
-STEADY = 0.6
-TICK = 0.1
+STEADY = 1.0
+TICK = 0.15
 
 
 class Server:
@@ -201,7 +201,7 @@ async def test_retries_can_be_turned_off() -> None:
 
 
 async def test_a_tools_own_timeout_cancels_it_while_the_others_run_on() -> None:
-    own = {"slow": {"timeout": 0.3}, "long": {"timeout": 0.3}, "steady": {}}
+    own = {"slow": {"timeout": 0.3}, "long": {"timeout": 0.6}, "steady": {}}
     async with gateway(tools=own) as (_, server, url):
         with anyio.fail_after(BOUND):
             timed_out = await reply_to(url, call(1, "slow"))
@@ -212,7 +212,7 @@ async def test_a_tools_own_timeout_cancels_it_while_the_others_run_on() -> None:
         steady = await reply_to(url, call(2, "steady"))
         assert steady["result"]["content"][0]["text"] == "steady"
 
-        # Progress restarts the idle timer: 8 notifications 0.1 s apart outlast 0.3 s.
+        # Progress restarts the idle timer: 8 notifications 0.15 s apart outlast 0.6 s.
         with anyio.fail_after(BOUND):
             got = await exchange(url, call(3, "long", token="p"))
         progress = [m["params"]["progress"] for m in got if m.get("method")]
@@ -221,10 +221,10 @@ async def test_a_tools_own_timeout_cancels_it_while_the_others_run_on() -> None:
 
 
 async def test_a_tools_own_timeout_may_be_longer_than_the_backends() -> None:
-    async with gateway(request_timeout=0.3, tools={"steady": {"timeout": 3}}) as (_, _, url):
+    async with gateway(request_timeout=0.5, tools={"steady": {"timeout": 3}}) as (_, _, url):
         steady = await reply_to(url, call(1, "steady"))
         assert steady["result"]["content"][0]["text"] == "steady"
-    async with gateway(request_timeout=0.3) as (_, _, url):
+    async with gateway(request_timeout=0.5) as (_, _, url):
         assert error_code(await reply_to(url, call(2, "steady"))) == codes.BACKEND_TIMEOUT
 
 
@@ -233,7 +233,7 @@ async def test_over_stdio_progress_keeps_a_call_past_request_timeout_and_silence
     demo = {
         "stdio": {"command": PYTHON, "args": ["-m", "gateway.demo.server"]},
         "request_timeout": 0.5,
-        "tools": {"sleep": {"timeout": 1.5}},
+        "tools": {"sleep": {"timeout": 1.8}},
     }
     text = yaml.safe_dump(
         {"listen": {"http": {"host": "127.0.0.1", "port": 0}}, "backends": {"demo": demo}}

@@ -144,7 +144,6 @@ class Resilient:
         # What each tool's annotations say (safe_tool), learnt from the tools/list replies that
         # pass through, by the backend's own name.
         self._safe_tools: dict[str, bool] = {}
-        self.retried = 0  # requests sent again (tests and logs read it)
         if breaker is not None:
             breaker.on_change = self._changed
 
@@ -190,7 +189,6 @@ class Resilient:
                 )
                 await anyio.sleep(delay)
                 tries += 1
-                self.retried += 1
                 within = None if idle is not None else left
                 continue
             if msg.get("method") == "tools/list" and self._retries.attempts > 1:
