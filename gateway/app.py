@@ -32,11 +32,13 @@ from gateway.auth.identity import CONFIGURED, Identity
 from gateway.auth.outage import Unavailable
 from gateway.auth.tokens import Rejected
 from gateway.backends.base import Backend
+from gateway.backends.breaker import Breaker
 from gateway.backends.era import EraBackend
 from gateway.backends.health import Guarded, Health
 from gateway.backends.http import HttpBackend
 from gateway.backends.isolated import IsolatedBackend
 from gateway.backends.login_gate import LoginGate
+from gateway.backends.resilience import Resilient
 from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
 from gateway.config import (
@@ -363,6 +365,7 @@ class Wired:
     outer: Backend
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     stopped: anyio.Event = field(default_factory=anyio.Event)
+    breaker: Breaker | None = None  # (backends.NAME.breaker; None: off)
 
 
 # The sections a reload applies; every other one (listen addresses, TLS, `auth:`, telemetry,
@@ -529,9 +532,13 @@ class Gateway:
         bound = Bound(
             BACKEND, config.name, config.max_in_flight, self.config.overload, stats.overloaded
         )
-        instrumented = InstrumentedBackend(guarded, self.telemetry, _address(config))
+        # Above its health, below what is observed: tools' own timeouts, safe retries (one
+        # request to the client, its span and metrics) and the breaker (backends/resilience.py).
+        breaker = Breaker(config.breaker) if config.breaker is not None else None
+        resilient = Resilient(guarded, config, breaker)
+        instrumented = InstrumentedBackend(resilient, self.telemetry, _address(config))
         outer = BoundedBackend(instrumented, bound)
-        return Wired(config, transport, layer, health, guarded, bound, outer)
+        return Wired(config, transport, layer, health, guarded, bound, outer, breaker=breaker)
 
     def _attach(self, wired: Wired) -> None:
         wired.layer.on_notification = self.dispatcher.backend_notification
@@ -742,9 +749,11 @@ class Gateway:
                 pids=t.running_pids() if isinstance(t, StdioBackend | IsolatedBackend) else None,
                 in_flight=b.busy,
                 pool=t.pool_connections() if isinstance(t, HttpBackend | SseBackend) else None,
+                breaker=w.breaker.state if w.breaker is not None else None,
+                breaker_opens=w.breaker.opens if w.breaker is not None else 0,
             )
-            for t, e, g, b in zip(
-                self.transports, self.layers, self.guarded, self.bounds, strict=True
+            for t, e, g, b, w in zip(
+                self.transports, self.layers, self.guarded, self.bounds, self.wired, strict=True
             )
         ]
 
@@ -774,6 +783,7 @@ class Gateway:
                     health="up" if w.guarded.up else "down" if health.down else "starting",
                     reason=health.reason,
                     in_flight=w.bound.busy,
+                    breaker=w.breaker.state if w.breaker is not None else None,
                     restarts=t.restarts if not isinstance(t, HttpBackend) else 0,
                     catalog=None
                     if data is None

@@ -147,7 +147,13 @@ BASE: dict[str, Any] = {
         "stdio": {"identity": {"subject": "me"}},
     },
     "backends": {
-        "b": {"stdio": {"command": "x"}, "tools": {}, "roots": [{"uri": "file:///srv"}]},
+        "b": {
+            "stdio": {"command": "x"},
+            "tools": {"t": {}},
+            "roots": [{"uri": "file:///srv"}],
+            "retries": {},
+            "breaker": {},
+        },
         "h": {
             "http": {"url": "http://127.0.0.1:1/mcp", "tls": {}, "limits": {}},
             "auth": {"type": "oauth"},
@@ -179,6 +185,9 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "backend": ("backends", "b"),
     "stdio": ("backends", "b", "stdio"),
     "tools": ("backends", "b", "tools"),
+    "tool": ("backends", "b", "tools", "t"),
+    "retries": ("backends", "b", "retries"),
+    "breaker": ("backends", "b", "breaker"),
     "root": ("backends", "b", "roots", 0),
     "http_target": ("backends", "h", "http"),
     "client_tls": ("backends", "h", "http", "tls"),

@@ -79,6 +79,8 @@ EXPORTED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "mcp_gateway_backend_child_resident_memory_bytes": ("gauge", frozenset({"backend"})),
     "mcp_gateway_backend_requests_in_flight": ("gauge", frozenset({"backend"})),
     "mcp_gateway_backend_pool_connections": ("gauge", frozenset({"backend", "state"})),
+    "mcp_gateway_backend_breaker_state": ("gauge", frozenset({"backend", "state"})),
+    "mcp_gateway_backend_breaker_opens_total": ("counter", frozenset({"backend"})),
     # prometheus_client's process (from /proc: Linux), platform and GC collectors
     "process_cpu_seconds_total": ("counter", frozenset()),
     "process_resident_memory_bytes": ("gauge", frozenset()),

@@ -15,7 +15,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from gateway.backends import questions
+from gateway.backends import deadline, questions
 from gateway.backends.base import NotificationSink
 from gateway.config import Root
 from gateway.errors import BackendTimeout, BackendUnavailable
@@ -229,7 +229,7 @@ class Channel:
         wants_logs: bool | None = None,
     ) -> Message:
         await self._wait_ready()
-        within = None if long_lived else self._request_timeout
+        within = None if long_lived else deadline.within(self._request_timeout)
         return await self.exchange(msg, sink, within, wants_logs=wants_logs)
 
     async def exchange(

@@ -26,7 +26,7 @@ import aiohttp
 import anyio
 from multidict import CIMultiDict
 
-from gateway.backends import hop, ids, questions, resume, web
+from gateway.backends import deadline, hop, ids, questions, resume, web
 from gateway.backends.base import NotificationSink
 from gateway.config import BackendConfig, HttpTarget
 from gateway.errors import (
@@ -365,7 +365,13 @@ class HttpBackend:
         # request. A listen stream has no deadline.
         if long_lived:
             return self._post(self._streams, msg, sink, None)
-        return self._post(self._calls, msg, sink, self._request_timeout)
+        within = deadline.within(self._request_timeout)
+        if within == self._request_timeout:
+            return self._post(self._calls, msg, sink, within)
+        # (A deadline set above for this one request: resilience.py.)
+        return self._post(
+            self._calls, msg, sink, within, web.timeout(within, self._connect_timeout)
+        )
 
     async def notify(self, msg: Message) -> None:
         session = self._calls

@@ -18,7 +18,7 @@ from gateway.config import auth as auth_section
 from gateway.config import backend_auth as backend_auth_section
 from gateway.config import cluster as cluster_section
 from gateway.config import http as http_sections
-from gateway.config import keys
+from gateway.config import keys, resilience
 from gateway.config import limits as limit_sections
 from gateway.config import policy as policy_sections
 from gateway.config import roots as root_sections
@@ -185,7 +185,7 @@ def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None
     namespace = c.field(body, path, "namespace", t["namespace"]) or ""
     if namespace and not _NAME.match(namespace):
         c.r.problem(path + ("namespace",), "a namespace uses letters, digits, '_', '.' and '-'")
-    tools = c.mapping(body.get("tools"), path + ("tools",), keys.names("tools"))
+    tools = c.mapping(body.get("tools"), path + ("tools",))  # (other keys: resilience.py)
     tt = keys.table("tools")
     isolation = _isolation(c, body, path, kinds[0])
     return BackendConfig(
@@ -210,6 +210,9 @@ def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None
         auth=backend_auth_section.backend_auth(
             c, body.get("auth"), path + ("auth",), base, kinds[0]
         ),
+        tool_timeouts=resilience.tool_timeouts(c, body.get("tools"), path + ("tools",)),
+        retries=resilience.retries(c, body.get("retries"), path + ("retries",)),
+        breaker=resilience.breaker(c, body.get("breaker"), path + ("breaker",)),
     )
 
 

@@ -29,6 +29,9 @@ from gateway.config.model import (
     DEFAULT_AUTH_LEEWAY,
     DEFAULT_AUTH_MAX_RESPONSE_BYTES,
     DEFAULT_BACKEND_MAX_IN_FLIGHT,
+    DEFAULT_BREAKER_COOLDOWN,
+    DEFAULT_BREAKER_FAILURES,
+    DEFAULT_BREAKER_WINDOW,
     DEFAULT_CHILD_IDLE_TIMEOUT,
     DEFAULT_HTTP_HOST,
     DEFAULT_HTTP_PATH,
@@ -51,6 +54,9 @@ from gateway.config.model import (
     DEFAULT_REDIS_RETRY_INTERVAL,
     DEFAULT_REDIS_TIMEOUT,
     DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_RETRY_ATTEMPTS,
+    DEFAULT_RETRY_BACKOFF,
+    DEFAULT_RETRY_MAX_BACKOFF,
     DEFAULT_SERVICE_NAME,
     DEFAULT_SESSION_IDLE_TIMEOUT,
     DEFAULT_TAP_BACKUPS,
@@ -279,7 +285,21 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "namespace": Key(
             "string", "Prefix of this backend's names (default: its name).", pattern=_NAME_PATTERN
         ),
-        "tools": Key("section", "Which of the backend's tools are offered.", section="tools"),
+        "tools": Key(
+            "section",
+            "Which of the backend's tools are offered; any other key names a tool (as the "
+            "backend has it) and holds its own settings.",
+            section="tools",
+        ),
+        "retries": Key(
+            "section", "Retries of requests that cannot have effects.", section="retries"
+        ),
+        "breaker": Key(
+            "switch",
+            "A circuit breaker: true, or a mapping of its settings (default: off).",
+            False,
+            section="breaker",
+        ),
         "rename": Key("string_map", "Tool names, as the backend has them, to the names offered."),
         "isolation": Key(
             "string", "per_session: a stdio child per client.", "shared", choices=ISOLATIONS
@@ -330,6 +350,36 @@ SECTIONS: dict[str, dict[str, Key]] = {
     "tools": {
         "allow": Key("strings", "Only these tools (names as the backend has them)."),
         "deny": Key("strings", "All but these tools."),
+    },
+    "tool": {
+        "timeout": Key(
+            "number",
+            "Seconds its tools/call may go without a reply or a progress notification "
+            "(instead of request_timeout).",
+        ),
+    },
+    "retries": {
+        "attempts": Key(
+            "count",
+            "Tries in all of a request that cannot have effects (1: never retried).",
+            DEFAULT_RETRY_ATTEMPTS,
+            minimum=1,
+        ),
+        "backoff": Key(
+            "number", "Seconds before the first retry, doubling.", DEFAULT_RETRY_BACKOFF
+        ),
+        "max_backoff": Key("number", "The longest wait between tries.", DEFAULT_RETRY_MAX_BACKOFF),
+    },
+    "breaker": {
+        "failures": Key(
+            "count", "Failures within the window that open it.", DEFAULT_BREAKER_FAILURES, minimum=1
+        ),
+        "window": Key("number", "Seconds the failures are counted over.", DEFAULT_BREAKER_WINDOW),
+        "cooldown": Key(
+            "number",
+            "Seconds open before one probe request is let through.",
+            DEFAULT_BREAKER_COOLDOWN,
+        ),
     },
     "root": {
         "uri": Key("string", "A file:// URI.", pattern="^file://", required=True),
@@ -709,6 +759,11 @@ ONE_OF: Mapping[str, tuple[str, ...]] = {
     "policy_rule": RULE_EFFECTS,
     "cluster": ("secrets", "secrets_file"),
 }
+
+
+# Sections whose other keys are names, each holding a section of the kind given (a tool's own
+# settings among `tools`' allow and deny).
+ENTRIES: Mapping[str, str] = {"tools": "tool"}
 
 
 def names(section: str) -> set[str]:

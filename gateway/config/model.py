@@ -483,6 +483,36 @@ ERAS = ("auto", "modern", "legacy")
 ISOLATIONS = ("shared", "per_session")
 
 
+# Resilience per backend (README "Per-tool timeouts, safe retries and circuit breakers"):
+# requests that cannot have effects are tried up to 3 times in all, 0.1 s apart doubling to 2 s;
+# a breaker, when on, opens after 5 failures within 30 s and lets a probe through after 10 s.
+DEFAULT_RETRY_ATTEMPTS = 3
+DEFAULT_RETRY_BACKOFF = 0.1
+DEFAULT_RETRY_MAX_BACKOFF = 2.0
+DEFAULT_BREAKER_FAILURES = 5
+DEFAULT_BREAKER_WINDOW = 30.0
+DEFAULT_BREAKER_COOLDOWN = 10.0
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    """`backends.NAME.retries`: only requests that cannot have effects are ever retried."""
+
+    attempts: int = DEFAULT_RETRY_ATTEMPTS  # tries in all, the first included; 1: no retry
+    backoff: float = DEFAULT_RETRY_BACKOFF  # seconds before the first retry, doubling
+    max_backoff: float = DEFAULT_RETRY_MAX_BACKOFF  # the doubling stops here
+
+
+@dataclass(frozen=True)
+class BreakerSettings:
+    """`backends.NAME.breaker`: open after `failures` within `window` seconds; a probe after
+    `cooldown` seconds open."""
+
+    failures: int = DEFAULT_BREAKER_FAILURES
+    window: float = DEFAULT_BREAKER_WINDOW
+    cooldown: float = DEFAULT_BREAKER_COOLDOWN
+
+
 @dataclass(frozen=True)
 class BackendConfig:
     name: str
@@ -506,6 +536,11 @@ class BackendConfig:
     roots: tuple[Root, ...] = ()
     # How the gateway logs in to an HTTP backend; None: it sends only the configured headers.
     auth: BackendAuth | None = None
+    # A tool's own timeout (backend's names; seconds without a reply or progress), overriding
+    # request_timeout for its tools/call; the retries of safe requests; the breaker (None: off).
+    tool_timeouts: Mapping[str, float] = field(default_factory=dict)
+    retries: RetrySettings = RetrySettings()
+    breaker: BreakerSettings | None = None
 
     @property
     def effective_namespace(self) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from gateway.config.keys import ONE_OF, SECTIONS, Key
+from gateway.config.keys import ENTRIES, ONE_OF, SECTIONS, Key
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 # What the loader substitutes (model._ENV_REF), found anywhere in a string.
@@ -93,7 +93,7 @@ def _section(name: str, table: dict[str, Key]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "type": ["object", "null"],
         "properties": {k: _key(v) for k, v in table.items()},
-        "additionalProperties": False,
+        "additionalProperties": _ref(ENTRIES[name]) if name in ENTRIES else False,
     }
     required = [k for k, v in table.items() if v.required]
     if required:

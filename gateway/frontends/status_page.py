@@ -137,6 +137,10 @@ function render(data) {
   body.replaceChildren(...data.backends.map((b) => {
     const health = el('td');
     health.append(el('span', b.health, 'badge ' + b.health));
+    if (b.breaker && b.breaker !== 'closed') {
+      health.append(' ', el('span', 'breaker ' + b.breaker.replace('_', '-'),
+        b.breaker === 'open' ? 'badge down' : 'badge starting'));
+    }
     const c = b.catalog;
     const last = el('td', null, 'last');
     if (b.down_reason) last.append(el('div', `down: ${b.down_reason}`, 'error'));

@@ -39,6 +39,8 @@ OTHER = "_other"
 # backend with endless tool names cannot blow up the exposition.
 MAX_TARGETS = 500
 MAX_CACHED_CHILDREN = 10_000
+# A circuit breaker's states (backends/breaker.py), each a series of the state gauge.
+BREAKER_STATES = ("closed", "open", "half_open")
 # How late the event loop ran a wake-up: 1 ms is a busy loop, 100 ms a stall clients notice.
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -198,6 +200,9 @@ class BackendState:
     pids: tuple[int, ...] | None = None  # its child processes (stdio); None: it has none
     in_flight: int = 0  # requests holding a slot of its bound (core/overload.py)
     pool: tuple[int, int] | None = None  # HTTP connections (in use, idle); None: not HTTP
+    # Its circuit breaker (backends/breaker.py): closed, open or half_open; None: it has none.
+    breaker: str | None = None
+    breaker_opens: int = 0
 
 
 class GatewayCollector(Collector):
@@ -424,6 +429,28 @@ class GatewayCollector(Collector):
             failures.add_metric([b.name], b.fanout_failures)
         yield from (up, era, restarts, refreshes, failures, children)
         yield from (in_flight, pool, cpu, rss)
+        yield from self._breaker_metrics()
+
+    def _breaker_metrics(self) -> Iterator[Metric]:
+        """Each breaker's state as one series per state (1 for the one it is in), and how often
+        it opened; backends without a breaker have neither."""
+        state = GaugeMetricFamily(
+            "mcp_gateway_backend_breaker_state",
+            "1 for the state a backend's circuit breaker is in (closed, open, half_open).",
+            labels=["backend", "state"],
+        )
+        opens = CounterMetricFamily(
+            "mcp_gateway_backend_breaker_opens",
+            "Times a backend's circuit breaker opened.",
+            labels=["backend"],
+        )
+        for b in self._backends():
+            if b.breaker is None:
+                continue
+            for name in BREAKER_STATES:
+                state.add_metric([b.name, name], 1 if b.breaker == name else 0)
+            opens.add_metric([b.name], b.breaker_opens)
+        yield from (state, opens)
 
 
 class TraceExportCollector(Collector):

@@ -250,6 +250,7 @@ class BackendFacts:
     in_flight: int
     restarts: int
     catalog: Mapping[str, int] | None  # tools, prompts, resources, templates; None: not loaded
+    breaker: str | None = None  # its circuit breaker: closed, open, half_open; None: none
 
 
 def snapshot(
@@ -277,6 +278,7 @@ def snapshot(
                 "down_reason": _short(facts.reason) if facts.reason else None,
                 "last_error": last.json() if last is not None else None,
                 "in_flight": facts.in_flight,
+                "breaker": facts.breaker,
                 "restarts": facts.restarts,
                 "catalog": dict(facts.catalog) if facts.catalog is not None else None,
                 **series.summary(now, uptime),
