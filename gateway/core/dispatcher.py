@@ -17,6 +17,7 @@ import anyio
 from gateway import errors
 from gateway.auth.identity import Identity
 from gateway.backends.base import Backend, NotificationSink
+from gateway.core import unknown
 from gateway.core.catalog import Catalogs
 from gateway.core.listen import Subscriptions
 from gateway.core.overload import Bound
@@ -27,7 +28,7 @@ from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
 from gateway.routing import cursor as cursors
-from gateway.routing import merge, names
+from gateway.routing import merge, names, uris
 from gateway.routing import table as routes
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure, Route, RouteTable
@@ -104,6 +105,7 @@ class Dispatcher:
         self._cursor_keys: tuple[bytes, ...] = tuple(cursor_keys) or (os.urandom(32),)
         self.fan_out_failures: dict[str, int] = {}
         self.subscriptions = Subscriptions(self.backends, self.catalogs, self._exposures, naming)
+        self._told_request_notification = False
 
     def reconfigure(
         self,
@@ -210,12 +212,32 @@ class Dispatcher:
         only = self._only_backend()
         if msg["method"] in LOCAL_NOTIFICATIONS or only is None:
             return
+        if not self.accepts_notification(msg):
+            return
         try:
             await only.notify(msg)
         except errors.BackendDown as exc:
             log.debug("notification %s not delivered: %s", msg["method"], exc)  # (logged once)
         except errors.BackendError as exc:
             log.warning("notification %s not delivered: %s", msg["method"], exc)
+
+    def accepts_notification(self, msg: Message) -> bool:
+        """Whether a client notification may be passed on: not one with a request's method (a
+        `tools/call` without an id), which would run on the backend unjudged by the policy and
+        unanswered. Dropped, counted, and logged once: a client sending many must not flood
+        the log."""
+        method = msg["method"]
+        if method.startswith("notifications/"):
+            return True
+        self.telemetry.stats.rejections["request_as_notification"] += 1
+        if not self._told_request_notification:
+            self._told_request_notification = True
+            log.warning(
+                "a client sent a notification with the request method %.64r: dropped (and so "
+                "is every other such notification, without another log line)",
+                method,
+            )
+        return False
 
     def backend_notification(self, backend: str, msg: Message) -> None:
         """A notification a backend sent outside any request: a list change makes its catalog
@@ -260,7 +282,7 @@ class Dispatcher:
             name = params.get("name")
             # A known tool is found without a coroutine; only a miss may refresh catalogs.
             found = self.catalogs.table.tool(name) if isinstance(name, str) else None
-            route = found or await self._route_name(RouteTable.tool, "tool", name)
+            route = found or await self._route_name(RouteTable.tool, TOOL, name, view)
             self._permit(view, TOOL, route, name)
             return await self._forward(msg, params, sink, route, "name")
         if method == "server/discover":
@@ -269,12 +291,12 @@ class Dispatcher:
             return await self._list(msg, view)
         if method == "prompts/get":
             name = params.get("name")
-            route = await self._route_name(RouteTable.prompt, "prompt", name)
+            route = await self._route_name(RouteTable.prompt, PROMPT, name, view)
             self._permit(view, PROMPT, route, name)
             return await self._forward(msg, params, sink, route, "name")
         if method == "resources/read":
             uri = params.get("uri")
-            route = await self._route_uri(uri)
+            route = await self._route_uri(uri, view, RESOURCE)
             self._permit(view, RESOURCE, route, uri)
             return await self._forward(msg, params, sink, route, "uri")
         if method == "completion/complete":
@@ -310,17 +332,36 @@ class Dispatcher:
             route = find(self.catalogs.table, key)
         return route
 
-    async def _route_name(self, find: Finder, kind: str, name: object) -> Route:
+    @property
+    def _guarded(self) -> bool:
+        """Whether a policy or rate limits judge names: then what is not in a catalog is not
+        forwarded on a guess without `forward_unknown` (core/unknown.py)."""
+        return not (self._policy is None and self.limiter is None and self.shared_limiter is None)
+
+    async def _route_name(self, find: Finder, kind: str, name: object, view: View | None) -> Route:
         if not isinstance(name, str):
             raise Refused(codes.INVALID_PARAMS, f"params.name must name a {kind}")
         route = await self._lookup(find, name)
         if route is not None:
             return route
         only = self._only_backend()
-        if only is not None and not self._naming.prefixed and self._passes_filters(kind, name):
+        if only is not None and not self._naming.prefixed and self._may_guess(kind, name, view):
             # One unprefixed backend: it answers for itself.
             return Route(only.name, name, listed=False)
         raise _unknown(kind, name)
+
+    def _may_guess(self, kind: str, name: str, view: View | None) -> bool:
+        backend = self._order[0]
+        local = self.shared_limiter.local if self.shared_limiter is not None else self.limiter
+        return unknown.may_guess_name(
+            kind,
+            name,
+            self._exposures[backend],
+            guarded=self._guarded,
+            view=view,
+            data=self.catalogs.data(backend),
+            limited=local.folded_tools if local is not None else (),
+        )
 
     def _permit(self, view: View | None, kind: str, route: Route, shown: object) -> None:
         """Refuse what the policy does not let this caller call: a denied name exactly as an
@@ -328,7 +369,12 @@ class Dispatcher:
         those scopes, for a step-up."""
         if view is None:
             return
-        verdict = view.decide(kind, route.backend, route.name)
+        if kind in (RESOURCE, TEMPLATE):
+            # A URI is also judged as a server may resolve it (an encoded slash taken for one).
+            readings = uris.readings(route.name)
+            verdict = unknown.judged(view, kind, route.backend, route.name, readings)
+        else:
+            verdict = view.decide(kind, route.backend, route.name)
         if verdict.allowed:
             return
         noun = "resource" if kind in (RESOURCE, TEMPLATE) else kind
@@ -341,19 +387,27 @@ class Dispatcher:
         # No rejection reason: the rejection metric counts unknown names, and this one is not.
         raise _unknown(noun, shown, reason=None)
 
-    def _passes_filters(self, kind: str, name: str) -> bool:
-        if kind != "tool":
-            return True
-        exposure = self._exposures[self._order[0]]
-        return exposure.tool_allowed(name) and name not in exposure.rename
-
-    async def _route_uri(self, uri: object) -> Route:
+    async def _route_uri(self, uri: object, view: View | None, kind: str) -> Route:
+        """Where a URI goes. Under a policy or rate limits, by its RFC 3986 normal form (what
+        is judged and forwarded: another spelling cannot pass a rule written for the URI), and
+        only if a catalog has it or the backend takes unknown URIs (`forward_unknown`)."""
         if not isinstance(uri, str):
             raise Refused(codes.INVALID_PARAMS, "params.uri must be a string")
-        route = await self._lookup(RouteTable.resource, uri)
-        if route is None:
+        if not self._guarded:
+            route = await self._lookup(RouteTable.resource, uri)
+            if route is None:
+                raise _unknown("resource", uri)
+            return route
+        normal = uris.normalize_client(self._naming, uri)
+        route = await self._lookup(RouteTable.listed_resource, normal)
+        if route is not None:
+            return route
+        guess = self.catalogs.table.resource(normal)
+        if guess is None or not unknown.may_guess_uri(
+            kind, guess, self._exposures[guess.backend], view
+        ):
             raise _unknown("resource", uri)
-        return route
+        return Route(guess.backend, guess.name, listed=False)
 
     async def _forward(
         self,
@@ -384,11 +438,11 @@ class Dispatcher:
         if not isinstance(ref, dict):
             raise Refused(codes.INVALID_PARAMS, "params.ref is required")
         if ref.get("type") == "ref/prompt":
-            route = await self._route_name(RouteTable.prompt, "prompt", ref.get("name"))
+            route = await self._route_name(RouteTable.prompt, PROMPT, ref.get("name"), view)
             self._permit(view, PROMPT, route, ref.get("name"))
             new_ref = {**ref, "name": route.name}
         else:
-            route = await self._route_uri(ref.get("uri"))
+            route = await self._route_uri(ref.get("uri"), view, TEMPLATE)
             self._permit(view, TEMPLATE, route, ref.get("uri"))
             new_ref = {**ref, "uri": route.name}
         out = {**msg, "params": {**params, "ref": new_ref}}

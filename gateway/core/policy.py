@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from gateway.auth.identity import Identity
 from gateway.config.model import PolicyConfig, PolicyRule, PolicyWhen
+from gateway.routing.fold import folded_pattern
 
 TOOL: Final = "tool"
 PROMPT: Final = "prompt"
@@ -66,7 +67,7 @@ def _pattern(globs: Sequence[str]) -> re.Pattern[str]:
 
 
 class _Rule:
-    __slots__ = ("backends", "effect", "patterns", "scopes", "when", "when_scopes")
+    __slots__ = ("backends", "effect", "folded", "patterns", "scopes", "when", "when_scopes")
 
     def __init__(self, rule: PolicyRule) -> None:
         self.effect = rule.effect
@@ -83,11 +84,17 @@ class _Rule:
             kind: (_pattern(["*"]) if everything else _pattern(lists[key]) if lists[key] else None)
             for kind, key in _GLOBS.items()
         }
+        # The same globs folded (routing/fold.py): what a name missing from every catalog is
+        # judged by as a lenient server would read it.
+        self.folded: dict[str, re.Pattern[str] | None] = {
+            kind: (folded_pattern(["*"] if everything else lists[key]) if pattern else None)
+            for (kind, key), pattern in zip(_GLOBS.items(), self.patterns.values(), strict=True)
+        }
 
-    def covers(self, kind: str, backend: str, name: str) -> bool:
+    def covers(self, kind: str, backend: str, name: str, folded: bool = False) -> bool:
         if self.backends is not None and backend not in self.backends:
             return False
-        pattern = self.patterns[kind]
+        pattern = (self.folded if folded else self.patterns)[kind]
         return pattern is not None and pattern.match(name) is not None
 
     def state(self, identity: Identity | None) -> int:
@@ -150,12 +157,18 @@ class View:
     def visible(self, kind: str, backend: str, name: str) -> bool:
         return self.decide(kind, backend, name).visible
 
-    def _judge(self, kind: str, backend: str, name: str) -> Verdict:
+    def decide_folded(self, kind: str, backend: str, folded: str) -> Verdict:
+        """The decision on a folded name (routing/fold.py) by the folded globs: how the rules
+        judge what a lenient server would run for it. Not cached: only names missing from every
+        catalog come here."""
+        return self._judge(kind, backend, folded, folded=True)
+
+    def _judge(self, kind: str, backend: str, name: str, folded: bool = False) -> Verdict:
         granted = False
         missing = False
         required: set[str] = set()
         for rule, state in self._rules:
-            if not rule.covers(kind, backend, name):
+            if not rule.covers(kind, backend, name, folded):
                 continue
             if rule.effect == "deny":
                 return DENY
@@ -166,6 +179,18 @@ class View:
         if missing:
             return Verdict(False, frozenset(required))
         return ALLOW if granted else self._default
+
+
+def strictest(first: Verdict, second: Verdict) -> Verdict:
+    """Two readings of one target judged together: denied if either is, else needing every
+    scope either needs."""
+    if first.allowed:
+        return second
+    if second.allowed or first == DENY:
+        return first
+    if second == DENY:
+        return second
+    return Verdict(False, first.needs | second.needs)
 
 
 class Policy:
