@@ -190,6 +190,14 @@ def test_folded_rules_and_filters_match_every_spelling() -> None:
     assert not exposure.withholds("echo", "echo")
 
 
+def test_the_lenient_server_would_run_every_spelling() -> None:
+    """The cases are real bypasses: the test server runs the secret for each of them."""
+    for spelling in SPELLINGS.values():
+        assert lenient_server.find(spelling, lenient_server.TOOLS) == "secret_read", spelling
+    for uri in DENIED_URIS:
+        assert lenient_server.lenient_uri(uri) == "file:///secret/key", uri
+
+
 # --- the dispatcher --------------------------------------------------------------------------
 
 
