@@ -21,14 +21,23 @@ from gateway.core import unknown
 from gateway.core.catalog import Catalogs
 from gateway.core.listen import Subscriptions
 from gateway.core.overload import Bound
-from gateway.core.policy import PROMPT, RESOURCE, TEMPLATE, TOOL, Policy, View
+from gateway.core.policy import (
+    ALL_HIDDEN,
+    PROMPT,
+    RESOURCE,
+    TEMPLATE,
+    TOOL,
+    Policy,
+    View,
+    hidden_capabilities,
+)
 from gateway.core.ratelimit import RateLimiter, SharedRateLimiter
 from gateway.errors import InsufficientScope, Refused
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
 from gateway.routing import cursor as cursors
-from gateway.routing import merge, names, uris
+from gateway.routing import merge, uris
 from gateway.routing import table as routes
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure, Route, RouteTable
@@ -49,8 +58,6 @@ LOCAL_NOTIFICATIONS = frozenset({"notifications/cancelled"})
 LISTEN = "subscriptions/listen"
 FAIL_OPEN = "fail_open"
 Finder = Callable[[RouteTable, str], Route | None]
-# A backend a caller can see nothing of: every list capability hidden from it.
-ALL_HIDDEN = frozenset({"tools", "prompts", "resources"})
 # What the policy judges each list's items as, and by which of their fields.
 LIST_KINDS: dict[str, tuple[str, str]] = {
     "tools": (TOOL, "name"),
@@ -105,7 +112,7 @@ class Dispatcher:
         self._cursor_keys: tuple[bytes, ...] = tuple(cursor_keys) or (os.urandom(32),)
         self.fan_out_failures: dict[str, int] = {}
         self.subscriptions = Subscriptions(self.backends, self.catalogs, self._exposures, naming)
-        self._told_request_notification = False
+        self._notes = unknown.NotificationGate(self.telemetry.stats.rejections)
 
     def reconfigure(
         self,
@@ -222,22 +229,9 @@ class Dispatcher:
             log.warning("notification %s not delivered: %s", msg["method"], exc)
 
     def accepts_notification(self, msg: Message) -> bool:
-        """Whether a client notification may be passed on: not one with a request's method (a
-        `tools/call` without an id), which would run on the backend unjudged by the policy and
-        unanswered. Dropped, counted, and logged once: a client sending many must not flood
-        the log."""
-        method = msg["method"]
-        if method.startswith("notifications/"):
-            return True
-        self.telemetry.stats.rejections["request_as_notification"] += 1
-        if not self._told_request_notification:
-            self._told_request_notification = True
-            log.warning(
-                "a client sent a notification with the request method %.64r: dropped (and so "
-                "is every other such notification, without another log line)",
-                method,
-            )
-        return False
+        """Whether a client notification may be passed on (core/unknown.py: not one with a
+        request's method); one that may not is counted, and the first logged."""
+        return self._notes.accepts(msg)
 
     def backend_notification(self, backend: str, msg: Message) -> None:
         """A notification a backend sent outside any request: a list change makes its catalog
@@ -351,17 +345,10 @@ class Dispatcher:
         raise _unknown(kind, name)
 
     def _may_guess(self, kind: str, name: str, view: View | None) -> bool:
-        backend = self._order[0]
         local = self.shared_limiter.local if self.shared_limiter is not None else self.limiter
-        return unknown.may_guess_name(
-            kind,
-            name,
-            self._exposures[backend],
-            guarded=self._guarded,
-            view=view,
-            data=self.catalogs.data(backend),
-            limited=local.folded_tools if local is not None else (),
-        )
+        limited = local.folded_tools if local is not None else ()
+        data, exposure = self.catalogs.data(self._order[0]), self._exposures[self._order[0]]
+        return unknown.may_guess_name(kind, name, exposure, self._guarded, view, data, limited)
 
     def _permit(self, view: View | None, kind: str, route: Route, shown: object) -> None:
         """Refuse what the policy does not let this caller call: a denied name exactly as an
@@ -429,7 +416,7 @@ class Dispatcher:
         naming, exposure = self._naming, self._exposures[route.backend]
         reply = await self.backends[route.backend].request(out, sink)
         if naming.prefixed:
-            _expose_reply_uris(naming, exposure, msg["method"], reply)
+            routes.expose_reply_uris(naming, exposure, msg["method"], reply)
         return reply
 
     async def _complete(self, msg: Message, sink: NotificationSink, view: View | None) -> Message:
@@ -529,27 +516,8 @@ class Dispatcher:
         return out
 
     def _hidden_capabilities(self, view: View, backend: str) -> frozenset[str]:
-        """The list capabilities (tools, prompts, resources) of a backend whose every item the
-        caller may not see, by its loaded catalog (none while it is not loaded): not advertised
-        to it, and their list changes not relayed to it. ALL_HIDDEN: it can see nothing of it."""
-        data = self.catalogs.data(backend)
-        if data is None:
-            return frozenset()
-        lists = {
-            "tools": [(TOOL, i.get("name")) for i in data.tools],
-            "prompts": [(PROMPT, i.get("name")) for i in data.prompts],
-            "resources": [(RESOURCE, i.get("uri")) for i in data.resources]
-            + [(TEMPLATE, i.get("uriTemplate")) for i in data.templates],
-        }
-        hidden = frozenset(
-            capability
-            for capability, items in lists.items()
-            if items
-            and not any(isinstance(n, str) and view.visible(k, backend, n) for k, n in items)
-        )
-        if hidden and hidden == {c for c, items in lists.items() if items}:
-            return ALL_HIDDEN
-        return hidden
+        """core/policy.py `hidden_capabilities`, by the backend's loaded catalog."""
+        return hidden_capabilities(view, backend, self.catalogs.data(backend))
 
     async def _list(self, msg: Message, view: View | None) -> Message:
         method = msg["method"]
@@ -607,25 +575,6 @@ class Dispatcher:
 
 async def _ignore(_: Message) -> None:
     return None
-
-
-def _expose_reply_uris(naming: Naming, exposure: Exposure, method: str, reply: Message) -> None:
-    result = reply.get("result")
-    if not isinstance(result, dict):
-        return
-    jsonrpc.changed(reply)  # the URIs below are rewritten in place
-    if method == "tools/call":
-        routes.expose_content_uris(naming, exposure, result.get("content"))
-    elif method == "prompts/get":
-        for message in result.get("messages") or ():
-            if isinstance(message, dict):
-                content = message.get("content")
-                blocks = content if isinstance(content, list) else [content]
-                routes.expose_content_uris(naming, exposure, blocks)
-    elif method == "resources/read":
-        for item in result.get("contents") or ():
-            if isinstance(item, dict) and isinstance(item.get("uri"), str):
-                item["uri"] = names.client_uri(naming, exposure.namespace, item["uri"])
 
 
 def _unknown(kind: str, name: object, reason: str | None = "unknown_name") -> Refused:

@@ -26,6 +26,7 @@ from typing import Any, Final
 from gateway.auth.identity import Identity
 from gateway.config.model import PolicyConfig, PolicyRule, PolicyWhen
 from gateway.routing.fold import folded_pattern
+from gateway.routing.table import CatalogData
 
 TOOL: Final = "tool"
 PROMPT: Final = "prompt"
@@ -38,6 +39,8 @@ _GLOBS: Final[Mapping[str, str]] = {
     RESOURCE: "resources",
     TEMPLATE: "resources",
 }
+# A backend a caller can see nothing of: every list capability hidden from it.
+ALL_HIDDEN: Final = frozenset({"tools", "prompts", "resources"})
 # Decisions kept per view, and views kept per policy, before the cache starts over: a cache,
 # not the truth (a backend with endless names cannot grow it without bound).
 MAX_DECISIONS = 50_000
@@ -213,3 +216,25 @@ class Policy:
 
     def decide(self, identity: Identity | None, kind: str, backend: str, name: str) -> Verdict:
         return self.view(identity).decide(kind, backend, name)
+
+
+def hidden_capabilities(view: View, backend: str, data: CatalogData | None) -> frozenset[str]:
+    """The list capabilities (tools, prompts, resources) of a backend whose every item the
+    caller may not see, by its loaded catalog (none while it is not loaded): not advertised
+    to it, and their list changes not relayed to it. ALL_HIDDEN: it can see nothing of it."""
+    if data is None:
+        return frozenset()
+    lists = {
+        "tools": [(TOOL, i.get("name")) for i in data.tools],
+        "prompts": [(PROMPT, i.get("name")) for i in data.prompts],
+        "resources": [(RESOURCE, i.get("uri")) for i in data.resources]
+        + [(TEMPLATE, i.get("uriTemplate")) for i in data.templates],
+    }
+    hidden = frozenset(
+        capability
+        for capability, items in lists.items()
+        if items and not any(isinstance(n, str) and view.visible(k, backend, n) for k, n in items)
+    )
+    if hidden and hidden == {c for c, items in lists.items() if items}:
+        return ALL_HIDDEN
+    return hidden

@@ -11,17 +11,23 @@ allow this caller; nor is a name outside the characters the spec recommends. Wit
 rate limits a single unprefixed backend still answers for names it does not list (transparency),
 except those that fold to a filtered or renamed tool.
 
-Only the miss path comes here: a known name never pays for a fold.
+Only the miss path comes here: a known name never pays for a fold. Also here: client
+notifications that carry a request's method, dropped (`NotificationGate`).
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from collections import Counter
 from collections.abc import Collection
 
 from gateway.core.policy import TOOL, Verdict, View, strictest
+from gateway.protocol.jsonrpc import Message
 from gateway.routing.fold import fold
 from gateway.routing.table import CatalogData, Exposure, Route
+
+log = logging.getLogger("gateway")
 
 # The characters and length a tool name should have (server/tools, Tool Names). A name with
 # others is not forwarded on a guess: a server may take a look-alike letter (a Cyrillic e)
@@ -33,7 +39,6 @@ def may_guess_name(
     kind: str,
     name: str,
     exposure: Exposure,
-    *,
     guarded: bool,
     view: View | None,
     data: CatalogData | None,
@@ -77,3 +82,28 @@ def judged(view: View, kind: str, backend: str, name: str, readings: tuple[str, 
     for reading in readings:
         verdict = strictest(verdict, view.decide(kind, backend, reading))
     return verdict
+
+
+class NotificationGate:
+    """Client notifications with a request's method (a `tools/call` without an id) are dropped:
+    passed on, they would run on the backend unjudged by the policy and unanswered. Each is
+    counted (`rejections`, by reason); only the first is logged, so a client sending many
+    cannot flood the log."""
+
+    def __init__(self, rejections: Counter[str]) -> None:
+        self._rejections = rejections
+        self._told = False
+
+    def accepts(self, msg: Message) -> bool:
+        method = msg["method"]
+        if method.startswith("notifications/"):
+            return True
+        self._rejections["request_as_notification"] += 1
+        if not self._told:
+            self._told = True
+            log.warning(
+                "a client sent a notification with the request method %.64r: dropped (and so "
+                "is every other such notification, without another log line)",
+                method,
+            )
+        return False

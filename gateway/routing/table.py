@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.protocol import headers
+from gateway.protocol import headers, jsonrpc
 from gateway.protocol.headers import ParamHeader
+from gateway.protocol.jsonrpc import Message
 from gateway.routing import names
 from gateway.routing.fold import fold, folded_pattern
 from gateway.routing.names import Naming
@@ -148,6 +149,26 @@ def expose_content_uris(naming: Naming, exp: Exposure, content: object) -> None:
             continue
         if isinstance(target, dict) and isinstance(target.get("uri"), str):
             target["uri"] = names.client_uri(naming, exp.namespace, target["uri"])
+
+
+def expose_reply_uris(naming: Naming, exposure: Exposure, method: str, reply: Message) -> None:
+    """Rewrite, in place, the backend URIs of a routed request's reply as clients know them."""
+    result = reply.get("result")
+    if not isinstance(result, dict):
+        return
+    jsonrpc.changed(reply)  # the URIs below are rewritten in place
+    if method == "tools/call":
+        expose_content_uris(naming, exposure, result.get("content"))
+    elif method == "prompts/get":
+        for message in result.get("messages") or ():
+            if isinstance(message, dict):
+                content = message.get("content")
+                blocks = content if isinstance(content, list) else [content]
+                expose_content_uris(naming, exposure, blocks)
+    elif method == "resources/read":
+        for item in result.get("contents") or ():
+            if isinstance(item, dict) and isinstance(item.get("uri"), str):
+                item["uri"] = names.client_uri(naming, exposure.namespace, item["uri"])
 
 
 # --- the table --------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def answer(msg: dict[str, Any], path: Path) -> dict[str, Any]:
     params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
     assert isinstance(params, dict)
     if method == "server/discover":
-        caps = {"tools": {}, "prompts": {}, "resources": {}}
+        caps: dict[str, Any] = {"tools": {}, "prompts": {}, "resources": {}}
         return {"supportedVersions": ["2026-07-28"], "capabilities": caps}
     if method == "tools/list":
         return {"tools": [{"name": t, "inputSchema": {"type": "object"}} for t in TOOLS]}
