@@ -217,9 +217,9 @@ class Dispatcher:
     async def pass_on(self, msg: Message) -> None:
         """`notify` without the traffic tap (a legacy client's, translated)."""
         only = self._only_backend()
-        if msg["method"] in LOCAL_NOTIFICATIONS or only is None:
-            return
-        if not self.accepts_notification(msg):
+        if not self.accepts_notification(msg) or msg["method"] in LOCAL_NOTIFICATIONS:
+            return  # (a request method is dropped even where nothing would be passed on)
+        if only is None:
             return
         try:
             await only.notify(msg)
