@@ -228,6 +228,32 @@ async def test_every_bypass_is_refused_over_http(http_url: str, tmp_path: Path) 
         assert status == 400
         assert code(reply) == codes.INVALID_REQUEST
         assert reply.get("id") is None
+        await legacy_session_refuses(session, http_url)
         read = await ask("resources/read", {"uri": "file:///public/readme"})
         assert text_of(read) == "public text"
     expect_only_the_allowed(tmp_path)
+
+
+async def legacy_session_refuses(session: aiohttp.ClientSession, url: str) -> None:
+    """A 2025-11-25 session (streamable-http of that revision, Session Management) meets the
+    same refusals, and its notification with a request method gets 400."""
+    base = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    info = {"name": "t", "version": "1"}
+    opening = {"protocolVersion": LEGACY, "capabilities": {}, "clientInfo": info}
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": opening}
+    async with session.post(url, data=orjson.dumps(init), headers=base) as resp:
+        assert resp.status == 200
+        fields = {**base, "Mcp-Session-Id": resp.headers["Mcp-Session-Id"]}
+    fields["MCP-Protocol-Version"] = LEGACY
+
+    async def send(msg: Message) -> tuple[int, Message]:
+        async with session.post(url, data=orjson.dumps(msg), headers=fields) as resp:
+            body = await resp.read()
+            return resp.status, orjson.loads(body) if body else {}
+
+    await send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    for case, method, params in CASES:
+        _, reply = await send({"jsonrpc": "2.0", "id": 2, "method": method, "params": params})
+        assert code(reply) == codes.INVALID_PARAMS, case
+    status, reply = await send(REQUEST_AS_NOTIFICATION)
+    assert status == 400 and code(reply) == codes.INVALID_REQUEST
