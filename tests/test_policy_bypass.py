@@ -51,7 +51,7 @@ policy:
     - require: {tools: ['admin_*']}
       scopes: [admin]
 """
-RATE_LIMITS = "rate_limits: {tools: {echo: {rate: 0.001, burst: 1}}}\n"
+RATE_LIMITS = "rate_limits: {tools: {echo: {rate: 0.001, burst: 1}, dyn_tool: {rate: 100}}}\n"
 
 
 class LenientBackend:
@@ -312,6 +312,17 @@ async def test_a_rate_limit_is_not_escaped_by_respelling(
     for name in ("ECHO", " echo", "\uff45cho"):
         assert code(await call(d, "tools/call", name=name)) == codes.INVALID_PARAMS, name
     assert len(backend.ran()) == 1
+
+
+async def test_an_unlisted_rate_limited_tool_is_forwarded_only_as_configured(
+    tmp_path: Path,
+) -> None:
+    """`forward_unknown` on: a tool the backend does not list but `rate_limits.tools` names is
+    forwarded under that name, never under another spelling (which would have its own bucket)."""
+    d, backend = await gateway(tmp_path, policy=False, limits=True, forward_unknown=True)
+    assert "result" in await call(d, "tools/call", name="dyn_tool")
+    assert code(await call(d, "tools/call", name="DYN_TOOL")) == codes.INVALID_PARAMS
+    assert [m["params"]["name"] for m in backend.ran()] == ["dyn_tool"]
 
 
 @pytest.mark.parametrize("method", ["tools/call", "prompts/get", "resources/read", "ping"])

@@ -346,7 +346,7 @@ class Dispatcher:
 
     def _may_guess(self, kind: str, name: str, view: View | None) -> bool:
         local = self.shared_limiter.local if self.shared_limiter is not None else self.limiter
-        limited = local.folded_tools if local is not None else ()
+        limited = local.folded_tools if local is not None else {}
         data, exposure = self.catalogs.data(self._order[0]), self._exposures[self._order[0]]
         return unknown.may_guess_name(kind, name, exposure, self._guarded, view, data, limited)
 

@@ -135,7 +135,9 @@ class RateLimiter:
         # The tools with a limit of their own as a lenient server reads their names: another
         # spelling of one is not forwarded on a guess (core/unknown.py), or it would have a
         # bucket of its own.
-        self.folded_tools = frozenset(map(fold, config.tools))
+        self.folded_tools: dict[str, set[str]] = {}
+        for name in config.tools:
+            self.folded_tools.setdefault(fold(name), set()).add(name)
 
     def carry_over(self, before: RateLimiter) -> None:
         """A reload: each limit whose rate, burst and bound did not change keeps its buckets,

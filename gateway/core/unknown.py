@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from gateway.core.policy import TOOL, Verdict, View, strictest
 from gateway.protocol.jsonrpc import Message
@@ -42,11 +42,11 @@ def may_guess_name(
     guarded: bool,
     view: View | None,
     data: CatalogData | None,
-    limited: Collection[str],
+    limited: Mapping[str, Collection[str]],
 ) -> bool:
     """Whether a tool or prompt name missing from the catalog may go to the backend of
-    `exposure` as it is. `data`: that backend's catalog; `limited`: the folds of the tool names
-    that have a rate limit of their own."""
+    `exposure` as it is. `data`: that backend's catalog; `limited`: the tool names that have a
+    rate limit of their own, by their folds."""
     if guarded and not exposure.forward_unknown:
         return False
     folded = fold(name)
@@ -60,8 +60,8 @@ def may_guess_name(
         known = data.folded_tools if kind == TOOL else data.folded_prompts
         if folded in known:
             return False  # another spelling of what the backend has: use its own name
-    if kind == TOOL and folded in limited:
-        return False
+    if kind == TOOL and name not in limited.get(folded, (name,)):
+        return False  # another spelling of a tool with a limit of its own
     return view is None or view.decide_folded(kind, exposure.backend, folded).allowed
 
 
