@@ -338,6 +338,7 @@ def make_exposure(config: BackendConfig) -> Exposure:
         deny=config.deny_tools,
         rename=dict(config.rename_tools),
         strict_headers=not isinstance(config.target, StdioTarget),
+        forward_unknown=config.forward_unknown,
     )
 
 

@@ -160,12 +160,15 @@ def policy(text: str, backends: Sequence[str]) -> Policy:
 
 
 async def gateway(
-    backends: Sequence[FakeBackend], rules: str | None = POLICY, mode: PrefixMode = PrefixMode.AUTO
+    backends: Sequence[FakeBackend],
+    rules: str | None = POLICY,
+    mode: PrefixMode = PrefixMode.AUTO,
+    forward_unknown: bool = False,
 ) -> Dispatcher:
     names = [b.name for b in backends]
     dispatcher = Dispatcher(
         backends,
-        [Exposure(n, n) for n in names],
+        [Exposure(n, n, forward_unknown=forward_unknown) for n in names],
         Naming(mode, backends=len(backends)),
         INFO,
         policy=policy(rules, names) if rules is not None else None,
@@ -300,11 +303,14 @@ async def test_anonymous_callers_meet_the_policy_too() -> None:
 
 
 async def test_the_single_unprefixed_backend_path_applies_the_policy() -> None:
-    """One unprefixed backend answers for names missing from its catalog (README,
-    single-backend transparency); a name the policy denies never reaches it."""
+    """One unprefixed backend told to (`forward_unknown`) answers for names missing from its
+    catalog (README, single-backend transparency); a name the policy denies never reaches it."""
     gh = github()
     d = await gateway(
-        [gh], "  rules:\n    - deny: {tools: ['delete_*', 'hidden_*']}\n", PrefixMode.AUTO
+        [gh],
+        "  rules:\n    - deny: {tools: ['delete_*', 'hidden_*']}\n",
+        PrefixMode.AUTO,
+        forward_unknown=True,
     )
     ann = caller("ann")
     refused = await d.serve(request("tools/call", name="hidden_tool"), _drop, ann)

@@ -196,6 +196,7 @@ def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None
         allow_tools=c.field(tools, path + ("tools",), "allow", tt["allow"]),
         deny_tools=c.field(tools, path + ("tools",), "deny", tt["deny"]),
         rename_tools=c.field(body, path, "rename", t["rename"]),
+        forward_unknown=c.field(body, path, "forward_unknown", t["forward_unknown"]),
         roots=root_sections.roots(c, body.get("roots"), path + ("roots",)),
         connect_timeout=c.number(
             body.get("connect_timeout"),

@@ -301,6 +301,11 @@ SECTIONS: dict[str, dict[str, Key]] = {
             section="breaker",
         ),
         "rename": Key("string_map", "Tool names, as the backend has them, to the names offered."),
+        "forward_unknown": Key(
+            "boolean",
+            "Under a policy or rate limits, forward names and URIs missing from the catalog.",
+            False,
+        ),
         "isolation": Key(
             "string", "per_session: a stdio child per client.", "shared", choices=ISOLATIONS
         ),

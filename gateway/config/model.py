@@ -524,6 +524,10 @@ class BackendConfig:
     allow_tools: tuple[str, ...] = ()
     deny_tools: tuple[str, ...] = ()
     rename_tools: Mapping[str, str] = field(default_factory=dict)
+    # Under a policy or rate limits, forward a name or URI missing from the catalog on a guess
+    # (after checking how a lenient server may read it); without them, names are forwarded as
+    # ever to a single unprefixed backend.
+    forward_unknown: bool = False
     isolation: str = "shared"
     child_idle_timeout: float = DEFAULT_CHILD_IDLE_TIMEOUT
     max_children: int = DEFAULT_MAX_CHILDREN

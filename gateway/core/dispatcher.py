@@ -17,17 +17,27 @@ import anyio
 from gateway import errors
 from gateway.auth.identity import Identity
 from gateway.backends.base import Backend, NotificationSink
+from gateway.core import unknown
 from gateway.core.catalog import Catalogs
 from gateway.core.listen import Subscriptions
 from gateway.core.overload import Bound
-from gateway.core.policy import PROMPT, RESOURCE, TEMPLATE, TOOL, Policy, View
+from gateway.core.policy import (
+    ALL_HIDDEN,
+    PROMPT,
+    RESOURCE,
+    TEMPLATE,
+    TOOL,
+    Policy,
+    View,
+    hidden_capabilities,
+)
 from gateway.core.ratelimit import RateLimiter, SharedRateLimiter
 from gateway.errors import InsufficientScope, Refused
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
 from gateway.routing import cursor as cursors
-from gateway.routing import merge, names
+from gateway.routing import merge, uris
 from gateway.routing import table as routes
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure, Route, RouteTable
@@ -48,8 +58,6 @@ LOCAL_NOTIFICATIONS = frozenset({"notifications/cancelled"})
 LISTEN = "subscriptions/listen"
 FAIL_OPEN = "fail_open"
 Finder = Callable[[RouteTable, str], Route | None]
-# A backend a caller can see nothing of: every list capability hidden from it.
-ALL_HIDDEN = frozenset({"tools", "prompts", "resources"})
 # What the policy judges each list's items as, and by which of their fields.
 LIST_KINDS: dict[str, tuple[str, str]] = {
     "tools": (TOOL, "name"),
@@ -104,6 +112,7 @@ class Dispatcher:
         self._cursor_keys: tuple[bytes, ...] = tuple(cursor_keys) or (os.urandom(32),)
         self.fan_out_failures: dict[str, int] = {}
         self.subscriptions = Subscriptions(self.backends, self.catalogs, self._exposures, naming)
+        self._notes = unknown.NotificationGate(self.telemetry.stats.rejections)
 
     def reconfigure(
         self,
@@ -208,7 +217,9 @@ class Dispatcher:
     async def pass_on(self, msg: Message) -> None:
         """`notify` without the traffic tap (a legacy client's, translated)."""
         only = self._only_backend()
-        if msg["method"] in LOCAL_NOTIFICATIONS or only is None:
+        if not self.accepts_notification(msg) or msg["method"] in LOCAL_NOTIFICATIONS:
+            return  # (a request method is dropped even where nothing would be passed on)
+        if only is None:
             return
         try:
             await only.notify(msg)
@@ -216,6 +227,11 @@ class Dispatcher:
             log.debug("notification %s not delivered: %s", msg["method"], exc)  # (logged once)
         except errors.BackendError as exc:
             log.warning("notification %s not delivered: %s", msg["method"], exc)
+
+    def accepts_notification(self, msg: Message) -> bool:
+        """Whether a client notification may be passed on (core/unknown.py: not one with a
+        request's method); one that may not is counted, and the first logged."""
+        return self._notes.accepts(msg)
 
     def backend_notification(self, backend: str, msg: Message) -> None:
         """A notification a backend sent outside any request: a list change makes its catalog
@@ -260,7 +276,7 @@ class Dispatcher:
             name = params.get("name")
             # A known tool is found without a coroutine; only a miss may refresh catalogs.
             found = self.catalogs.table.tool(name) if isinstance(name, str) else None
-            route = found or await self._route_name(RouteTable.tool, "tool", name)
+            route = found or await self._route_name(RouteTable.tool, TOOL, name, view)
             self._permit(view, TOOL, route, name)
             return await self._forward(msg, params, sink, route, "name")
         if method == "server/discover":
@@ -269,12 +285,12 @@ class Dispatcher:
             return await self._list(msg, view)
         if method == "prompts/get":
             name = params.get("name")
-            route = await self._route_name(RouteTable.prompt, "prompt", name)
+            route = await self._route_name(RouteTable.prompt, PROMPT, name, view)
             self._permit(view, PROMPT, route, name)
             return await self._forward(msg, params, sink, route, "name")
         if method == "resources/read":
             uri = params.get("uri")
-            route = await self._route_uri(uri)
+            route = await self._route_uri(uri, view, RESOURCE)
             self._permit(view, RESOURCE, route, uri)
             return await self._forward(msg, params, sink, route, "uri")
         if method == "completion/complete":
@@ -310,17 +326,29 @@ class Dispatcher:
             route = find(self.catalogs.table, key)
         return route
 
-    async def _route_name(self, find: Finder, kind: str, name: object) -> Route:
+    @property
+    def _guarded(self) -> bool:
+        """Whether a policy or rate limits judge names: then what is not in a catalog is not
+        forwarded on a guess without `forward_unknown` (core/unknown.py)."""
+        return not (self._policy is None and self.limiter is None and self.shared_limiter is None)
+
+    async def _route_name(self, find: Finder, kind: str, name: object, view: View | None) -> Route:
         if not isinstance(name, str):
             raise Refused(codes.INVALID_PARAMS, f"params.name must name a {kind}")
         route = await self._lookup(find, name)
         if route is not None:
             return route
         only = self._only_backend()
-        if only is not None and not self._naming.prefixed and self._passes_filters(kind, name):
+        if only is not None and not self._naming.prefixed and self._may_guess(kind, name, view):
             # One unprefixed backend: it answers for itself.
             return Route(only.name, name, listed=False)
         raise _unknown(kind, name)
+
+    def _may_guess(self, kind: str, name: str, view: View | None) -> bool:
+        local = self.shared_limiter.local if self.shared_limiter is not None else self.limiter
+        limited = local.folded_tools if local is not None else {}
+        data, exposure = self.catalogs.data(self._order[0]), self._exposures[self._order[0]]
+        return unknown.may_guess_name(kind, name, exposure, self._guarded, view, data, limited)
 
     def _permit(self, view: View | None, kind: str, route: Route, shown: object) -> None:
         """Refuse what the policy does not let this caller call: a denied name exactly as an
@@ -328,7 +356,12 @@ class Dispatcher:
         those scopes, for a step-up."""
         if view is None:
             return
-        verdict = view.decide(kind, route.backend, route.name)
+        if kind in (RESOURCE, TEMPLATE):
+            # A URI is also judged as a server may resolve it (an encoded slash taken for one).
+            readings = uris.readings(route.name)
+            verdict = unknown.judged(view, kind, route.backend, route.name, readings)
+        else:
+            verdict = view.decide(kind, route.backend, route.name)
         if verdict.allowed:
             return
         noun = "resource" if kind in (RESOURCE, TEMPLATE) else kind
@@ -341,19 +374,27 @@ class Dispatcher:
         # No rejection reason: the rejection metric counts unknown names, and this one is not.
         raise _unknown(noun, shown, reason=None)
 
-    def _passes_filters(self, kind: str, name: str) -> bool:
-        if kind != "tool":
-            return True
-        exposure = self._exposures[self._order[0]]
-        return exposure.tool_allowed(name) and name not in exposure.rename
-
-    async def _route_uri(self, uri: object) -> Route:
+    async def _route_uri(self, uri: object, view: View | None, kind: str) -> Route:
+        """Where a URI goes. Under a policy or rate limits, by its RFC 3986 normal form (what
+        is judged and forwarded: another spelling cannot pass a rule written for the URI), and
+        only if a catalog has it or the backend takes unknown URIs (`forward_unknown`)."""
         if not isinstance(uri, str):
             raise Refused(codes.INVALID_PARAMS, "params.uri must be a string")
-        route = await self._lookup(RouteTable.resource, uri)
-        if route is None:
+        if not self._guarded:
+            route = await self._lookup(RouteTable.resource, uri)
+            if route is None:
+                raise _unknown("resource", uri)
+            return route
+        normal = uris.normalize_client(self._naming, uri)
+        route = await self._lookup(RouteTable.listed_resource, normal)
+        if route is not None:
+            return route
+        guess = self.catalogs.table.resource(normal)
+        if guess is None or not unknown.may_guess_uri(
+            kind, guess, self._exposures[guess.backend], view
+        ):
             raise _unknown("resource", uri)
-        return route
+        return Route(guess.backend, guess.name, listed=False)
 
     async def _forward(
         self,
@@ -375,7 +416,7 @@ class Dispatcher:
         naming, exposure = self._naming, self._exposures[route.backend]
         reply = await self.backends[route.backend].request(out, sink)
         if naming.prefixed:
-            _expose_reply_uris(naming, exposure, msg["method"], reply)
+            routes.expose_reply_uris(naming, exposure, msg["method"], reply)
         return reply
 
     async def _complete(self, msg: Message, sink: NotificationSink, view: View | None) -> Message:
@@ -384,11 +425,11 @@ class Dispatcher:
         if not isinstance(ref, dict):
             raise Refused(codes.INVALID_PARAMS, "params.ref is required")
         if ref.get("type") == "ref/prompt":
-            route = await self._route_name(RouteTable.prompt, "prompt", ref.get("name"))
+            route = await self._route_name(RouteTable.prompt, PROMPT, ref.get("name"), view)
             self._permit(view, PROMPT, route, ref.get("name"))
             new_ref = {**ref, "name": route.name}
         else:
-            route = await self._route_uri(ref.get("uri"))
+            route = await self._route_uri(ref.get("uri"), view, TEMPLATE)
             self._permit(view, TEMPLATE, route, ref.get("uri"))
             new_ref = {**ref, "uri": route.name}
         out = {**msg, "params": {**params, "ref": new_ref}}
@@ -475,27 +516,8 @@ class Dispatcher:
         return out
 
     def _hidden_capabilities(self, view: View, backend: str) -> frozenset[str]:
-        """The list capabilities (tools, prompts, resources) of a backend whose every item the
-        caller may not see, by its loaded catalog (none while it is not loaded): not advertised
-        to it, and their list changes not relayed to it. ALL_HIDDEN: it can see nothing of it."""
-        data = self.catalogs.data(backend)
-        if data is None:
-            return frozenset()
-        lists = {
-            "tools": [(TOOL, i.get("name")) for i in data.tools],
-            "prompts": [(PROMPT, i.get("name")) for i in data.prompts],
-            "resources": [(RESOURCE, i.get("uri")) for i in data.resources]
-            + [(TEMPLATE, i.get("uriTemplate")) for i in data.templates],
-        }
-        hidden = frozenset(
-            capability
-            for capability, items in lists.items()
-            if items
-            and not any(isinstance(n, str) and view.visible(k, backend, n) for k, n in items)
-        )
-        if hidden and hidden == {c for c, items in lists.items() if items}:
-            return ALL_HIDDEN
-        return hidden
+        """core/policy.py `hidden_capabilities`, by the backend's loaded catalog."""
+        return hidden_capabilities(view, backend, self.catalogs.data(backend))
 
     async def _list(self, msg: Message, view: View | None) -> Message:
         method = msg["method"]
@@ -553,25 +575,6 @@ class Dispatcher:
 
 async def _ignore(_: Message) -> None:
     return None
-
-
-def _expose_reply_uris(naming: Naming, exposure: Exposure, method: str, reply: Message) -> None:
-    result = reply.get("result")
-    if not isinstance(result, dict):
-        return
-    jsonrpc.changed(reply)  # the URIs below are rewritten in place
-    if method == "tools/call":
-        routes.expose_content_uris(naming, exposure, result.get("content"))
-    elif method == "prompts/get":
-        for message in result.get("messages") or ():
-            if isinstance(message, dict):
-                content = message.get("content")
-                blocks = content if isinstance(content, list) else [content]
-                routes.expose_content_uris(naming, exposure, blocks)
-    elif method == "resources/read":
-        for item in result.get("contents") or ():
-            if isinstance(item, dict) and isinstance(item.get("uri"), str):
-                item["uri"] = names.client_uri(naming, exposure.namespace, item["uri"])
 
 
 def _unknown(kind: str, name: object, reason: str | None = "unknown_name") -> Refused:

@@ -25,6 +25,8 @@ from typing import Any, Final
 
 from gateway.auth.identity import Identity
 from gateway.config.model import PolicyConfig, PolicyRule, PolicyWhen
+from gateway.routing.fold import folded_pattern
+from gateway.routing.table import CatalogData
 
 TOOL: Final = "tool"
 PROMPT: Final = "prompt"
@@ -37,6 +39,8 @@ _GLOBS: Final[Mapping[str, str]] = {
     RESOURCE: "resources",
     TEMPLATE: "resources",
 }
+# A backend a caller can see nothing of: every list capability hidden from it.
+ALL_HIDDEN: Final = frozenset({"tools", "prompts", "resources"})
 # Decisions kept per view, and views kept per policy, before the cache starts over: a cache,
 # not the truth (a backend with endless names cannot grow it without bound).
 MAX_DECISIONS = 50_000
@@ -66,7 +70,7 @@ def _pattern(globs: Sequence[str]) -> re.Pattern[str]:
 
 
 class _Rule:
-    __slots__ = ("backends", "effect", "patterns", "scopes", "when", "when_scopes")
+    __slots__ = ("backends", "effect", "folded", "patterns", "scopes", "when", "when_scopes")
 
     def __init__(self, rule: PolicyRule) -> None:
         self.effect = rule.effect
@@ -83,11 +87,17 @@ class _Rule:
             kind: (_pattern(["*"]) if everything else _pattern(lists[key]) if lists[key] else None)
             for kind, key in _GLOBS.items()
         }
+        # The same globs folded (routing/fold.py): what a name missing from every catalog is
+        # judged by as a lenient server would read it.
+        self.folded: dict[str, re.Pattern[str] | None] = {
+            kind: (folded_pattern(["*"] if everything else lists[key]) if pattern else None)
+            for (kind, key), pattern in zip(_GLOBS.items(), self.patterns.values(), strict=True)
+        }
 
-    def covers(self, kind: str, backend: str, name: str) -> bool:
+    def covers(self, kind: str, backend: str, name: str, folded: bool = False) -> bool:
         if self.backends is not None and backend not in self.backends:
             return False
-        pattern = self.patterns[kind]
+        pattern = (self.folded if folded else self.patterns)[kind]
         return pattern is not None and pattern.match(name) is not None
 
     def state(self, identity: Identity | None) -> int:
@@ -150,12 +160,18 @@ class View:
     def visible(self, kind: str, backend: str, name: str) -> bool:
         return self.decide(kind, backend, name).visible
 
-    def _judge(self, kind: str, backend: str, name: str) -> Verdict:
+    def decide_folded(self, kind: str, backend: str, folded: str) -> Verdict:
+        """The decision on a folded name (routing/fold.py) by the folded globs: how the rules
+        judge what a lenient server would run for it. Not cached: only names missing from every
+        catalog come here."""
+        return self._judge(kind, backend, folded, folded=True)
+
+    def _judge(self, kind: str, backend: str, name: str, folded: bool = False) -> Verdict:
         granted = False
         missing = False
         required: set[str] = set()
         for rule, state in self._rules:
-            if not rule.covers(kind, backend, name):
+            if not rule.covers(kind, backend, name, folded):
                 continue
             if rule.effect == "deny":
                 return DENY
@@ -166,6 +182,18 @@ class View:
         if missing:
             return Verdict(False, frozenset(required))
         return ALLOW if granted else self._default
+
+
+def strictest(first: Verdict, second: Verdict) -> Verdict:
+    """Two readings of one target judged together: denied if either is, else needing every
+    scope either needs."""
+    if first.allowed:
+        return second
+    if second.allowed or first == DENY:
+        return first
+    if second == DENY:
+        return second
+    return Verdict(False, first.needs | second.needs)
 
 
 class Policy:
@@ -188,3 +216,25 @@ class Policy:
 
     def decide(self, identity: Identity | None, kind: str, backend: str, name: str) -> Verdict:
         return self.view(identity).decide(kind, backend, name)
+
+
+def hidden_capabilities(view: View, backend: str, data: CatalogData | None) -> frozenset[str]:
+    """The list capabilities (tools, prompts, resources) of a backend whose every item the
+    caller may not see, by its loaded catalog (none while it is not loaded): not advertised
+    to it, and their list changes not relayed to it. ALL_HIDDEN: it can see nothing of it."""
+    if data is None:
+        return frozenset()
+    lists = {
+        "tools": [(TOOL, i.get("name")) for i in data.tools],
+        "prompts": [(PROMPT, i.get("name")) for i in data.prompts],
+        "resources": [(RESOURCE, i.get("uri")) for i in data.resources]
+        + [(TEMPLATE, i.get("uriTemplate")) for i in data.templates],
+    }
+    hidden = frozenset(
+        capability
+        for capability, items in lists.items()
+        if items and not any(isinstance(n, str) and view.visible(k, backend, n) for k, n in items)
+    )
+    if hidden and hidden == {c for c, items in lists.items() if items}:
+        return ALL_HIDDEN
+    return hidden

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from gateway.config import Rate, RateLimits
 from gateway.errors import RateLimited
 from gateway.protocol.jsonrpc import Message
+from gateway.routing.fold import fold
 from gateway.telemetry.api import Origin
 
 log = logging.getLogger("gateway")
@@ -131,6 +132,12 @@ class RateLimiter:
         self.tool = _buckets(config.per_tool, bound, TOOL)
         self.overall = _buckets(config.overall, bound, OVERALL)
         self.tools = {name: Buckets(r, bound, TOOL) for name, r in config.tools.items()}
+        # The tools with a limit of their own as a lenient server reads their names: another
+        # spelling of one is not forwarded on a guess (core/unknown.py), or it would have a
+        # bucket of its own.
+        self.folded_tools: dict[str, set[str]] = {}
+        for name in config.tools:
+            self.folded_tools.setdefault(fold(name), set()).add(name)
 
     def carry_over(self, before: RateLimiter) -> None:
         """A reload: each limit whose rate, burst and bound did not change keeps its buckets,

@@ -55,6 +55,9 @@ SSE_HEADERS = (
 JSON = "application/json"
 SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
+# A notification with a request's method is not accepted (streamable-http, Sending Messages: an
+# HTTP error and an error without an id); the dispatcher counts and logs it.
+REQUEST_AS_NOTIFICATION = "A request method sent as a notification is not accepted"
 # A reply that comes within this window goes out as plain JSON; after it, the response turns into
 # an SSE stream so that idle-timeouts of intermediaries see bytes during long calls.
 JSON_WINDOW = 10.0
@@ -326,6 +329,8 @@ class Endpoint:
         if kind is jsonrpc.Kind.RESPONSE:
             why = "Clients must not send responses"
             return self._reject("invalid_request", 400, codes.INVALID_REQUEST, why, id_)
+        if not self.dispatcher.accepts_notification(msg):
+            return refused(400, REQUEST_AS_NOTIFICATION)
         await self.dispatcher.notify(msg)
         return web.Response(status=202)
 
@@ -410,6 +415,8 @@ class Endpoint:
                 await shared.answer_elsewhere(session, msg)
             return web.Response(status=202)
         if kind is jsonrpc.Kind.NOTIFICATION:
+            if not self.dispatcher.accepts_notification(msg):
+                return refused(400, REQUEST_AS_NOTIFICATION)
             await self._legacy.notify(session, msg)
             if shared is not None and msg["method"] == "notifications/cancelled":
                 # The request may run on another replica (where it was sent).

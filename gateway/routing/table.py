@@ -7,14 +7,17 @@ Immutable; a catalog refresh builds a new table. Every client-visible name comes
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.protocol import headers
+from gateway.protocol import headers, jsonrpc
 from gateway.protocol.headers import ParamHeader
+from gateway.protocol.jsonrpc import Message
 from gateway.routing import names
+from gateway.routing.fold import fold, folded_pattern
 from gateway.routing.names import Naming
 
 Item = dict[str, Any]
@@ -31,11 +34,34 @@ class Exposure:
     rename: Mapping[str, str] = field(default_factory=dict)
     # A Streamable HTTP client must leave out tools whose x-mcp-header annotations are invalid.
     strict_headers: bool = False
+    # Under a policy or rate limits, whether a name or URI missing from the catalog may still be
+    # forwarded for the backend to answer (config `forward_unknown`).
+    forward_unknown: bool = False
 
     def tool_allowed(self, name: str) -> bool:
         if self.allow and not any(fnmatch.fnmatchcase(name, g) for g in self.allow):
             return False
         return not any(fnmatch.fnmatchcase(name, g) for g in self.deny)
+
+    def withholds(self, name: str, folded: str) -> bool:
+        """Whether a tool name missing from the catalog is one the filters or renames keep from
+        clients, as typed or as a lenient server reads it (`folded`: routing/fold.py)."""
+        if not self.tool_allowed(name) or name in self.rename:
+            return True
+        allow, deny, renamed = self._folded_filters
+        if allow is not None and allow.match(folded) is None:
+            return True
+        return (deny is not None and deny.match(folded) is not None) or folded in renamed
+
+    @functools.cached_property
+    def _folded_filters(
+        self,
+    ) -> tuple[re.Pattern[str] | None, re.Pattern[str] | None, frozenset[str]]:
+        return (
+            folded_pattern(self.allow),
+            folded_pattern(self.deny),
+            frozenset(map(fold, self.rename)),
+        )
 
 
 @dataclass(frozen=True)
@@ -46,6 +72,20 @@ class CatalogData:
     prompts: tuple[Item, ...] = ()
     resources: tuple[Item, ...] = ()
     templates: tuple[Item, ...] = ()
+
+    @functools.cached_property
+    def folded_tools(self) -> frozenset[str]:
+        """The folds of every tool's name (filtered out or not): a name missing from the
+        table whose fold is here is another spelling of a tool the backend has."""
+        return _folds(self.tools, "name")
+
+    @functools.cached_property
+    def folded_prompts(self) -> frozenset[str]:
+        return _folds(self.prompts, "name")
+
+
+def _folds(items: Sequence[Item], key: str) -> frozenset[str]:
+    return frozenset(fold(i[key]) for i in items if isinstance(i.get(key), str))
 
 
 @dataclass(frozen=True)
@@ -111,6 +151,26 @@ def expose_content_uris(naming: Naming, exp: Exposure, content: object) -> None:
             target["uri"] = names.client_uri(naming, exp.namespace, target["uri"])
 
 
+def expose_reply_uris(naming: Naming, exposure: Exposure, method: str, reply: Message) -> None:
+    """Rewrite, in place, the backend URIs of a routed request's reply as clients know them."""
+    result = reply.get("result")
+    if not isinstance(result, dict):
+        return
+    jsonrpc.changed(reply)  # the URIs below are rewritten in place
+    if method == "tools/call":
+        expose_content_uris(naming, exposure, result.get("content"))
+    elif method == "prompts/get":
+        for message in result.get("messages") or ():
+            if isinstance(message, dict):
+                content = message.get("content")
+                blocks = content if isinstance(content, list) else [content]
+                expose_content_uris(naming, exposure, blocks)
+    elif method == "resources/read":
+        for item in result.get("contents") or ():
+            if isinstance(item, dict) and isinstance(item.get("uri"), str):
+                item["uri"] = names.client_uri(naming, exposure.namespace, item["uri"])
+
+
 # --- the table --------------------------------------------------------------------------------
 
 
@@ -123,6 +183,7 @@ class RouteTable:
         self.prompts: dict[str, Route] = {}
         self.resources: dict[str, Route] = {}
         self.templates: list[tuple[re.Pattern[str], str]] = []  # unprefixed only
+        self.backend_templates: dict[str, list[re.Pattern[str]]] = {}  # by backend, any mode
         self.collisions: list[str] = []
         self.shortened: list[str] = []  # names changed to fit the spec's characters and length
 
@@ -163,6 +224,24 @@ class RouteTable:
             return Route(next(iter(self.exposures)), visible)
         return None
 
+    def listed_resource(self, visible: str) -> Route | None:
+        """`resource` without the guesses: only a URI a backend lists, or one of its templates
+        matches (what a policy or rate limits let through without `forward_unknown`)."""
+        exact = self.resources.get(visible)
+        if exact is not None:
+            return exact
+        if self.naming.prefixed:
+            split = names.split_client_uri(visible)
+            exp = self.namespaces.get(split[0]) if split is not None else None
+            if split is None or exp is None:
+                return None
+            patterns = self.backend_templates.get(exp.backend, ())
+            return Route(exp.backend, split[1]) if _any_match(patterns, split[1]) else None
+        for pattern, backend in self.templates:
+            if pattern.fullmatch(visible):
+                return Route(backend, visible)
+        return None
+
     def only_backend(self) -> str | None:
         return next(iter(self.exposures)) if len(self.exposures) == 1 else None
 
@@ -194,13 +273,19 @@ def build(
             if shown is not None:
                 route = Route(exp.backend, resource["uri"])
                 table._add(table.resources, "resource", shown["uri"], route)
+        patterns = [
+            template_pattern(t["uriTemplate"])
+            for t in catalog.templates
+            if isinstance(t.get("uriTemplate"), str)
+        ]
+        table.backend_templates[exp.backend] = patterns
         if not naming.prefixed:
-            table.templates.extend(
-                (template_pattern(t["uriTemplate"]), exp.backend)
-                for t in catalog.templates
-                if isinstance(t.get("uriTemplate"), str)
-            )
+            table.templates.extend((p, exp.backend) for p in patterns)
     return table
+
+
+def _any_match(patterns: Sequence[re.Pattern[str]], uri: str) -> bool:
+    return any(p.fullmatch(uri) for p in patterns)
 
 
 _EXPRESSION = re.compile(r"\{([+#./;?&]?)([^}]*)\}")
