@@ -22,10 +22,11 @@ import errno
 import logging
 import socket
 import ssl
+import struct
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast
 
-from aiohttp import HttpVersion11, hdrs, web
+from aiohttp import HttpVersion10, HttpVersion11, hdrs, web
 from aiohttp.http import HttpProcessingError
 
 from gateway.config import ListenerLimits, ServerTls
@@ -54,10 +55,18 @@ MIN_GRACE = 0.001
 # Connections refused over max_connections are logged at most once per this many seconds: a
 # flood of them must not become a flood of log lines.
 REFUSALS_LOG_INTERVAL = 10.0
+# SO_LINGER on, with a timeout of 0: closing the socket resets the connection.
+_RESET = struct.pack("ii", 1, 0)
 # The interim response to `Expect: 100-continue` (RFC 9110 10.1.1), written as aiohttp's own
 # router writes it; the low-level server leaves expectations to its handler.
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NO_TUNNEL = jsonrpc.encode(jsonrpc.error(None, codes.INVALID_REQUEST, "CONNECT is not served"))
+_NO_VERSION = jsonrpc.encode(
+    jsonrpc.error(None, codes.INVALID_REQUEST, "Only HTTP/1.1 and HTTP/1.0 are served")
+)
+# The versions served: aiohttp's parser takes any `HTTP/d.d`, and would answer an `HTTP/2.0`
+# request line as if it were 1.1 (RFC 9110 6.2: its major version says it is not).
+SERVED_VERSIONS = frozenset({HttpVersion10, HttpVersion11})
 _NOT_STARTED = jsonrpc.encode(
     jsonrpc.error(None, codes.GATEWAY_SHUTTING_DOWN, "The gateway stopped before it started")
 )
@@ -181,6 +190,10 @@ class _ClientFaults(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, _CLIENT_FAULTS):
+            # The logger let the record through at its first level (ERROR); lowered, it must
+            # pass the level check again, or it is written at the default level regardless.
+            if not SERVER_LOG.isEnabledFor(logging.DEBUG):
+                return False
             message = record.getMessage()
             record.msg = "%s: %s"
             record.args = (message, type(exc).__name__)
@@ -207,8 +220,10 @@ class _Gate(asyncio.Protocol):
         "_stall_timer",
         "_transport",
         "current",
+        "eof",
         "inner",
         "last",
+        "received",
         "requests",
     )
 
@@ -220,6 +235,8 @@ class _Gate(asyncio.Protocol):
         self._stall_timer: asyncio.TimerHandle | None = None
         self.requests = 0
         self.last = False  # this connection's current request is its last
+        self.eof = False  # the client has shut down its side: no request follows
+        self.received = False
         self.current: web.BaseRequest | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -249,9 +266,17 @@ class _Gate(asyncio.Protocol):
         """The client has taken nothing of a reply for the idle timeout: aiohttp would wait
         for it forever, holding the reply and the connection."""
         self._stall_timer = None
-        if self._transport is not None:
+        transport = self._transport
+        if transport is not None:
             log.debug("dropping a connection whose client stopped reading")
-            cast(asyncio.Transport, self._transport).abort()
+            # A plain close would leave the connection to the kernel, which goes on offering
+            # the unsent reply (and then the FIN) to a zero window: the client keeps its
+            # connection. A reset ends it at once and frees the buffers.
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+            cast(asyncio.Transport, transport).abort()
 
     def first_request(self) -> None:
         if self._head_timer is not None:
@@ -259,10 +284,23 @@ class _Gate(asyncio.Protocol):
             self._head_timer = None
 
     def data_received(self, data: bytes) -> None:
+        self.received = True
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
+        """The client shut down its sending side (a half-close, as `curl -T` or `nc -N` do
+        after their request): what it sent is still answered, and the answer ends the
+        connection. aiohttp lets the transport close at once, which cancels the request being
+        answered; so the transport stays open (but over TLS, which has no half-close) for the
+        reply. A connection with nothing to answer is closed by its head or idle timeout."""
+        self.eof = True
+        self.inner.eof_received()
+        if self.requests == 0 and not self.received:
+            return None  # nothing was asked: closed now, as before
+        if self.current is not None:
+            self.current[CLOSE] = True
+            self.last = True
+        return not self._listener.tls
 
     def pause_writing(self) -> None:
         self._stall_timer = asyncio.get_running_loop().call_later(
@@ -310,6 +348,7 @@ class Listener:
         self._handler = handler
         self.limits = limits
         self._tls = tls
+        self.tls = tls is not None
         self._stats = stats
         self.open = 0
         self.closing = False
@@ -365,12 +404,17 @@ class Listener:
             refusal = web.Response(status=501, body=_NO_TUNNEL, content_type="application/json")
             refusal.force_close()
             return refusal
+        if request.version not in SERVED_VERSIONS:
+            # Another version's framing may differ: nothing after this head is parsed.
+            refusal = web.Response(status=505, body=_NO_VERSION, content_type="application/json")
+            refusal.force_close()
+            return refusal
         gate = self.gates.get(request.protocol)
         if gate is not None:
             gate.requests += 1
             if gate.requests == 1:
                 gate.first_request()
-            if gate.requests >= self.limits.max_requests_per_connection or self.closing:
+            if gate.requests >= self.limits.max_requests_per_connection or self.closing or gate.eof:
                 gate.last = True
                 request[CLOSE] = True
             gate.current = request
