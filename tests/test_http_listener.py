@@ -563,7 +563,9 @@ async def test_a_request_line_of_another_http_version_is_refused_and_closed(
 async def test_a_request_followed_by_a_half_close_is_answered() -> None:
     """RFC 9112 9.6: a client may shut down its sending side after its request (`curl -T`,
     `nc -N`) and still read the reply; the reply says `Connection: close`, then the connection
-    ends. (aiohttp let the transport close on the client's FIN, which cancelled the request.)"""
+    ends. (aiohttp let the transport close on the client's FIN, which cancelled the request.)
+    The FIN is first answered with an interim 100, which tells a half-close (the client reads
+    past it) from a close (the client's reset cancels: the test above)."""
     started = asyncio.Event()
     release = asyncio.Event()
     cancelled = asyncio.Event()
@@ -592,6 +594,8 @@ async def test_a_request_followed_by_a_half_close_is_answered() -> None:
         )
         assert not cancelled.is_set()
         release.set()
+        probe = await client.response()  # (an interim response: a closed client resets it)
+        assert probe.status == 100
         resp = await client.response()
         assert (resp.status, resp.body) == (200, b"half")
         assert resp.closes

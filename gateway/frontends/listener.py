@@ -55,6 +55,10 @@ MIN_GRACE = 0.001
 # Connections refused over max_connections are logged at most once per this many seconds: a
 # flood of them must not become a flood of log lines.
 REFUSALS_LOG_INTERVAL = 10.0
+# After a FIN, how soon the socket is first looked at for the reset of a client that closed
+# (a loopback or LAN round trip is well within it), and the longest wait between looks after.
+PROBE_FIRST = 0.01
+PROBE_MAX = 1.0
 # SO_LINGER on, with a timeout of 0: closing the socket resets the connection.
 _RESET = struct.pack("ii", 1, 0)
 # The interim response to `Expect: 100-continue` (RFC 9110 10.1.1), written as aiohttp's own
@@ -217,6 +221,7 @@ class _Gate(asyncio.Protocol):
     __slots__ = (
         "_head_timer",
         "_listener",
+        "_probe_timer",
         "_stall_timer",
         "_transport",
         "current",
@@ -233,6 +238,7 @@ class _Gate(asyncio.Protocol):
         self._transport: asyncio.BaseTransport | None = None
         self._head_timer: asyncio.TimerHandle | None = None
         self._stall_timer: asyncio.TimerHandle | None = None
+        self._probe_timer: asyncio.TimerHandle | None = None
         self.requests = 0
         self.last = False  # this connection's current request is its last
         self.eof = False  # the client has shut down its side: no request follows
@@ -288,19 +294,58 @@ class _Gate(asyncio.Protocol):
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        """The client shut down its sending side (a half-close, as `curl -T` or `nc -N` do
-        after their request): what it sent is still answered, and the answer ends the
-        connection. aiohttp lets the transport close at once, which cancels the request being
-        answered; so the transport stays open (but over TLS, which has no half-close) for the
-        reply. A connection with nothing to answer is closed by its head or idle timeout."""
+        """The client shut down its sending side. That is how a client closes its connection
+        (or a stream: a cancellation), but also how `curl -T` or `nc -N` say their request is
+        complete (a half-close), and the two cannot be told apart from here. aiohttp lets the
+        transport close at once, cancelling the request being answered; so the transport stays
+        open (but over TLS, which has no half-close) until `_half_closed` has looked."""
         self.eof = True
         self.inner.eof_received()
-        if self.requests == 0 and not self.received:
+        if self._listener.tls or (self.requests == 0 and not self.received):
             return None  # nothing was asked: closed now, as before
-        if self.current is not None:
-            self.current[CLOSE] = True
-            self.last = True
-        return not self._listener.tls
+        # (after the request just parsed, if any, has reached `_serve`: its task runs first)
+        asyncio.get_running_loop().call_soon(self._half_closed)
+        return True
+
+    def _half_closed(self) -> None:
+        """A request not yet answered at all is probed with an interim `100 Continue`, which
+        any HTTP/1.1 client reads past (RFC 9110 15.2): a client that closed its socket answers
+        it with a reset, which cancels the request; a half-closed one gets its reply, and the
+        connection ends after it. Nothing to answer, a reply under way (a stream: closing it
+        cancels) or HTTP/1.0 (no interim responses): the connection closes, as before."""
+        transport = self._transport
+        if transport is None:
+            return
+        request = self.current
+        if request is None or request.writer.output_size or request.version < HttpVersion11:
+            transport.close()
+            return
+        request[CLOSE] = True
+        self.last = True
+        cast(asyncio.Transport, transport).write(CONTINUE)
+        # The reset comes back within a round trip, but the transport reads no more after
+        # the FIN: the socket's pending error is looked at instead, more rarely as time goes.
+        self._look_again(request, PROBE_FIRST)
+
+    def _look_again(self, request: web.BaseRequest, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._probe_timer = loop.call_later(delay, self._probe_answered, request, delay)
+
+    def _probe_answered(self, request: web.BaseRequest, delay: float) -> None:
+        self._probe_timer = None
+        transport = self._transport
+        if transport is None or self.current is not request:
+            return
+        sock = transport.get_extra_info("socket")
+        error = 0
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if error:
+            log.debug("a client closed its connection while its request was being answered")
+            cast(asyncio.Transport, transport).abort()  # cancels the request, as a close does
+            return
+        self._look_again(request, min(delay * 2, PROBE_MAX))
 
     def pause_writing(self) -> None:
         self._stall_timer = asyncio.get_running_loop().call_later(
@@ -321,6 +366,8 @@ class _Gate(asyncio.Protocol):
         self.first_request()
         if self._stall_timer is not None:
             self._stall_timer.cancel()
+        if self._probe_timer is not None:
+            self._probe_timer.cancel()
         self._transport = None
         self._listener.forget(self)
         inner.connection_lost(exc)
