@@ -9,9 +9,11 @@ protocol wrapped around aiohttp's, which also closes a connection whose first re
 not arrived within `header_timeout`), requests per connection, the body's size and arrival time
 (`read_body`, with `bodies.py` for content codings).
 
-A client that disconnects cancels its request (`handler_cancellation`). Bad client input costs
-at most one debug line: aiohttp logs a refused request with its traceback, so the listener gives
-aiohttp a logger of its own that shortens those records.
+A client that disconnects cancels its request (`handler_cancellation`); one that only shut down
+its sending side after its request still gets the reply (`_Gate.eof_received`). One that stops
+reading a reply is reset after `idle_timeout`. Only HTTP/1.1 and 1.0 are served (505 otherwise).
+Bad client input costs at most one debug line: aiohttp logs a refused request with its
+traceback, so the listener gives aiohttp a logger of its own that shortens those records.
 """
 
 from __future__ import annotations
