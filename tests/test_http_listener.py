@@ -539,6 +539,69 @@ async def test_connect_gets_no_tunnel() -> None:
     assert recorder.bodies == [b"fine"]
 
 
+@pytest.mark.parametrize(("version", "status"), [("2.0", 505), ("0.9", 505), ("1.2", 400)])
+async def test_a_request_line_of_another_http_version_is_refused_and_closed(
+    version: str, status: int
+) -> None:
+    """RFC 9110 6.2 / 15.6.6: the listener serves HTTP/1.1 and 1.0 only; a request line of
+    another version (whose framing may differ) is refused before any handler sees it, and the
+    connection closes: 505, or 400 from the parser for what it cannot read (aiohttp's parser
+    takes 2.0 and 0.9, and the listener used to serve them as 1.1)."""
+    recorder = Recorder()
+    async with listening(recorder) as srv:
+        client = await srv.connect()
+        await client.send(request(b"new", version=version))
+        resp = await client.response()
+        assert resp.status == status
+        if status == 505:
+            assert resp.json()["error"]["code"] == -32600
+        assert await client.closed_by_server()
+        assert (await srv.exchange(request(b"fine"))).body == b"fine"
+    assert recorder.bodies == [b"fine"]
+
+
+async def test_a_request_followed_by_a_half_close_is_answered() -> None:
+    """RFC 9112 9.6: a client may shut down its sending side after its request (`curl -T`,
+    `nc -N`) and still read the reply; the reply says `Connection: close`, then the connection
+    ends. (aiohttp let the transport close on the client's FIN, which cancelled the request.)
+    The FIN is first answered with an interim 100, which tells a half-close (the client reads
+    past it) from a close (the client's reset cancels: the test above)."""
+    started = asyncio.Event()
+    release = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def handler(req: web.BaseRequest) -> web.StreamResponse:
+        body = await read_body(req, 100, BOUND)
+        started.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return web.Response(body=body)
+
+    async with listening(handler) as srv:
+        assert srv.listener is not None
+        gates = srv.listener.gates
+        client = await srv.connect()
+        await client.send(request(b"half"))
+        await wait(started)
+        client.writer.write_eof()
+        # The FIN has no event of its own on the server's side: its flag (or, without it, the
+        # cancelled handler) is polled.
+        await until(
+            lambda: cancelled.is_set() or any(getattr(g, "eof", False) for g in gates.values())
+        )
+        assert not cancelled.is_set()
+        release.set()
+        probe = await client.response()  # (an interim response: a closed client resets it)
+        assert probe.status == 100
+        resp = await client.response()
+        assert (resp.status, resp.body) == (200, b"half")
+        assert resp.closes
+        assert await client.closed_by_server()
+
+
 # --- connection management ----------------------------------------------------------------------
 
 

@@ -204,7 +204,10 @@ class Dispatcher:
                     reply = errors.to_wire(exc, msg["id"])
         finally:
             SERVING.reset(token)
-            observed.end(reply)
+            if reply is None:  # cancelled: the client went away (or the gateway is stopping)
+                observed.cancel()
+            else:
+                observed.end(reply)
         return reply
 
     async def notify(self, msg: Message) -> None:

@@ -5,6 +5,8 @@ and the transport renumbers, so the transports record what they write and read."
 
 from __future__ import annotations
 
+import asyncio
+
 from gateway.backends.base import Backend, NotificationSink
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
@@ -43,6 +45,10 @@ class InstrumentedBackend:
                 params = jsonrpc.params(msg)
                 msg = {**msg, "params": {**params, "_meta": {**jsonrpc.meta(msg), **carrier}}}
             reply = await self.inner.request(msg, sink, long_lived=long_lived)
+        except asyncio.CancelledError:
+            # The client went away (or the gateway stopped waiting): not the backend's failure.
+            observed.cancel()
+            raise
         except BaseException:
             observed.end(None)
             raise

@@ -15,13 +15,15 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 LOOPBACK_NAMES = frozenset({"localhost"})
 # RFC 3986 3.2.2 reg-name (unreserved / pct-encoded / sub-delims): anything else in a host,
 # such as "@", "/", spaces or controls, makes the value invalid, never a different host.
 _REG_NAME = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=%]*")
 _PORT = re.compile(r"[0-9]*")
+# What separates the origins of a list: no single origin contains either.
+_LIST = re.compile(r"[ ,]")
 # scheme "://" authority, as in an Origin (RFC 6454 7) or an absolute-form target
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+\-.]*)://")
 
@@ -83,9 +85,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def one_field(values: Sequence[str]) -> str:
+    """A field's lines as one value (RFC 9110 5.3: joined by commas); an Origin so joined from
+    several lines is no serialized origin, and is refused."""
+    return values[0] if len(values) == 1 else ", ".join(values)
+
+
 def origin_allowed(origin: str, allowed: Collection[str]) -> bool:
     """An Origin from a loopback page, or one of `allowed` (compared without regard to the case
-    of scheme and host, as origins are)."""
+    of scheme and host, as origins are). A list of origins (RFC 6454 7.1 allows one, spaces
+    between; or several fields joined) is none of them."""
+    if _LIST.search(origin):
+        return False
     found = url_host(origin)
     if found is not None and is_loopback(found[1]):
         return True

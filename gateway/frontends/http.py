@@ -216,8 +216,13 @@ class Endpoint:
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         fields = request.headers
         target = request.raw_path
+        origin = fields.get(hdrs.ORIGIN)
+        if origin is not None:
+            # Several Origin fields are judged together (as one list, which is no origin),
+            # never by the first alone: a later one may be the page's real origin.
+            origin = guard.one_field(fields.getall(hdrs.ORIGIN))
         guarded, media = self._screen(
-            fields.get(hdrs.ORIGIN),
+            origin,
             fields.get(hdrs.HOST, ""),
             None if target.startswith("/") else guard.target_authority(target),
             fields.get(hdrs.CONTENT_TYPE, ""),

@@ -9,9 +9,11 @@ protocol wrapped around aiohttp's, which also closes a connection whose first re
 not arrived within `header_timeout`), requests per connection, the body's size and arrival time
 (`read_body`, with `bodies.py` for content codings).
 
-A client that disconnects cancels its request (`handler_cancellation`). Bad client input costs
-at most one debug line: aiohttp logs a refused request with its traceback, so the listener gives
-aiohttp a logger of its own that shortens those records.
+A client that disconnects cancels its request (`handler_cancellation`); one that only shut down
+its sending side after its request still gets the reply (`_Gate.eof_received`). One that stops
+reading a reply is reset after `idle_timeout`. Only HTTP/1.1 and 1.0 are served (505 otherwise).
+Bad client input costs at most one debug line: aiohttp logs a refused request with its
+traceback, so the listener gives aiohttp a logger of its own that shortens those records.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import errno
 import logging
 import socket
 import ssl
+import struct
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast
 
-from aiohttp import HttpVersion11, hdrs, web
+from aiohttp import HttpVersion10, HttpVersion11, hdrs, web
 from aiohttp.http import HttpProcessingError
 
 from gateway.config import ListenerLimits, ServerTls
@@ -54,10 +57,22 @@ MIN_GRACE = 0.001
 # Connections refused over max_connections are logged at most once per this many seconds: a
 # flood of them must not become a flood of log lines.
 REFUSALS_LOG_INTERVAL = 10.0
+# After a FIN, how soon the socket is first looked at for the reset of a client that closed
+# (a loopback or LAN round trip is well within it), and the longest wait between looks after.
+PROBE_FIRST = 0.01
+PROBE_MAX = 1.0
+# SO_LINGER on, with a timeout of 0: closing the socket resets the connection.
+_RESET = struct.pack("ii", 1, 0)
 # The interim response to `Expect: 100-continue` (RFC 9110 10.1.1), written as aiohttp's own
 # router writes it; the low-level server leaves expectations to its handler.
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NO_TUNNEL = jsonrpc.encode(jsonrpc.error(None, codes.INVALID_REQUEST, "CONNECT is not served"))
+_NO_VERSION = jsonrpc.encode(
+    jsonrpc.error(None, codes.INVALID_REQUEST, "Only HTTP/1.1 and HTTP/1.0 are served")
+)
+# The versions served: aiohttp's parser takes any `HTTP/d.d`, and would answer an `HTTP/2.0`
+# request line as if it were 1.1 (RFC 9110 6.2: its major version says it is not).
+SERVED_VERSIONS = frozenset({HttpVersion10, HttpVersion11})
 _NOT_STARTED = jsonrpc.encode(
     jsonrpc.error(None, codes.GATEWAY_SHUTTING_DOWN, "The gateway stopped before it started")
 )
@@ -181,6 +196,10 @@ class _ClientFaults(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, _CLIENT_FAULTS):
+            # The logger let the record through at its first level (ERROR); lowered, it must
+            # pass the level check again, or it is written at the default level regardless.
+            if not SERVER_LOG.isEnabledFor(logging.DEBUG):
+                return False
             message = record.getMessage()
             record.msg = "%s: %s"
             record.args = (message, type(exc).__name__)
@@ -204,11 +223,14 @@ class _Gate(asyncio.Protocol):
     __slots__ = (
         "_head_timer",
         "_listener",
+        "_probe_timer",
         "_stall_timer",
         "_transport",
         "current",
+        "eof",
         "inner",
         "last",
+        "received",
         "requests",
     )
 
@@ -218,8 +240,11 @@ class _Gate(asyncio.Protocol):
         self._transport: asyncio.BaseTransport | None = None
         self._head_timer: asyncio.TimerHandle | None = None
         self._stall_timer: asyncio.TimerHandle | None = None
+        self._probe_timer: asyncio.TimerHandle | None = None
         self.requests = 0
         self.last = False  # this connection's current request is its last
+        self.eof = False  # the client has shut down its side: no request follows
+        self.received = False
         self.current: web.BaseRequest | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -249,9 +274,17 @@ class _Gate(asyncio.Protocol):
         """The client has taken nothing of a reply for the idle timeout: aiohttp would wait
         for it forever, holding the reply and the connection."""
         self._stall_timer = None
-        if self._transport is not None:
+        transport = self._transport
+        if transport is not None:
             log.debug("dropping a connection whose client stopped reading")
-            cast(asyncio.Transport, self._transport).abort()
+            # A plain close would leave the connection to the kernel, which goes on offering
+            # the unsent reply (and then the FIN) to a zero window: the client keeps its
+            # connection. A reset ends it at once and frees the buffers.
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+            cast(asyncio.Transport, transport).abort()
 
     def first_request(self) -> None:
         if self._head_timer is not None:
@@ -259,10 +292,62 @@ class _Gate(asyncio.Protocol):
             self._head_timer = None
 
     def data_received(self, data: bytes) -> None:
+        self.received = True
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
+        """The client shut down its sending side. That is how a client closes its connection
+        (or a stream: a cancellation), but also how `curl -T` or `nc -N` say their request is
+        complete (a half-close), and the two cannot be told apart from here. aiohttp lets the
+        transport close at once, cancelling the request being answered; so the transport stays
+        open (but over TLS, which has no half-close) until `_half_closed` has looked."""
+        self.eof = True
+        self.inner.eof_received()
+        if self._listener.tls or (self.requests == 0 and not self.received):
+            return None  # nothing was asked: closed now, as before
+        # (after the request just parsed, if any, has reached `_serve`: its task runs first)
+        asyncio.get_running_loop().call_soon(self._half_closed)
+        return True
+
+    def _half_closed(self) -> None:
+        """A request not yet answered at all is probed with an interim `100 Continue`, which
+        any HTTP/1.1 client reads past (RFC 9110 15.2): a client that closed its socket answers
+        it with a reset, which cancels the request; a half-closed one gets its reply, and the
+        connection ends after it. Nothing to answer, a reply under way (a stream: closing it
+        cancels) or HTTP/1.0 (no interim responses): the connection closes, as before."""
+        transport = self._transport
+        if transport is None:
+            return
+        request = self.current
+        if request is None or request.writer.output_size or request.version < HttpVersion11:
+            transport.close()
+            return
+        request[CLOSE] = True
+        self.last = True
+        cast(asyncio.Transport, transport).write(CONTINUE)
+        # The reset comes back within a round trip, but the transport reads no more after
+        # the FIN: the socket's pending error is looked at instead, more rarely as time goes.
+        self._look_again(request, PROBE_FIRST)
+
+    def _look_again(self, request: web.BaseRequest, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._probe_timer = loop.call_later(delay, self._probe_answered, request, delay)
+
+    def _probe_answered(self, request: web.BaseRequest, delay: float) -> None:
+        self._probe_timer = None
+        transport = self._transport
+        if transport is None or self.current is not request:
+            return
+        sock = transport.get_extra_info("socket")
+        error = 0
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if error:
+            log.debug("a client closed its connection while its request was being answered")
+            cast(asyncio.Transport, transport).abort()  # cancels the request, as a close does
+            return
+        self._look_again(request, min(delay * 2, PROBE_MAX))
 
     def pause_writing(self) -> None:
         self._stall_timer = asyncio.get_running_loop().call_later(
@@ -283,6 +368,8 @@ class _Gate(asyncio.Protocol):
         self.first_request()
         if self._stall_timer is not None:
             self._stall_timer.cancel()
+        if self._probe_timer is not None:
+            self._probe_timer.cancel()
         self._transport = None
         self._listener.forget(self)
         inner.connection_lost(exc)
@@ -310,6 +397,7 @@ class Listener:
         self._handler = handler
         self.limits = limits
         self._tls = tls
+        self.tls = tls is not None
         self._stats = stats
         self.open = 0
         self.closing = False
@@ -365,12 +453,17 @@ class Listener:
             refusal = web.Response(status=501, body=_NO_TUNNEL, content_type="application/json")
             refusal.force_close()
             return refusal
+        if request.version not in SERVED_VERSIONS:
+            # Another version's framing may differ: nothing after this head is parsed.
+            refusal = web.Response(status=505, body=_NO_VERSION, content_type="application/json")
+            refusal.force_close()
+            return refusal
         gate = self.gates.get(request.protocol)
         if gate is not None:
             gate.requests += 1
             if gate.requests == 1:
                 gate.first_request()
-            if gate.requests >= self.limits.max_requests_per_connection or self.closing:
+            if gate.requests >= self.limits.max_requests_per_connection or self.closing or gate.eof:
                 gate.last = True
                 request[CLOSE] = True
             gate.current = request

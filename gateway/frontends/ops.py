@@ -109,8 +109,9 @@ def admin_handler(ops: Operations, *, loopback: bool) -> Handler:
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
         fields = request.headers
         target = request.raw_path
+        origins = fields.getall(hdrs.ORIGIN, ())
         why = guard.refusal(
-            fields.get(hdrs.ORIGIN),
+            guard.one_field(origins) if origins else None,
             fields.get(hdrs.HOST, ""),
             None if target.startswith("/") else guard.target_authority(target),
             allowed_origins=(),

@@ -182,7 +182,14 @@ class Observation(Protocol):
         ...
 
     def end(self, reply: Message | None) -> None:
-        """Record the outcome, once, in the task that began it; None: cancelled or failed."""
+        """Record the outcome, once, in the task that began it; None: no reply (the request
+        failed)."""
+        ...
+
+    def cancel(self) -> None:
+        """Record, instead of `end`, that the request was cancelled: its client went away (a
+        closed stream, an ended legacy session) or the gateway stopped waiting. An outcome of
+        its own (CANCELLED), not the backend's error."""
         ...
 
 
@@ -220,6 +227,9 @@ class _NoObservation:
         return {}
 
     def end(self, reply: Message | None) -> None:
+        return None
+
+    def cancel(self) -> None:
         return None
 
 
@@ -260,10 +270,19 @@ class NoTelemetry:
         return NO_OBSERVATION
 
 
+# How a request ended that was cancelled, and one that got no reply (a backend failed).
+CANCELLED = "cancelled"
+NO_REPLY = "no_reply"
+# Requests that last as long as their client wants (a listen stream, which a legacy session's
+# GET stream is fed by): their durations say nothing of how fast anything answers, so they are
+# kept out of the duration histograms and the status page's latencies.
+LONG_LIVED = frozenset({"subscriptions/listen"})
+
+
 def error_type(reply: Message | None) -> str:
     """A bounded description of how a request ended: "" when it succeeded."""
     if reply is None:
-        return "cancelled"
+        return NO_REPLY
     error = reply.get("error")
     if isinstance(error, dict):
         return str(error.get("code", "error"))

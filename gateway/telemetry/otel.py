@@ -16,6 +16,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gateway.protocol import jsonrpc, meta
 from gateway.telemetry.api import (
+    CANCELLED,
+    LONG_LIVED,
     SERVING,
     TRACE_HEADERS,
     HeaderFields,
@@ -98,13 +100,24 @@ def _span_target(msg: Message) -> str:
 
 
 class _Observed:
-    __slots__ = ("backend", "msg", "ref", "reply", "span", "started", "target", "telemetry")
+    __slots__ = (
+        "backend",
+        "cancelled",
+        "msg",
+        "ref",
+        "reply",
+        "span",
+        "started",
+        "target",
+        "telemetry",
+    )
     telemetry: GatewayTelemetry
     msg: Message
     span: trace.Span | None
     target: str | None
     backend: str | None
     reply: Message | None
+    cancelled: bool
     started: float
     ref: tuple[str, bool] | None
 
@@ -115,6 +128,7 @@ class _Observed:
         self.target = None
         self.backend = None
         self.reply = None
+        self.cancelled = False
         self.ref = None
         self.started = time.perf_counter()
 
@@ -141,7 +155,8 @@ class _Observed:
             code = jsonrpc.error_code(reply) if reply is not None else None
             if code is not None:
                 span.set_attribute("rpc.response.status_code", str(code))
-            span.set_status(Status(StatusCode.ERROR))
+            if error != CANCELLED:  # (the client's choice, not a failure of the operation)
+                span.set_status(Status(StatusCode.ERROR))
         span.end()
         return self.trace_ref()
 
@@ -185,6 +200,10 @@ class _ServerObserved(_Observed):
         self.reply = reply
         self.telemetry._end_server(self)
 
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.telemetry._end_server(self)
+
 
 class _ClientObserved(_Observed):
     __slots__ = ("backend_name", "via")
@@ -207,6 +226,10 @@ class _ClientObserved(_Observed):
 
     def end(self, reply: Message | None) -> None:
         self.reply = reply
+        self.telemetry._end_client(self)
+
+    def cancel(self) -> None:
+        self.cancelled = True
         self.telemetry._end_client(self)
 
 
@@ -282,13 +305,13 @@ class GatewayTelemetry:
         self.stats.in_flight[origin.frontend] -= 1
         seconds = time.perf_counter() - observed.started
         reply = observed.reply
-        error = error_type(reply)
+        error = CANCELLED if observed.cancelled else error_type(reply)
         trace_id, sampled = _NONE
         if observed.span is not None:
             # (Its name, given at start, already holds the client-visible name the target is.)
             trace_id, sampled = observed.end_span(error, reply)
         method = str(msg.get("method", ""))
-        if self._recorder is not None:
+        if self._recorder is not None and method not in LONG_LIVED:
             target = observed.target or ("" if method not in _NAME_ATTR else OTHER)
             exemplar = trace_id if sampled else ""
             self._recorder.server(method, target, error, seconds, exemplar)
@@ -347,18 +370,22 @@ class GatewayTelemetry:
 
     def _end_client(self, observed: _ClientObserved) -> None:
         seconds = time.perf_counter() - observed.started
-        error = error_type(observed.reply)
+        error = CANCELLED if observed.cancelled else error_type(observed.reply)
         if observed.span is not None:
             trace_id, sampled = observed.end_span(error, observed.reply)
         elif observed.via is not None:
             trace_id, sampled = observed.via.trace_ref()
         else:
             trace_id, sampled = _NONE
-        if self.status is not None:
-            self.status.client(observed.backend_name, observed.msg, observed.reply, seconds)
-        if self._recorder is not None:
-            msg = observed.msg
-            method = str(msg.get("method", ""))
+        msg = observed.msg
+        method = str(msg.get("method", ""))
+        if self.status is not None and not observed.cancelled:
+            # (a cancelled request says nothing of its backend: the client went, or the gateway
+            # stopped waiting; a listen's lifetime is its client's, not a latency)
+            self.status.client(
+                observed.backend_name, msg, observed.reply, seconds, timed=method not in LONG_LIVED
+            )
+        if self._recorder is not None and method not in LONG_LIVED:
             target = ""
             if method in _NAME_ATTR:
                 serving = SERVING.get()[0]

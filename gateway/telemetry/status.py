@@ -201,8 +201,18 @@ class StatusBoard:
             del self._series[name]
             self.last_error.pop(name, None)
 
-    def client(self, backend: str, msg: Message, reply: Message | None, seconds: float) -> None:
-        """One request to a backend ended (its reply, None when it got none)."""
+    def client(
+        self,
+        backend: str,
+        msg: Message,
+        reply: Message | None,
+        seconds: float,
+        *,
+        timed: bool = True,
+    ) -> None:
+        """One request to a backend ended (its reply, None when it got none; a cancelled one
+        is not told). One not `timed` (a listen stream, as long as its client wants) is kept
+        out of the series: only its error, if it ends in one, is recorded."""
         series = self._series.get(backend)
         if series is None:
             series = self.series(backend)
@@ -211,7 +221,8 @@ class StatusBoard:
             if error is None:
                 result = reply.get("result")
                 if not (isinstance(result, dict) and result.get("isError") is True):
-                    series.observe(self._clock(), seconds, False)
+                    if timed:
+                        series.observe(self._clock(), seconds, False)
                     return
                 code, message = TOOL_ERROR, "the tool reported an error (isError)"
             elif isinstance(error, dict):
@@ -221,8 +232,9 @@ class StatusBoard:
             else:
                 code, message = "error", ""
         else:
-            code, message = NO_REPLY, "no reply (the backend failed, timed out or was cancelled)"
-        series.observe(self._clock(), seconds, True)
+            code, message = NO_REPLY, "no reply (the backend failed or timed out)"
+        if timed:
+            series.observe(self._clock(), seconds, True)
         self._error(backend, str(msg.get("method", "")), code, message)
 
     def down(self, backend: str, reason: str | None) -> None:
