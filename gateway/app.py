@@ -742,6 +742,7 @@ class Gateway:
                 pids=t.running_pids() if isinstance(t, StdioBackend | IsolatedBackend) else None,
                 in_flight=b.busy,
                 pool=t.pool_connections() if isinstance(t, HttpBackend | SseBackend) else None,
+                replicas=t.replica_stats() if isinstance(t, HttpBackend) else None,
             )
             for t, e, g, b in zip(
                 self.transports, self.layers, self.guarded, self.bounds, strict=True

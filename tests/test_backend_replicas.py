@@ -15,9 +15,11 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
+import aiohttp
 import anyio
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
 from gateway import config as gateway_config
@@ -98,13 +100,30 @@ class Replica:
 
 @asynccontextmanager
 async def gateway(urls: list[str], **http: Any) -> AsyncIterator[str]:
+    async with gateway_with_admin(urls, **http) as (url, _):
+        yield url
+
+
+@asynccontextmanager
+async def gateway_with_admin(urls: list[str], **http: Any) -> AsyncIterator[tuple[str, str]]:
     backend = {"http": {"urls": urls, **http}, "era": "modern"}
-    text = yaml.safe_dump(
-        {"listen": {"http": {"host": "127.0.0.1", "port": 0}}, "backends": {"b": backend}}
-    )
+    listen = {"http": {"host": "127.0.0.1", "port": 0}, "admin": {"port": 0}}
+    text = yaml.safe_dump({"listen": listen, "backends": {"b": backend}})
     async with Gateway(gateway_config.parse(text)) as gw:
-        assert gw.http_url is not None
-        yield gw.http_url
+        assert gw.http_url is not None and gw.admin_url is not None
+        yield gw.http_url, gw.admin_url
+
+
+async def metrics(admin: str) -> dict[tuple[str, str], float]:
+    """(name, replica) -> value of the replica metrics of backend `b`."""
+    async with aiohttp.ClientSession() as session, session.get(f"{admin}/metrics") as resp:
+        text = await resp.text()
+    return {
+        (s.name, s.labels["replica"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if "replica" in s.labels and s.labels.get("backend") == "b"
+    }
 
 
 @asynccontextmanager
@@ -177,9 +196,15 @@ async def test_a_call_with_effects_is_never_sent_to_a_second_replica(fail: str, 
     whatever stands before it) may have run it: a call of a tool not declared read-only and
     idempotent is answered with the backend's error, and the other replica never sees it."""
     bad, good = Replica("bad", fail=fail), Replica("good")
-    async with replicas(bad, good) as urls, gateway(urls) as url:
+    async with replicas(bad, good) as urls, gateway_with_admin(urls) as (url, admin):
         with anyio.fail_after(BOUND):
             replies = [await post(url, call(i, "write")) for i in range(2)]
+            seen = await metrics(admin)
+    failures = "mcp_gateway_backend_replica_failures_total"
+    busy = "mcp_gateway_backend_replica_requests_in_flight"
+    bad_label, good_label = urls  # (a replica is named by its URL without credentials)
+    assert seen[failures, bad_label] == 1 and seen[failures, good_label] == 0
+    assert seen[busy, bad_label] == 0 and seen[busy, good_label] == 0
     failed = [r for r in replies if "error" in r]
     assert len(failed) == 1 and failed[0]["error"]["code"] == code
     assert "'b'" in failed[0]["error"]["message"]

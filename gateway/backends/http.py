@@ -132,6 +132,10 @@ class HttpBackend:
         """Its pooled connections (in use, idle), for /metrics."""
         return web.pool_connections(self._calls, self._streams)
 
+    def replica_stats(self) -> list[tuple[str, int, int]] | None:
+        """Per replica (several `urls` only): its address, requests in flight, failures."""
+        return self._replicas.stats() if self._replicas.several else None
+
     async def run(self) -> None:
         config, tls, proxy = self._config, self._tls, self._proxy
         self._calls = web.session(
