@@ -454,7 +454,10 @@ def describe(config: Config) -> str:
             lines.append(f"  backend {b.name}: stdio `{cmd}`{era}{each}")
         else:
             kind = "sse" if isinstance(b.target, SseTarget) else "http"
-            lines.append(f"  backend {b.name}: {kind} {b.target.url}{era}")
+            where = b.target.url
+            if isinstance(b.target, HttpTarget) and b.target.urls:
+                where = f"{' '.join(b.target.urls)} ({b.target.balance})"
+            lines.append(f"  backend {b.name}: {kind} {where}{era}")
         if b.roots:
             lines.append(f"  backend {b.name}: roots {' '.join(r.uri for r in b.roots)}")
     t = config.telemetry
