@@ -3,7 +3,7 @@
 Each replica is a raw HTTP server on 127.0.0.1 (tests/backend_support.py) speaking enough of the
 modern era (streamable-http) for a whole gateway, counting the tool calls it gets; the legacy
 case runs two SDK servers of the 2025-11-25 era (transports, Session Management). What may be
-sent again is judged by the tools' annotations (server/tools, Tool Annotations).
+sent again is judged by the tools' annotations (schema, ToolAnnotations).
 """
 
 from __future__ import annotations

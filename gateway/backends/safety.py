@@ -2,10 +2,12 @@
 
 A request may be repeated only if running it twice cannot have an effect: reading lists,
 resources, discovery, completions, ping; and a tools/call only of a tool its server declares
-both read-only and idempotent (`annotations.readOnlyHint` and `idempotentHint`, server/tools,
-Tool Annotations), as learnt from the tools/list results that passed through the backend's hop.
-Annotations are hints from the server: a server that lies about them is trusted as far as this
-(the same trust the client gives them); a tool not seen in a list is never repeated.
+both read-only and idempotent (`annotations.readOnlyHint` and `idempotentHint`: the schema's
+`ToolAnnotations`), as learnt from the tools/list results that passed through the backend's hop.
+Both, not read-only alone: the schema calls `idempotentHint` meaningful only for tools that are
+not read-only, so a server setting both leaves no doubt. Annotations are hints: a server whose
+hints are false can only make its own tools run twice (the operator configured it; no other
+backend or client is affected); a tool not seen in a list is never repeated.
 """
 
 from __future__ import annotations
