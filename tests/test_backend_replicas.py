@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import socket
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -24,7 +25,7 @@ from yarl import URL
 
 from gateway import config as gateway_config
 from gateway.app import Gateway
-from gateway.backends import safety
+from gateway.backends import health, safety
 from gateway.backends.replicas import Replicas
 from gateway.config import ConfigInvalid, HttpTarget
 from gateway.protocol import codes
@@ -106,12 +107,18 @@ async def gateway(urls: list[str], **http: Any) -> AsyncIterator[str]:
 
 @asynccontextmanager
 async def gateway_with_admin(urls: list[str], **http: Any) -> AsyncIterator[tuple[str, str]]:
+    async with running_gateway(urls, **http) as gw:
+        assert gw.http_url is not None and gw.admin_url is not None
+        yield gw.http_url, gw.admin_url
+
+
+@asynccontextmanager
+async def running_gateway(urls: list[str], **http: Any) -> AsyncIterator[Gateway]:
     backend = {"http": {"urls": urls, **http}, "era": "modern"}
     listen = {"http": {"host": "127.0.0.1", "port": 0}, "admin": {"port": 0}}
     text = yaml.safe_dump({"listen": listen, "backends": {"b": backend}})
     async with Gateway(gateway_config.parse(text)) as gw:
-        assert gw.http_url is not None and gw.admin_url is not None
-        yield gw.http_url, gw.admin_url
+        yield gw
 
 
 async def metrics(admin: str) -> dict[tuple[str, str], float]:
@@ -185,6 +192,29 @@ async def test_a_replica_that_is_down_is_skipped_and_its_requests_go_to_another(
             listed = await post(url, request(20, "tools/list"))
     assert {t["name"] for t in listed["result"]["tools"]} == {"read", "write", "slow"}
     assert live.calls == {"read": 4, "write": 4}
+
+
+async def test_the_backend_is_down_only_once_every_replica_has_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One replica down leaves the backend up (above); all of them down makes it down (-31001
+    at once, as for one URL), and the background retry finds the first replica that is back."""
+    monkeypatch.setattr(health, "FIRST_RETRY", 0.02)
+    monkeypatch.setattr(health, "MAX_RETRY", 0.1)
+    urls = [dead_url(), dead_url()]
+    back = Replica("back")
+    async with running_gateway(urls) as gw:
+        assert gw.http_url is not None
+        with anyio.fail_after(BOUND):
+            await gw.health[0].wait(down=True)
+            reply = await post(gw.http_url, call(1, "write"))
+            assert reply["error"]["code"] == codes.BACKEND_UNAVAILABLE
+            port = int(urls[1].rsplit(":", 1)[1].split("/")[0])
+            with socket.create_server(("127.0.0.1", port)) as sock:
+                async with Server(back.serve, sock=sock):
+                    await gw.health[0].wait(down=False)
+                    assert text_of(await post(gw.http_url, call(2, "write"))) == "back"
+    assert back.calls == {"write": 1}
 
 
 @pytest.mark.parametrize(
