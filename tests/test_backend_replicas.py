@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
+import functools
 import socket
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -29,13 +31,18 @@ from gateway.backends import health, safety
 from gateway.backends.replicas import Replicas
 from gateway.config import ConfigInvalid, HttpTarget
 from gateway.protocol import codes
+from gateway.protocol.jsonrpc import Message
 from tests.backend_support import (
     DISCOVERED,
     Peer,
     Server,
+    chunk,
     head,
     json_reply,
     result_for,
+    running,
+    sse_event,
+    sse_head,
 )
 from tests.support import (
     BOUND,
@@ -80,6 +87,11 @@ class Replica:
                 await peer.send(head("Content-Length: 0", status="202 Accepted"))
                 continue
             result: dict[str, Any] = {"resultType": "complete"}
+            if msg["method"] == "subscriptions/listen":
+                note = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+                await peer.send(sse_head(), chunk(sse_event(note)))
+                await peer.wait_closed_by_client()
+                return
             if msg["method"] == "server/discover":
                 result = DISCOVERED
             elif msg["method"] == "tools/list":
@@ -163,6 +175,28 @@ async def test_least_in_flight_sends_to_the_idle_replica_while_one_is_busy() -> 
         busy.release.set()
     assert answered == [idle.name] * 4
     assert busy.calls["write"] == 0 and idle.calls["write"] == 4
+
+
+async def test_a_listen_stream_does_not_count_as_in_flight_on_its_replica() -> None:
+    """A listen stream lasts as long as its client: least_in_flight does not shun the replica
+    holding one (basic/utilities, subscriptions/listen: a long-lived request)."""
+    a, b = Replica("a"), Replica("b")
+    async with replicas(a, b) as urls:
+        text = _config({"urls": urls, "balance": "least_in_flight"})
+        config = dataclasses.replace(gateway_config.parse(text).backends[0], era="modern")
+        async with running(config) as backend, anyio.create_task_group() as tg:
+            listen = request("listen-1", "subscriptions/listen", {"filter": {}})
+            heard = anyio.Event()
+
+            async def hear(_: Message) -> None:
+                heard.set()
+
+            tg.start_soon(functools.partial(backend.request, listen, hear, long_lived=True))
+            with anyio.fail_after(BOUND):
+                await heard.wait()  # (the stream is open, its head read)
+            stats = backend.replica_stats()
+            assert stats is not None and [busy for _, busy, _ in stats] == [0, 0]
+            tg.cancel_scope.cancel()
 
 
 async def _first_busy(a: Replica, b: Replica) -> tuple[Replica, Replica]:

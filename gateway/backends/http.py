@@ -617,6 +617,11 @@ class HttpBackend:
         except BaseException:
             self._asking.pop(asking, None)
             raise
+        # A listen stream (no deadline) lasts as long as its client, mostly idle: not counted
+        # as in flight on its replica, or least_in_flight would shun replicas with listeners.
+        counted = within is not None
+        if not counted:
+            replica.in_flight -= 1
         try:
             if self._legacy is not None:
                 self._check_session(resp, self._legacy)
@@ -635,7 +640,8 @@ class HttpBackend:
             raise
         finally:
             self._asking.pop(asking, None)
-            replica.in_flight -= 1
+            if counted:
+                replica.in_flight -= 1
         resp.release()
         if msg.get("method") == "tools/list":
             self._tools.learn(reply)
