@@ -410,7 +410,8 @@ class GatewayCollector(Collector):
         )
         replica_in_flight = GaugeMetricFamily(
             "mcp_gateway_backend_replica_requests_in_flight",
-            "Requests sent to one replica of an HTTP backend with several urls, not yet answered.",
+            "Requests sent to one replica of an HTTP backend with several urls and not yet"
+            " answered (listen streams aside).",
             labels=["backend", "replica"],
         )
         replica_failures = CounterMetricFamily(
