@@ -456,7 +456,7 @@ def describe(config: Config) -> str:
             kind = "sse" if isinstance(b.target, SseTarget) else "http"
             where = b.target.url
             if isinstance(b.target, HttpTarget) and b.target.urls:
-                where = f"{' '.join(b.target.urls)} ({b.target.balance})"
+                where = f"{' '.join(map(redacted_url, b.target.urls))} ({b.target.balance})"
             lines.append(f"  backend {b.name}: {kind} {where}{era}")
         if b.roots:
             lines.append(f"  backend {b.name}: roots {' '.join(r.uri for r in b.roots)}")
