@@ -752,6 +752,7 @@ class Gateway:
                 pool=t.pool_connections() if isinstance(t, HttpBackend | SseBackend) else None,
                 breaker=w.breaker.state if w.breaker is not None else None,
                 breaker_opens=w.breaker.opens if w.breaker is not None else 0,
+                replicas=t.replica_stats() if isinstance(t, HttpBackend) else None,
             )
             for t, e, g, b, w in zip(
                 self.transports, self.layers, self.guarded, self.bounds, self.wired, strict=True

@@ -78,6 +78,11 @@ EXPORTED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "mcp_gateway_backend_child_cpu_seconds_total": ("counter", frozenset({"backend"})),
     "mcp_gateway_backend_child_resident_memory_bytes": ("gauge", frozenset({"backend"})),
     "mcp_gateway_backend_requests_in_flight": ("gauge", frozenset({"backend"})),
+    "mcp_gateway_backend_replica_requests_in_flight": (
+        "gauge",
+        frozenset({"backend", "replica"}),
+    ),
+    "mcp_gateway_backend_replica_failures_total": ("counter", frozenset({"backend", "replica"})),
     "mcp_gateway_backend_pool_connections": ("gauge", frozenset({"backend", "state"})),
     "mcp_gateway_backend_breaker_state": ("gauge", frozenset({"backend", "state"})),
     "mcp_gateway_backend_breaker_opens_total": ("counter", frozenset({"backend"})),

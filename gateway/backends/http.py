@@ -26,12 +26,14 @@ import aiohttp
 import anyio
 from multidict import CIMultiDict
 
-from gateway.backends import deadline, hop, ids, questions, resume, web
+from gateway.backends import deadline, hop, ids, questions, resume, safety, web
 from gateway.backends.base import NotificationSink
-from gateway.config import BackendConfig, HttpTarget
+from gateway.backends.replicas import Replica, Replicas
+from gateway.config import BackendConfig, ConfigInvalid, HttpTarget
 from gateway.errors import (
     BackendConnectionLost,
     BackendError,
+    BackendLoginNeeded,
     BackendProtocolError,
     BackendTimeout,
     BackendUnavailable,
@@ -62,6 +64,9 @@ MIRRORED_CACHE = 1024
 # A session id is visible ASCII (2025-11-25 transports, Session Management): anything else
 # from a server is not sent back in a header.
 _SESSION_ID = re.compile(r"[\x21-\x7e]+")
+# Statuses of a proxy or server in front of a replica that could not serve (with a body that is
+# not JSON-RPC): the replica failed, and a request that may be repeated goes to another.
+FAILED_STATUSES = frozenset({502, 503, 504})
 
 
 class HttpBackend:
@@ -71,11 +76,16 @@ class HttpBackend:
         assert isinstance(config.target, HttpTarget)
         self._config = config
         self._stats = stats or Stats()
-        self._up = False
         self.name = config.name
-        self._url = web.target_url(config)  # a malformed URL fails here, at start-up
+        target = config.target
+        # A malformed URL fails here, at start-up. Several `urls`: replicas of one server.
+        self._replicas = Replicas(web.replica_urls(config), target.balance, target.eject_for)
+        if not self._replicas.several:
+            self._replicas.all[0].reachable = False  # (not up until a request went through)
         self._tls = web.ssl_context(config)
-        self._proxy = env_proxy(self._url, f"backend {config.name}")
+        self._proxy = _one_proxy(config, self._replicas)
+        # Several replicas: the tools that may be repeated on another after a failure.
+        self._safe = safety.SafeTools() if self._replicas.several else None
         limits = config.target.limits
         self._limits = limits
         self._custom = web.fixed_headers(config)
@@ -122,6 +132,10 @@ class HttpBackend:
         """Its pooled connections (in use, idle), for /metrics."""
         return web.pool_connections(self._calls, self._streams)
 
+    def replica_stats(self) -> list[tuple[str, int, int]] | None:
+        """Per replica (several `urls` only): its address, requests in flight, failures."""
+        return self._replicas.stats() if self._replicas.several else None
+
     async def run(self) -> None:
         config, tls, proxy = self._config, self._tls, self._proxy
         self._calls = web.session(
@@ -153,7 +167,7 @@ class HttpBackend:
 
     @property
     def up(self) -> bool:
-        return self._up
+        return self._replicas.up
 
     @property
     def authorizer(self) -> Authorizer | None:
@@ -183,6 +197,7 @@ class HttpBackend:
         view = HttpBackend(self._config, self._stats)
         view._calls, view._streams = self._calls, self._streams
         view._authorizer = self._authorizer
+        view._replicas, view._safe = self._replicas, self._safe
         view.tap = self.tap
         view._views = self._views
         self._views.add(view)
@@ -245,7 +260,13 @@ class HttpBackend:
         reading: resume.Reading,
         deliver: Callable[[str, Message], None],
     ) -> bool:
-        resp = await self._open(session, "GET", sent, None, None, shared=True)
+        replica = self._pinned(legacy)
+        try:
+            resp = await self._open(replica, session, "GET", sent, None, None, shared=True)
+        except BackendError as exc:
+            if not self._replicas.several:
+                raise
+            raise self._session_lost(legacy, exc, True) from None
         try:
             if resp.status == 405:
                 return False
@@ -308,7 +329,7 @@ class HttpBackend:
                 if header is not None:
                     sent["Authorization"] = header
         try:
-            resp = await web.send(session, "DELETE", self._url, sent)
+            resp = await web.send(session, "DELETE", self._pinned(legacy).url, sent)
             resp.close()
         except (aiohttp.ClientError, TimeoutError):
             pass
@@ -386,7 +407,10 @@ class HttpBackend:
         self._stats.bytes["backend", "out"] += len(body)
         if self.tap is not None:
             self.tap.record("backend", "out", msg, backend=self.name, headers=self._shown(sent))
-        resp = await self._open(session, "POST", sent, body, self._request_timeout)
+        resp, replica = await self._open_post(
+            msg, session, sent, body, self._request_timeout, None, False
+        )
+        replica.in_flight -= 1
         try:
             if self._legacy is not None:
                 self._check_session(resp, self._legacy)
@@ -400,6 +424,7 @@ class HttpBackend:
 
     async def _open(
         self,
+        replica: Replica,
         session: aiohttp.ClientSession,
         method: str,
         sent: CIMultiDict[str],
@@ -409,17 +434,18 @@ class HttpBackend:
         *,
         shared: bool = False,
     ) -> aiohttp.ClientResponse:
-        """Send one request; its response once the head has arrived. `shared`: one the gateway
-        makes for everyone (the catalog, discovery), under its own login even where each
-        caller has one of their own."""
+        """Send one request to `replica`; its response once the head has arrived. `shared`: one
+        the gateway makes for everyone (the catalog, discovery), under its own login even where
+        each caller has one of their own."""
         if self._authorizer is not None:
             return await self._open_authorized(
-                self._authorizer, session, method, sent, body, within, deadline, shared
+                self._authorizer, replica, session, method, sent, body, within, deadline, shared
             )
-        return await self._open_once(session, method, sent, body, within, deadline)
+        return await self._open_once(replica, session, method, sent, body, within, deadline)
 
     async def _open_once(
         self,
+        replica: Replica,
         session: aiohttp.ClientSession,
         method: str,
         sent: CIMultiDict[str],
@@ -428,18 +454,121 @@ class HttpBackend:
         deadline: aiohttp.ClientTimeout | None = None,
     ) -> aiohttp.ClientResponse:
         try:
-            resp = await web.send(session, method, self._url, sent, body, deadline)
+            resp = await web.send(session, method, replica.url, sent, body, deadline)
         except (aiohttp.ClientError, TimeoutError) as exc:
             error = web.failure(self.name, exc, within)
-            if isinstance(error, BackendUnavailable):
-                self._up = False
+            if isinstance(error, BackendUnavailable | BackendConnectionLost):
+                self._replicas.failed(replica, unreachable=isinstance(error, BackendUnavailable))
             raise error from None
-        self._up = True
+        self._replicas.reached(replica)
         return resp
+
+    def _pinned(self, legacy: _LegacyHeaders) -> Replica:
+        """The replica of a legacy session (the one that answered its `initialize`)."""
+        return legacy.replica or self._replicas.all[0]
+
+    async def _open_post(
+        self,
+        msg: Message,
+        session: aiohttp.ClientSession,
+        sent: CIMultiDict[str],
+        body: bytes,
+        within: float | None,
+        deadline: aiohttp.ClientTimeout | None,
+        shared: bool,
+    ) -> tuple[aiohttp.ClientResponse, Replica]:
+        """A POST sent to a replica: its response (head) and that replica, counted in flight
+        until the caller is done with it. Several replicas: a legacy session's request to its
+        own; any other to the balancer's pick, and after a failure before any reply to the
+        next one, if nothing was sent or the request may be repeated (safety.py)."""
+        replicas, legacy = self._replicas, self._legacy
+        if not replicas.several or (legacy is not None and legacy.replica is not None):
+            replica = replicas.all[0] if legacy is None else self._pinned(legacy)
+            if legacy is not None and legacy.lost:
+                raise SessionExpired(self.name, "the session's replica failed")
+            replica.in_flight += 1
+            try:
+                resp = await self._open(
+                    replica, session, "POST", sent, body, within, deadline, shared=shared
+                )
+            except BaseException as exc:
+                replica.in_flight -= 1
+                if legacy is not None and replicas.several:
+                    raise self._session_lost(legacy, exc, self._repeatable(msg)) from None
+                raise
+            if legacy is not None and replicas.several and self._failed(replica, resp):
+                legacy.lost = True
+                if self._repeatable(msg):
+                    replica.in_flight -= 1
+                    resp.close()
+                    status = BackendUnavailable(self.name, f"HTTP {resp.status}")
+                    raise self._session_lost(legacy, status, True)
+            return resp, replica  # (a failure's reply says why: _json_reply)
+        failure: BaseException | None = None
+        for replica in replicas.candidates():
+            replica.in_flight += 1
+            try:
+                resp = await self._open(
+                    replica, session, "POST", sent, body, within, deadline, shared=shared
+                )
+            except (BackendUnavailable, BackendConnectionLost) as exc:
+                replica.in_flight -= 1
+                if isinstance(exc, BackendLoginNeeded | SessionExpired) or (
+                    isinstance(exc, BackendConnectionLost) and not self._repeatable(msg)
+                ):
+                    raise
+                failure = exc
+                log.info("backend %s: replica %s failed (%s)", self.name, replica.label, exc)
+                continue
+            except BaseException:
+                replica.in_flight -= 1
+                raise
+            if self._failed(replica, resp) and self._repeatable(msg):
+                replica.in_flight -= 1
+                resp.close()
+                failure = BackendUnavailable(self.name, f"HTTP {resp.status} from a replica")
+                log.info("backend %s: replica %s failed (%s)", self.name, replica.label, failure)
+                continue
+            if legacy is not None:
+                legacy.replica = replica  # (its `initialize`: the session lives there)
+            return resp, replica
+        assert failure is not None
+        raise failure
+
+    def _failed(self, replica: Replica, resp: aiohttp.ClientResponse) -> bool:
+        """Whether a replica's answer is a failure of the replica (a 502/503/504 whose body is
+        not JSON-RPC): it is then ejected for a while."""
+        if resp.status not in FAILED_STATUSES or resp.content_type in ("application/json", SSE):
+            return False
+        self._replicas.failed(replica, unreachable=False)
+        return True
+
+    def _repeatable(self, msg: Message) -> bool:
+        """Whether `msg` may be sent again after a failure that may have let it run; a legacy
+        `initialize` may (a session opened on a failed replica is only left to expire)."""
+        names = self._safe.names if self._safe is not None else ()
+        return msg.get("method") == "initialize" or safety.may_repeat(msg, names)
+
+    def _session_lost(
+        self, legacy: _LegacyHeaders, exc: BaseException, repeatable: bool
+    ) -> BaseException:
+        """A legacy session's replica failed: the session is given up. A request that was not
+        sent, or may be repeated, is SessionExpired, which the era layer answers as any lost
+        session: a new `initialize` (on another replica) and the request sent again."""
+        if not isinstance(exc, BackendUnavailable | BackendConnectionLost):
+            return exc
+        if isinstance(exc, BackendLoginNeeded | SessionExpired):
+            return exc
+        legacy.lost = True
+        if isinstance(exc, BackendUnavailable) or repeatable:
+            log.info("backend %s: a legacy session's replica failed (%s)", self.name, exc)
+            return SessionExpired(self.name, f"the session's replica failed ({exc})")
+        return exc
 
     async def _open_authorized(
         self,
         authorizer: Authorizer,
+        replica: Replica,
         session: aiohttp.ClientSession,
         method: str,
         sent: CIMultiDict[str],
@@ -451,7 +580,7 @@ class HttpBackend:
         """`_open` with the gateway's token, renewed when the backend refuses it."""
 
         def send(headers: CIMultiDict[str]) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
-            return self._open_once(session, method, headers, body, within, deadline)
+            return self._open_once(replica, session, method, headers, body, within, deadline)
 
         return await web.send_with_token(
             self.name, authorizer, web.caller(authorizer, shared), send, sent
@@ -478,14 +607,14 @@ class HttpBackend:
         if self.takes_requests and "id" in msg:
             self._asking[asking] = sink
         try:
-            resp = await self._open(
+            resp, replica = await self._open_post(
+                msg,
                 session,
-                "POST",
                 headers,
                 body,
                 within,
                 deadline,
-                shared=self._authorizer is not None and web.shared(msg),
+                self._authorizer is not None and web.shared(msg),
             )
         except (asyncio.CancelledError, BackendTimeout):
             self._asking.pop(asking, None)
@@ -494,6 +623,11 @@ class HttpBackend:
         except BaseException:
             self._asking.pop(asking, None)
             raise
+        # A listen stream (no deadline) lasts as long as its client, mostly idle: not counted
+        # as in flight on its replica, or least_in_flight would shun replicas with listeners.
+        counted = within is not None
+        if not counted:
+            replica.in_flight -= 1
         try:
             if self._legacy is not None:
                 self._check_session(resp, self._legacy)
@@ -512,9 +646,13 @@ class HttpBackend:
             raise
         finally:
             self._asking.pop(asking, None)
+            if counted:
+                replica.in_flight -= 1
         resp.release()
         if msg.get("method") == "tools/list":
             self._tools.learn(reply)
+            if self._safe is not None:
+                self._safe.learn(reply)
         return reply
 
     def _cancel_legacy(self, sent: ids.Sent, msg: Message) -> None:
@@ -637,7 +775,9 @@ class HttpBackend:
         headers[resume.LAST_EVENT_ID] = last_id
         deadline = web.timeout(within, self._connect_timeout)
         try:
-            resp = await self._open(session, "GET", headers, None, within, deadline)
+            resp = await self._open(
+                self._pinned(legacy), session, "GET", headers, None, within, deadline
+            )
         except BackendTimeout:
             raise
         except BackendError:
@@ -737,6 +877,10 @@ class _LegacyHeaders:
         self._custom = custom
         self.version: str | None = None
         self.session_id: str | None = None
+        # Several replicas: the one the session lives on, and whether it failed since (the
+        # session is then given up: SessionExpired).
+        self.replica: Replica | None = None
+        self.lost = False
         self.headers: CIMultiDict[str] = CIMultiDict(fixed)
         self.stream_headers: CIMultiDict[str] = CIMultiDict(custom)
         self.encode()
@@ -749,3 +893,14 @@ class _LegacyHeaders:
             fields.append((SESSION_HEADER, self.session_id))
         self.headers = CIMultiDict([*self._fixed, *fields])
         self.stream_headers = CIMultiDict([*self._custom, ("Accept", SSE), *fields])
+
+
+def _one_proxy(config: BackendConfig, replicas: Replicas) -> str | None:
+    """The proxy of the backend's session (aiohttp takes one per session): replicas that
+    `HTTP(S)_PROXY`/`NO_PROXY` send different ways are refused at start-up."""
+    found = {env_proxy(r.url, f"backend {config.name}") for r in replicas.all}
+    if len(found) > 1:
+        raise ConfigInvalid(
+            [f"backends.{config.name}.http.urls: the replicas must share one proxy (or none)"]
+        )
+    return found.pop()

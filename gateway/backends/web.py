@@ -78,9 +78,21 @@ def where(config: BackendConfig) -> str:
 
 def target_url(config: BackendConfig) -> URL:
     """The backend's URL, parsed once (aiohttp takes a URL object as it is, per request)."""
-    url = URL(target(config).url)
+    return _parsed(config, target(config).url, "url")
+
+
+def replica_urls(config: BackendConfig) -> list[URL]:
+    """Every replica's URL (one without `urls`), parsed once."""
+    t = target(config)
+    if not isinstance(t, HttpTarget) or not t.urls:
+        return [target_url(config)]
+    return [_parsed(config, url, f"urls.{at}") for at, url in enumerate(t.urls)]
+
+
+def _parsed(config: BackendConfig, text: str, key: str) -> URL:
+    url = URL(text)
     if url.scheme not in ("http", "https") or not url.host:
-        raise ConfigInvalid([f"{where(config)}.url: not an http(s) URL with a host"])
+        raise ConfigInvalid([f"{where(config)}.{key}: not an http(s) URL with a host"])
     return url
 
 
@@ -98,7 +110,9 @@ def ssl_context(config: BackendConfig) -> ssl.SSLContext | bool:
     """TLS for an https backend: the system's trust store, or only `tls.ca_file`; a client
     certificate from `tls.cert_file`/`tls.key_file`; no verification with `verify: false`."""
     tls = target(config).tls
-    if not target(config).url.startswith("https:"):
+    t = target(config)
+    urls = t.replicas if isinstance(t, HttpTarget) else (t.url,)
+    if not any(url.startswith("https:") for url in urls):
         return True  # aiohttp's default; never used for http://
     try:
         context = ssl.create_default_context(cafile=tls.ca_file)

@@ -167,15 +167,14 @@ def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None
         hp = path + (kinds[0],)
         h = c.mapping(body[kinds[0]], hp, keys.names("http_target"))
         ht = keys.table("http_target")
-        url = c.field(h, hp, "url", ht["url"])
-        if not url or not re.match(r"^https?://", url):
-            c.r.problem(hp + ("url",), "must be an http:// or https:// URL")
+        url, replicas = http_sections.urls(c, h, hp, kinds[0] == "http")
         kind = HttpTarget if kinds[0] == "http" else SseTarget
         target = kind(
-            url=url or "",
+            url=url,
             headers=c.field(h, hp, "headers", ht["headers"]),
             tls=http_sections.client_tls(c, h.get("tls"), hp + ("tls",), base),
             limits=http_sections.backend_limits(c, h.get("limits"), hp + ("limits",)),
+            **replicas,
         )
     era = c.field(body, path, "era", t["era"]) or "auto"
     if era not in ERAS:
@@ -459,7 +458,10 @@ def describe(config: Config) -> str:
             lines.append(f"  backend {b.name}: stdio `{cmd}`{era}{each}")
         else:
             kind = "sse" if isinstance(b.target, SseTarget) else "http"
-            lines.append(f"  backend {b.name}: {kind} {b.target.url}{era}")
+            where = b.target.url
+            if isinstance(b.target, HttpTarget) and b.target.urls:
+                where = f"{' '.join(map(redacted_url, b.target.urls))} ({b.target.balance})"
+            lines.append(f"  backend {b.name}: {kind} {where}{era}")
         if b.roots:
             lines.append(f"  backend {b.name}: roots {' '.join(r.uri for r in b.roots)}")
     t = config.telemetry

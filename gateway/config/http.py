@@ -1,12 +1,15 @@
-"""The HTTP sections of the config: the listener's limits and TLS, a backend's limits and TLS."""
+"""The HTTP sections of the config: the listener's limits and TLS, a backend's limits and TLS,
+its URL or replicas' URLs."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from gateway.config import keys
 from gateway.config.model import (
+    BALANCE_MODES,
     BackendLimits,
     ClientTls,
     ListenerLimits,
@@ -16,6 +19,9 @@ from gateway.config.reader import _Check
 
 Path_ = tuple[str, ...]
 
+_URL = re.compile(r"^https?://")
+# The keys that only mean something with several replicas' `urls` (Streamable HTTP only).
+REPLICA_KEYS = ("urls", "balance", "eject_for")
 LISTENER_LIMIT_KEYS = keys.names("listener_limits")
 BACKEND_LIMIT_KEYS = keys.names("backend_limits")
 
@@ -77,3 +83,41 @@ def client_tls(c: _Check, raw: Any, path: Path_, base: Path) -> ClientTls:
         key_file=key,
         verify=c.boolean(body.get("verify"), path + ("verify",), True),
     )
+
+
+def urls(c: _Check, body: dict[str, Any], path: Path_, http: bool) -> tuple[str, dict[str, Any]]:
+    """A backend's `url`, or (Streamable HTTP only) its replicas' `urls` with `balance` and
+    `eject_for`: the first URL, and the HttpTarget fields of the replicas (none for sse)."""
+    table = keys.table("http_target")
+    if not http:
+        for name in REPLICA_KEYS:
+            if body.get(name) is not None:
+                c.r.problem(path + (name,), "is for http backends only")
+    listed = c.field(body, path, "urls", table["urls"]) if http else ()
+    if http and body.get("url") is not None and body.get("urls") is not None:
+        c.r.problem(path, "needs exactly one of url or urls")
+        return "", {}
+    if body.get("urls") is None or not http:
+        url = c.field(body, path, "url", table["url"])
+        if not url or not _URL.match(url):
+            c.r.problem(path + ("url",), "must be an http:// or https:// URL")
+        for name in REPLICA_KEYS[1:]:
+            if http and body.get(name) is not None:
+                c.r.problem(path + (name,), "only applies with urls")
+        return url or "", {}
+    if not listed:
+        c.r.problem(path + ("urls",), "must list at least one URL")
+    for at, each in enumerate(listed):
+        if not _URL.match(each):
+            c.r.problem(path + ("urls", str(at)), "must be an http:// or https:// URL")
+    if len(set(listed)) != len(listed):
+        c.r.problem(path + ("urls",), "lists a URL twice")
+    balance = c.field(body, path, "balance", table["balance"])
+    if balance not in BALANCE_MODES:
+        c.r.problem(path + ("balance",), f"must be one of {', '.join(BALANCE_MODES)}")
+    replicas = {
+        "urls": listed,
+        "balance": balance if balance in BALANCE_MODES else "round_robin",
+        "eject_for": c.field(body, path, "eject_for", table["eject_for"]),
+    }
+    return listed[0] if listed else "", replicas

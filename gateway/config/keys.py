@@ -19,6 +19,7 @@ from gateway.config.model import (
     ACCESS_LOG_STDERR,
     AUDIT_STDERR,
     BACKEND_AUTH_TYPES,
+    BALANCE_MODES,
     CLIENT_ASSERTION_ALGORITHMS,
     CLIENT_AUTH_METHODS,
     DEFAULT_ADMIN_PORT,
@@ -33,6 +34,7 @@ from gateway.config.model import (
     DEFAULT_BREAKER_FAILURES,
     DEFAULT_BREAKER_WINDOW,
     DEFAULT_CHILD_IDLE_TIMEOUT,
+    DEFAULT_EJECT_FOR,
     DEFAULT_HTTP_HOST,
     DEFAULT_HTTP_PATH,
     DEFAULT_HTTP_PORT,
@@ -338,7 +340,19 @@ SECTIONS: dict[str, dict[str, Key]] = {
         ),
     },
     "http_target": {
-        "url": Key("string", "An http:// or https:// URL.", pattern=_URL, required=True),
+        "url": Key("string", "An http:// or https:// URL.", pattern=_URL),
+        "urls": Key(
+            "strings", "Replicas of one server (http only): each an http:// or https:// URL."
+        ),
+        "balance": Key(
+            "string",
+            "With urls: how a replica is picked for a request.",
+            "round_robin",
+            choices=BALANCE_MODES,
+        ),
+        "eject_for": Key(
+            "number", "With urls: seconds a failed replica is skipped.", DEFAULT_EJECT_FOR
+        ),
         "headers": Key("string_map", "Headers sent with every request."),
         "tls": Key("section", "How the backend's certificate is checked.", section="client_tls"),
         "limits": Key(
@@ -763,6 +777,7 @@ ONE_OF: Mapping[str, tuple[str, ...]] = {
     "backend": TRANSPORTS,
     "policy_rule": RULE_EFFECTS,
     "cluster": ("secrets", "secrets_file"),
+    "http_target": ("url", "urls"),
 }
 
 

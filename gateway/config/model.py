@@ -55,6 +55,11 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_STDIO_CONNECT_TIMEOUT = 30.0
 # Whole-request bound; long tool calls are normal in MCP, so this is generous.
 DEFAULT_REQUEST_TIMEOUT = 300.0
+# An HTTP backend's replica that failed (cannot connect, 502/503/504) is skipped this long while
+# another replica remains (backends/replicas.py).
+DEFAULT_EJECT_FOR = 10.0
+# How an HTTP backend with several `urls` picks one for a request.
+BALANCE_MODES = ("round_robin", "least_in_flight")
 # `isolation: per_session` (a stdio child per client): a child whose client has sent nothing for
 # this long is stopped. The same as a legacy HTTP session's default, so that a child does not
 # lose a live session's state before the session itself would end.
@@ -414,10 +419,18 @@ class BackendLimits:
 
 @dataclass(frozen=True)
 class HttpTarget:
-    url: str
+    url: str  # the first replica's, with `urls`: the backend's identity (OAuth resource, logs)
     headers: Mapping[str, str] = field(default_factory=dict)
     tls: ClientTls = ClientTls()
     limits: BackendLimits = BackendLimits()
+    # Replicas of one server (`urls:`): every URL, the first being `url`; () with `url:` alone.
+    urls: tuple[str, ...] = ()
+    balance: str = "round_robin"  # one of BALANCE_MODES
+    eject_for: float = DEFAULT_EJECT_FOR
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        return self.urls or (self.url,)
 
 
 @dataclass(frozen=True)

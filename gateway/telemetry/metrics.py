@@ -203,6 +203,8 @@ class BackendState:
     # Its circuit breaker (backends/breaker.py): closed, open or half_open; None: it has none.
     breaker: str | None = None
     breaker_opens: int = 0
+    # An HTTP backend's replicas (`urls`): (replica, in flight, failures) each; None: one URL.
+    replicas: list[tuple[str, int, int]] | None = None
 
 
 class GatewayCollector(Collector):
@@ -411,8 +413,22 @@ class GatewayCollector(Collector):
             "Pooled HTTP connections to the backend, by state (in_use, idle).",
             labels=["backend", "state"],
         )
+        replica_in_flight = GaugeMetricFamily(
+            "mcp_gateway_backend_replica_requests_in_flight",
+            "Requests sent to one replica of an HTTP backend with several urls and not yet"
+            " answered (listen streams aside).",
+            labels=["backend", "replica"],
+        )
+        replica_failures = CounterMetricFamily(
+            "mcp_gateway_backend_replica_failures",
+            "Failures of one replica before any reply (cannot connect, lost, 502/503/504).",
+            labels=["backend", "replica"],
+        )
         for b in self._backends():
             in_flight.add_metric([b.name], b.in_flight)
+            for replica, busy, failed in b.replicas or ():
+                replica_in_flight.add_metric([b.name, replica], busy)
+                replica_failures.add_metric([b.name, replica], failed)
             if b.pool is not None:
                 pool.add_metric([b.name, "in_use"], b.pool[0])
                 pool.add_metric([b.name, "idle"], b.pool[1])
@@ -428,7 +444,7 @@ class GatewayCollector(Collector):
             refreshes.add_metric([b.name], b.catalog_refreshes)
             failures.add_metric([b.name], b.fanout_failures)
         yield from (up, era, restarts, refreshes, failures, children)
-        yield from (in_flight, pool, cpu, rss)
+        yield from (in_flight, pool, cpu, rss, replica_in_flight, replica_failures)
         yield from self._breaker_metrics()
 
     def _breaker_metrics(self) -> Iterator[Metric]:
