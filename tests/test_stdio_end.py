@@ -168,7 +168,10 @@ def test_a_closed_stdout_ends_the_gateway_with_one_line(tmp_path: Path, uvloop: 
 
 def test_the_stall_bound_is_a_config_key() -> None:
     """shutdown.stdout_stall_timeout: a positive number of seconds, default 10."""
-    base: dict[str, object] = {"listen": {"stdio": True}, "backends": {"b": stdio_backend([PYTHON])}}
+    base: dict[str, object] = {
+        "listen": {"stdio": True},
+        "backends": {"b": stdio_backend([PYTHON])},
+    }
     assert parse(yaml.safe_dump(base)).shutdown.stdout_stall_timeout == 10.0
     doc = {**base, "shutdown": {"stdout_stall_timeout": 2.5}}
     assert parse(yaml.safe_dump(doc)).shutdown.stdout_stall_timeout == 2.5
