@@ -4,6 +4,7 @@ root task group and shuts everything down in order. The only module that wires c
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -997,10 +998,11 @@ async def run(
     stamp = await _stamp(watch) if watch is not None else None
     stopping = Stopping()
     # SIGHUP is taken before anything starts: its default action would end the process.
-    # SIGINT and SIGTERM, once taken, are held until the very end (`held`), and watched by a
-    # task (in `signalled`) that outlives the gateway's own shutdown.
+    # SIGINT and SIGTERM, once taken, are held to the very end (`held`), watched by a task that
+    # outlives the gateway's own shutdown (a task group around the gateway would wrap its
+    # start-up errors in an exception group).
     with anyio.open_signal_receiver(signal.SIGHUP) as hangups, contextlib.ExitStack() as held:
-        async with anyio.create_task_group() as signalled:
+        try:
             async with Gateway(config) as gateway, anyio.create_task_group() as tg:
                 settle_gc()
                 stdio: StdioFrontend | None = None
@@ -1029,7 +1031,7 @@ async def run(
                 signals = held.enter_context(
                     anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
                 )
-                signalled.start_soon(stopping.watch, gateway, stdio, signals)
+                stopping.watch(gateway, stdio, signals)
                 if pid_file is not None:
                     # Written once SIGHUP reloads: whoever reads it may signal at once.
                     await anyio.Path(pid_file).write_text(f"{os.getpid()}\n")
@@ -1042,7 +1044,9 @@ async def run(
                     stdio.stop()  # serve_stdio drains, then cancels the group
                 else:
                     tg.cancel_scope.cancel()
-            signalled.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await stopping.close()
     return stopping.status
 
 
@@ -1062,11 +1066,26 @@ class Stopping:
         self.requested = anyio.Event()  # the graceful shutdown is asked for
         self.status = 0
         self._hurried = False
+        self._watcher: asyncio.Task[None] | None = None
 
     def fail(self, status: int) -> None:
         self.status = self.status or status
 
-    async def watch(
+    def watch(
+        self, gateway: Gateway, stdio: StdioFrontend | None, signals: AsyncIterator[int]
+    ) -> None:
+        self._watcher = asyncio.get_running_loop().create_task(
+            self._watch(gateway, stdio, signals), name="signals"
+        )
+
+    async def close(self) -> None:
+        """The process is ending: signals are no longer watched (once their receiver is
+        closed, the next SIGINT is a KeyboardInterrupt again, which the CLI takes)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+
+    async def _watch(
         self, gateway: Gateway, stdio: StdioFrontend | None, signals: AsyncIterator[int]
     ) -> None:
         async for signum in signals:

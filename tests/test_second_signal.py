@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -16,12 +17,14 @@ import aiohttp
 import anyio
 import orjson
 import pytest
+import yaml
 
 from gateway.app import HTTP_SHUTDOWN_GRACE
 from gateway.frontends.stdio import DRAIN_TIMEOUT
 from gateway.protocol import codes
 from tests.support import (
     BOUND,
+    DEMO_BACKEND,
     START_BOUND,
     Message,
     Proc,
@@ -29,6 +32,7 @@ from tests.support import (
     gateway_command,
     messages,
     mirrored_headers,
+    run_cli,
     sdk_stdio_command,
     stdio_backend,
     write_config,
@@ -137,3 +141,18 @@ def test_a_second_sigint_over_stdio_answers_the_call_in_flight(tmp_path: Path) -
         assert_stopped_at_once(proc, child, second)
     finally:
         proc.stop()
+
+
+def test_an_error_before_serving_is_still_one_line_and_exit_2(tmp_path: Path) -> None:
+    """The signals are watched from the start of serving to the end, around the gateway: an
+    error of its start (an address already taken) still ends `run` with its one line."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = {"http": {"host": "127.0.0.1", "port": taken.getsockname()[1]}}
+        config = tmp_path / "gateway.yaml"
+        config.write_text(yaml.safe_dump({"listen": listen, "backends": {"demo": DEMO_BACKEND}}))
+        done = run_cli("run", "--config", str(config))
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("error: listen.http:"), done.stderr

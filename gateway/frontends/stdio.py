@@ -113,10 +113,20 @@ class StdioFrontend:
     async def serve(self) -> End:
         """Serve until stdin ends (or `stop`), then let in-flight requests drain (bounded), and
         return once every reply is written, however slowly the client reads; only a client
-        that reads nothing for `stall_timeout` is given up on (STALLED).
+        that reads nothing for `stall_timeout` is given up on (STALLED)."""
+        try:
+            end = await self._serve()
+            flushed = await self._flush()
+        finally:
+            # Replies that waited on the pipe are in it now, or never will be.
+            await _cancel(self._writing)
+        if not flushed:
+            return End.STALLED
+        return End.OUTPUT_CLOSED if self._gone else end
 
-        The client is gone or going, so open listen streams end gracefully at once rather than
-        holding the drain open."""
+    async def _serve(self) -> End:
+        """The client is gone or going, so open listen streams end gracefully at once rather
+        than holding the drain open."""
         try:
             with self._reading:
                 async for line in self._lines():
@@ -129,22 +139,15 @@ class StdioFrontend:
                 self._draining.deadline = anyio.current_time() + DRAIN_TIMEOUT
                 with self._draining:
                     await self._idle.wait()
+            return end
         finally:
             self.ending = self._cutting = True
-            tasks = [*self._in_flight.values(), *self._notifying]
+            tasks = {*self._in_flight.values(), *self._notifying}
             if self._session is not None:
                 self._session.close()
                 if self._session.watcher is not None:
-                    tasks.append(self._session.watcher)
-            for task in tasks:
-                task.cancel()
-            with anyio.CancelScope(shield=True):
-                await asyncio.gather(*tasks, return_exceptions=True)
-        if not await self._flush():
-            return End.STALLED
-        if self._gone:
-            return End.OUTPUT_CLOSED
-        return end
+                    tasks.add(self._session.watcher)
+            await _cancel(tasks)
 
     async def _flush(self) -> bool:
         """Every reply handed to the pipe before `serve` returns (the process exits next, and
@@ -156,7 +159,7 @@ class StdioFrontend:
             left = await out.flush(self._stall_timeout)
         except _LOST:
             self._output_lost()
-            left = 0
+            return True
         if left:
             log.error(
                 "stdout: the client read nothing for %g s with %d bytes of replies still to "
@@ -164,11 +167,6 @@ class StdioFrontend:
                 self._stall_timeout,
                 left,
             )
-        # What waits on the pipe has been written (or never will be).
-        for task in self._writing:
-            task.cancel()
-        with anyio.CancelScope(shield=True):
-            await asyncio.gather(*self._writing, return_exceptions=True)
         return not left
 
     def _output_lost(self, why: str = "") -> None:
@@ -177,7 +175,10 @@ class StdioFrontend:
         if self._gone:
             return
         self._gone = True
-        log.warning("stdout was closed%s: shutting down", f" ({why})" if why else "")
+        if why:
+            log.warning("stdout cannot be written (%s): shutting down", why)
+        else:
+            log.warning("stdout was closed by the client: shutting down")
         self._reading.cancel()
         self._draining.cancel()
         for task in self._in_flight.values():
@@ -307,6 +308,14 @@ class StdioFrontend:
             self._output_lost()
         except OSError as exc:  # (a file that cannot take more: a full disk)
             self._output_lost(exc.strerror or type(exc).__name__)
+
+
+async def _cancel(tasks: set[asyncio.Task[None]]) -> None:
+    """Cancel `tasks` (plain asyncio tasks, spawned cheaply) and wait for every one to end."""
+    for task in tasks:
+        task.cancel()
+    with anyio.CancelScope(shield=True):
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class _PipeReceive(anyio.abc.ByteReceiveStream):
