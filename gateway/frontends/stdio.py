@@ -150,24 +150,34 @@ class StdioFrontend:
             await _cancel(tasks)
 
     async def _flush(self) -> bool:
-        """Every reply handed to the pipe before `serve` returns (the process exits next, and
-        what is still buffered would be lost); False when the client stopped reading."""
+        """Every reply handed over before `serve` returns (the process exits next, and what is
+        still buffered would be lost); False when the client stopped reading."""
         out = self._out
-        if not isinstance(out, _PipeSend) or self._gone:
+        if self._gone:
             return True
-        try:
-            left = await out.flush(self._stall_timeout)
-        except _LOST:
-            self._output_lost()
-            return True
-        if left:
-            log.error(
-                "stdout: the client read nothing for %g s with %d bytes of replies still to "
-                "write (shutdown.stdout_stall_timeout); giving up on it",
-                self._stall_timeout,
-                left,
-            )
-        return not left
+        if isinstance(out, _PipeSend):
+            try:
+                left = await out.flush(self._stall_timeout)
+            except _LOST:
+                self._output_lost()
+                return True
+            if left:
+                return self._stalled(left)
+        # The writers finish now (a pipe's: their drain returns; a file's: its worker thread).
+        writers = [*self._writing]
+        with anyio.move_on_after(self._stall_timeout) as waited:
+            await asyncio.gather(*writers, return_exceptions=True)
+        return not waited.cancelled_caught or self._stalled(len(writers))
+
+    def _stalled(self, left: int) -> bool:
+        log.error(
+            "stdout: the client read nothing for %g s with %d %s still to write "
+            "(shutdown.stdout_stall_timeout); giving up on it",
+            self._stall_timeout,
+            left,
+            "bytes of replies" if isinstance(self._out, _PipeSend) else "replies",
+        )
+        return False
 
     def _output_lost(self, why: str = "") -> None:
         """stdout is closed: no reply can reach the client any more, so serving ends now and
