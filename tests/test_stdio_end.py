@@ -92,12 +92,18 @@ def _read_line(proc: subprocess.Popen[bytes]) -> Message:
     return msg
 
 
-def test_end_of_input_writes_a_large_reply_whole_to_a_slow_reader(tmp_path: Path) -> None:
+LOOPS = pytest.mark.parametrize("uvloop", [True, False], ids=["uvloop", "asyncio"])
+
+
+@LOOPS
+def test_end_of_input_writes_a_large_reply_whole_to_a_slow_reader(
+    tmp_path: Path, uvloop: bool
+) -> None:
     """stdin closes while a multi-MB reply is still being read, slowly: the reply arrives whole
     and the gateway exits 0 once it is read, even past the drain (the slow read is the input
     under test, so the test paces its reads)."""
     stderr = tmp_path / "stderr.log"
-    proc = _start(_config(tmp_path), stderr)
+    proc = _start(_config(tmp_path), stderr, uvloop)
     try:
         text = "x" * ECHO_BYTES
         _send(proc, call("big", "echo", text=text))
@@ -123,11 +129,14 @@ def test_end_of_input_writes_a_large_reply_whole_to_a_slow_reader(tmp_path: Path
         _finish(proc)
 
 
-def test_a_client_that_stops_reading_is_given_up_after_the_stall_bound(tmp_path: Path) -> None:
+@LOOPS
+def test_a_client_that_stops_reading_is_given_up_after_the_stall_bound(
+    tmp_path: Path, uvloop: bool
+) -> None:
     """Nothing of stdout read after the end of stdin: the gateway gives up after
     shutdown.stdout_stall_timeout with one log line and a non-zero status."""
     stderr = tmp_path / "stderr.log"
-    proc = _start(_config(tmp_path, {"stdout_stall_timeout": STALL}), stderr)
+    proc = _start(_config(tmp_path, {"stdout_stall_timeout": STALL}), stderr, uvloop)
     try:
         _send(proc, call("big", "echo", text="x" * ECHO_BYTES))
         assert proc.stdin is not None
@@ -142,7 +151,7 @@ def test_a_client_that_stops_reading_is_given_up_after_the_stall_bound(tmp_path:
         _finish(proc)
 
 
-@pytest.mark.parametrize("uvloop", [True, False], ids=["uvloop", "asyncio"])
+@LOOPS
 def test_a_closed_stdout_ends_the_gateway_with_one_line(tmp_path: Path, uvloop: bool) -> None:
     """The client closes its end of the gateway's stdout and sends more: one log line, the
     child stopped, exit 0, no traceback."""
