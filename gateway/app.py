@@ -4,6 +4,8 @@ root task group and shuts everything down in order. The only module that wires c
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -61,13 +63,14 @@ from gateway.frontends import guard
 from gateway.frontends import http as http_frontend
 from gateway.frontends.listener import BindError, Listener
 from gateway.frontends.ops import Operations, admin_handler
-from gateway.frontends.stdio import StdioFrontend, open_process_stdio
+from gateway.frontends.stdio import End, StdioFrontend, open_process_stdio
 from gateway.oauth.authorizer import Authorizer
 from gateway.oauth.caller_check import CallerCheck
 from gateway.oauth.desk import LoginDesk
 from gateway.oauth.fetch import OAuthHttp
 from gateway.oauth.shared import PURPOSE as LOGINS_PURPOSE
 from gateway.oauth.shared import LoginBook
+from gateway.protocol import codes
 from gateway.routing import cursor as cursors
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
@@ -930,6 +933,15 @@ class Gateway:
             elif isinstance(self._provider, TracerProvider):
                 self._provider.force_flush()
 
+    def hurry(self) -> None:
+        """Shutdown is to end now (a second signal): the listeners' grace ends at once (or is
+        none, if their close is still to come); what they still serve is answered with
+        GATEWAY_SHUTTING_DOWN."""
+        self.drain()
+        for listener in (self._http, self._admin):
+            if listener is not None:
+                listener.hurry()
+
     def drain(self) -> None:
         """Shutdown begins: unready from now on (/readyz), and open listen streams end with
         their completion result; requests in flight get the front ends' drain or grace."""
@@ -987,49 +999,127 @@ async def run(
     *,
     pid_file: Path | None = None,
     watch: Path | None = None,
-) -> None:
-    """Run until SIGINT/SIGTERM, or (with a stdio front end) until stdin closes. Either way open
-    listen streams end with their completion result and in-flight requests get time to finish.
-    With `load`, SIGHUP (and, with `watch`, a change to that file) reloads the config."""
+) -> int:
+    """Run until SIGINT/SIGTERM, or (with a stdio front end) until stdin closes or the client
+    closes stdout. Either way open listen streams end with their completion result and
+    in-flight requests get time to finish; a second signal cuts that short. With `load`,
+    SIGHUP (and, with `watch`, a change to that file) reloads the config. Returns the exit
+    status: 0, or non-zero as `Stopping` says."""
     # The file as it was loaded (near enough: just after), so an edit made while the gateway
     # starts is a change too.
     stamp = await _stamp(watch) if watch is not None else None
+    stopping = Stopping()
     # SIGHUP is taken before anything starts: its default action would end the process.
-    with anyio.open_signal_receiver(signal.SIGHUP) as hangups:
-        async with Gateway(config) as gateway, anyio.create_task_group() as tg:
-            settle_gc()
-            stdio: StdioFrontend | None = None
-            if config.listen.stdio:
-                inbound, outbound = await open_process_stdio()
-                stdio = StdioFrontend(gateway.dispatcher, inbound, outbound, stdio_origin(config))
+    # SIGINT and SIGTERM, once taken, are held to the very end (`held`), watched by a task that
+    # outlives the gateway's own shutdown (a task group around the gateway would wrap its
+    # start-up errors in an exception group).
+    with anyio.open_signal_receiver(signal.SIGHUP) as hangups, contextlib.ExitStack() as held:
+        try:
+            async with Gateway(config) as gateway, anyio.create_task_group() as tg:
+                settle_gc()
+                stdio: StdioFrontend | None = None
+                if config.listen.stdio:
+                    inbound, outbound = await open_process_stdio()
+                    stdio = StdioFrontend(
+                        gateway.dispatcher,
+                        inbound,
+                        outbound,
+                        stdio_origin(config),
+                        config.shutdown.stdout_stall_timeout,
+                    )
 
-                async def serve_stdio(frontend: StdioFrontend) -> None:
-                    await frontend.serve()
-                    log.info("stdin closed, shutting down")
-                    tg.cancel_scope.cancel()
+                    async def serve_stdio(frontend: StdioFrontend) -> None:
+                        end = await frontend.serve()
+                        if end is End.INPUT:
+                            log.info("stdin closed, shutting down")
+                        elif end is End.STALLED:
+                            stopping.fail(STALLED_STATUS)
+                        tg.cancel_scope.cancel()
 
-                tg.start_soon(serve_stdio, stdio)
-            tg.start_soon(_reload_on_sighup, gateway, load, hangups)
-            if load is not None and watch is not None:
-                tg.start_soon(_reload_on_change, gateway, load, watch, stamp)
-            if pid_file is not None:
-                # Written once SIGHUP reloads: whoever reads it may signal at once.
-                await anyio.Path(pid_file).write_text(f"{os.getpid()}\n")
-            try:
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for signum in signals:
-                        await _pre_stop(gateway, signum, signals)
-                        # Unready before the line is logged: whoever sees the line sees 503.
-                        gateway.drain()
-                        log.info("received %s, shutting down", signal.Signals(signum).name)
-                        break
-            finally:
+                    tg.start_soon(serve_stdio, stdio)
+                tg.start_soon(_reload_on_sighup, gateway, load, hangups)
+                if load is not None and watch is not None:
+                    tg.start_soon(_reload_on_change, gateway, load, watch, stamp)
+                signals = held.enter_context(
+                    anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
+                )
+                stopping.watch(gateway, stdio, signals)
                 if pid_file is not None:
-                    _remove(pid_file)
-            if stdio is not None:
-                stdio.stop()  # serve_stdio drains, then cancels the group
-            else:
-                tg.cancel_scope.cancel()
+                    # Written once SIGHUP reloads: whoever reads it may signal at once.
+                    await anyio.Path(pid_file).write_text(f"{os.getpid()}\n")
+                try:
+                    await stopping.requested.wait()
+                finally:
+                    if pid_file is not None:
+                        _remove(pid_file)
+                if stdio is not None:
+                    stdio.stop()  # serve_stdio drains, then cancels the group
+                else:
+                    tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await stopping.close()
+    return stopping.status
+
+
+# The exit status when the stdio client stopped reading its last replies (some were lost).
+STALLED_STATUS = 1
+
+
+class Stopping:
+    """SIGINT and SIGTERM from the start of serving to the process's end. The first begins the
+    graceful shutdown (after `shutdown.pre_stop_delay`, for SIGTERM); the next (or the first,
+    once the end of stdin began the shutdown) stops at once: requests in flight are cut, each
+    answered with GATEWAY_SHUTTING_DOWN, and the exit status is 128 + the signal's number, as
+    for a process the signal ended. Held to the end, so a signal never lands as a
+    KeyboardInterrupt in whatever the loop is running."""
+
+    def __init__(self) -> None:
+        self.requested = anyio.Event()  # the graceful shutdown is asked for
+        self.status = 0
+        self._hurried = False
+        self._watcher: asyncio.Task[None] | None = None
+
+    def fail(self, status: int) -> None:
+        self.status = self.status or status
+
+    def watch(
+        self, gateway: Gateway, stdio: StdioFrontend | None, signals: AsyncIterator[int]
+    ) -> None:
+        self._watcher = asyncio.get_running_loop().create_task(
+            self._watch(gateway, stdio, signals), name="signals"
+        )
+
+    async def close(self) -> None:
+        """The process is ending: signals are no longer watched (once their receiver is
+        closed, the next SIGINT is a KeyboardInterrupt again, which the CLI takes)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+
+    async def _watch(
+        self, gateway: Gateway, stdio: StdioFrontend | None, signals: AsyncIterator[int]
+    ) -> None:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if not self.requested.is_set() and not (stdio is not None and stdio.ending):
+                await _pre_stop(gateway, signum, signals)
+                # Unready before the line is logged: whoever sees the line sees 503.
+                gateway.drain()
+                log.info("received %s, shutting down", name)
+                self.requested.set()
+            elif not self._hurried:
+                self._hurried = True
+                log.warning(
+                    "received %s during the shutdown: stopping at once; requests in flight "
+                    "are answered with %d",
+                    name,
+                    codes.GATEWAY_SHUTTING_DOWN,
+                )
+                self.fail(128 + signum)
+                gateway.hurry()
+                if stdio is not None:
+                    stdio.hurry()
 
 
 async def _pre_stop(gateway: Gateway, signum: int, signals: AsyncIterator[int]) -> None:

@@ -119,13 +119,16 @@ def _run(
     pid_file: Path | None = None,
     watch: Path | None = None,
 ) -> None:
+    status = 0
     try:
         with contextlib.suppress(KeyboardInterrupt):
             run = functools.partial(app.run, load=reload, pid_file=pid_file, watch=watch)
-            anyio.run(run, config, backend_options=_loop_options())
+            status = anyio.run(run, config, backend_options=_loop_options())
     except app.StartupError as exc:
         _error(str(exc))
         sys.exit(2)
+    if status:
+        sys.exit(status)  # (a second signal cut the shutdown short, or replies were lost)
 
 
 log_level = click.option(

@@ -61,6 +61,7 @@ from gateway.config.model import (
     DEFAULT_RETRY_MAX_BACKOFF,
     DEFAULT_SERVICE_NAME,
     DEFAULT_SESSION_IDLE_TIMEOUT,
+    DEFAULT_STDOUT_STALL_TIMEOUT,
     DEFAULT_TAP_BACKUPS,
     DEFAULT_TAP_MAX_BYTES,
     DEFAULT_TAP_MAX_MESSAGE_BYTES,
@@ -208,7 +209,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "Bounds on client requests in flight; past them a short queue, then 503.",
             section="overload",
         ),
-        "shutdown": Key("section", "How the process stops on SIGTERM.", section="shutdown"),
+        "shutdown": Key("section", "How the process stops.", section="shutdown"),
         "audit": Key("section", "One JSON line per client request.", section="audit"),
         "auth": Key(
             "section", "Require OAuth bearer tokens (or API keys) on listen.http.", section="auth"
@@ -550,6 +551,12 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "(the time a load balancer takes to stop sending; 0: none).",
             DEFAULT_PRE_STOP_DELAY,
             minimum=0,
+        ),
+        "stdout_stall_timeout": Key(
+            "number",
+            "Seconds the stdio client may read nothing of the last replies at shutdown before "
+            "the gateway gives up on it (exit 1).",
+            DEFAULT_STDOUT_STALL_TIMEOUT,
         ),
     },
     "rate": {

@@ -67,14 +67,16 @@ def overload(c: _Check, raw: Any) -> Overload:
 def shutdown(c: _Check, raw: Any) -> Shutdown:
     path = ("shutdown",)
     body = c.mapping(raw, path, keys.names("shutdown"))
+    t = keys.table("shutdown")
+    stall = c.field(body, path, "stdout_stall_timeout", t["stdout_stall_timeout"])
     value = body.get("pre_stop_delay")
     if value is None:
-        return Shutdown()
+        return Shutdown(stdout_stall_timeout=stall)
     # 0 is a valid delay (none), unlike the positive numbers `c.field` reads.
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         c.r.problem(path + ("pre_stop_delay",), "must be a number of seconds, 0 or more")
-        return Shutdown()
-    return Shutdown(pre_stop_delay=float(value))
+        return Shutdown(stdout_stall_timeout=stall)
+    return Shutdown(pre_stop_delay=float(value), stdout_stall_timeout=stall)
 
 
 def _rate(c: _Check, raw: Any, path: Path_) -> Rate | None:

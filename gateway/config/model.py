@@ -103,6 +103,10 @@ JSON_WINDOW = 10.0
 # and requests still served meanwhile. 0 for a plain run: Ctrl-C or a service manager's stop
 # should not wait; an orchestrator's config sets it (deploy/kubernetes).
 DEFAULT_PRE_STOP_DELAY = 0.0
+# Seconds a stdio client may read nothing of the replies still to be written at the end
+# (`shutdown.stdout_stall_timeout`): a slow reader slows the exit, one that stopped reading
+# would hold it forever. A reader that takes any bytes at all within it is given more.
+DEFAULT_STDOUT_STALL_TIMEOUT = 10.0
 # Requests one backend is sent at once. Above an HTTP backend's pool (100 connections), so the
 # pool is used in full, while one slow backend cannot take more than a quarter of the overall
 # bound: the others are still served.
@@ -303,11 +307,14 @@ class Overload:
 
 @dataclass(frozen=True)
 class Shutdown:
-    """How the process stops on SIGTERM (`shutdown:`)."""
+    """How the process stops (`shutdown:`)."""
 
     # Unready at once, still serving for this long, then the drain: the time a load balancer
     # (a Kubernetes Service's endpoints) takes to stop sending to this replica.
     pre_stop_delay: float = DEFAULT_PRE_STOP_DELAY
+    # The stdio front end's last replies: given up on (exit 1) once the client has read nothing
+    # of them for this long.
+    stdout_stall_timeout: float = DEFAULT_STDOUT_STALL_TIMEOUT
 
 
 @dataclass(frozen=True)

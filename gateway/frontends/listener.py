@@ -25,6 +25,7 @@ import logging
 import socket
 import ssl
 import struct
+from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast
 
@@ -416,6 +417,7 @@ class Listener:
         )
         self._server: asyncio.Server | None = None
         self._held: asyncio.Event | None = None
+        self._hurried = asyncio.Event()  # `close`'s grace is to end now (a second signal)
         self._refused = 0
         self._refusals_logged = -REFUSALS_LOG_INTERVAL
 
@@ -513,9 +515,14 @@ class Listener:
         # aiohttp's shutdown closes idle connections at once and waits for busy ones; it may
         # wait twice its timeout (and forever for 0), so it is bounded here.
         shutdown = asyncio.ensure_future(self.web_server.shutdown(max(grace, MIN_GRACE)))
+        hurried = asyncio.ensure_future(self._hurried.wait())
         try:
-            await asyncio.wait_for(asyncio.shield(shutdown), grace)
-        except TimeoutError:
+            await asyncio.wait((shutdown, hurried), timeout=grace, return_when=FIRST_COMPLETED)
+        finally:
+            hurried.cancel()
+        if shutdown.done():
+            shutdown.result()  # (raises what it raised)
+        else:
             self._cut()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(shutdown, LAST_WORDS)
@@ -523,6 +530,11 @@ class Listener:
             gate.abort()  # its request, if any, is cancelled with the connection
         if self._server is not None:
             await self._server.wait_closed()
+
+    def hurry(self) -> None:
+        """End `close`'s grace now, or make it none if the close is still to come: what runs is
+        cut as at the grace's end."""
+        self._hurried.set()
 
     def _cut(self) -> None:
         for gate in self.gates.values():

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import os
 import stat
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import BinaryIO
 
 import anyio
@@ -24,6 +25,7 @@ import anyio.abc
 import anyio.to_thread
 from anyio.streams.file import FileReadStream
 
+from gateway.config import DEFAULT_STDOUT_STALL_TIMEOUT
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.legacy import LegacyFront, Session, is_legacy_opening, is_modern
 from gateway.protocol import codes, jsonrpc
@@ -42,6 +44,22 @@ WRITE_HIGH_WATER = 256 * 1024
 DRAIN_TIMEOUT = 5.0
 # That last error reply gets this long to be written (the client may have stopped reading).
 CUT_REPLY_TIMEOUT = 1.0
+# What stdout's failing to be written means: the client closed its end (or it went away).
+_LOST = (
+    BrokenPipeError,
+    ConnectionResetError,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+)
+
+
+class End(enum.Enum):
+    """How `serve` ended."""
+
+    INPUT = "the end of stdin"
+    STOPPED = "stop() (a signal)"
+    OUTPUT_CLOSED = "stdout closed by the client"
+    STALLED = "the client stopped reading the last replies"
 
 
 class StdioFrontend:
@@ -51,6 +69,7 @@ class StdioFrontend:
         inbound: anyio.abc.ByteReceiveStream,
         outbound: anyio.abc.ByteSendStream,
         origin: Origin = STDIO_ORIGIN,
+        stall_timeout: float = DEFAULT_STDOUT_STALL_TIMEOUT,
     ) -> None:
         self._dispatcher = dispatcher
         # Every request's origin: stdio has one caller, the parent process, under the identity
@@ -65,39 +84,115 @@ class StdioFrontend:
         # `serve` still cancels and awaits every one of them before it returns.
         self._in_flight: dict[RequestId, asyncio.Task[None]] = {}
         self._notifying: set[asyncio.Task[None]] = set()
+        # Requests answered whose reply waits for the client to read (stdout backed up): no
+        # longer in flight, so the drain does not wait for them; the final flush does.
+        self._writing: set[asyncio.Task[None]] = set()
         self._idle = anyio.Event()
         self._reading = anyio.CancelScope()
+        self._draining = anyio.CancelScope()  # (entered once stdin ends)
         self._cutting = False  # the drain is over: a request cancelled now is answered
+        self._hurried = False  # cut at once (a second signal), not at the drain's end
+        self._gone = False  # stdout is closed: nothing more can reach the client
+        self._stall_timeout = stall_timeout
+        self.ending = False  # stdin ended (or `stop`): shutdown is under way
+        if isinstance(outbound, _PipeSend):
+            outbound.on_lost = self._output_lost
 
     def stop(self) -> None:
         """Stop reading, as if stdin had ended; `serve` then drains and returns."""
         self._reading.cancel()
 
-    async def serve(self) -> None:
-        """Serve until stdin ends (or `stop`), then let in-flight requests drain (bounded).
+    def hurry(self) -> None:
+        """Stop now (a second signal): reading ends, and every request in flight is cut at
+        once, each answered with GATEWAY_SHUTTING_DOWN; `serve` returns once those replies
+        are written."""
+        self._hurried = True
+        self._reading.cancel()
+        self._draining.cancel()
 
-        The client is gone or going, so open listen streams end gracefully at once rather than
-        holding the drain open."""
+    async def serve(self) -> End:
+        """Serve until stdin ends (or `stop`), then let in-flight requests drain (bounded), and
+        return once every reply is written, however slowly the client reads; only a client
+        that reads nothing for `stall_timeout` is given up on (STALLED)."""
+        try:
+            end = await self._serve()
+            flushed = await self._flush()
+        finally:
+            # Replies that waited on the pipe are in it now, or never will be.
+            await _cancel(self._writing)
+        if not flushed:
+            return End.STALLED
+        return End.OUTPUT_CLOSED if self._gone else end
+
+    async def _serve(self) -> End:
+        """The client is gone or going, so open listen streams end gracefully at once rather
+        than holding the drain open."""
         try:
             with self._reading:
                 async for line in self._lines():
                     if line.strip():
                         await self._on_line(line)
+            end = End.STOPPED if self._reading.cancel_called else End.INPUT
+            self.ending = True
             self._dispatcher.close_streams()
             if self._in_flight:
-                with anyio.move_on_after(DRAIN_TIMEOUT):
+                self._draining.deadline = anyio.current_time() + DRAIN_TIMEOUT
+                with self._draining:
                     await self._idle.wait()
+            return end
         finally:
-            self._cutting = True
-            tasks = [*self._in_flight.values(), *self._notifying]
+            self.ending = self._cutting = True
+            tasks = {*self._in_flight.values(), *self._notifying}
             if self._session is not None:
                 self._session.close()
                 if self._session.watcher is not None:
-                    tasks.append(self._session.watcher)
-            for task in tasks:
-                task.cancel()
-            with anyio.CancelScope(shield=True):
-                await asyncio.gather(*tasks, return_exceptions=True)
+                    tasks.add(self._session.watcher)
+            await _cancel(tasks)
+
+    async def _flush(self) -> bool:
+        """Every reply handed over before `serve` returns (the process exits next, and what is
+        still buffered would be lost); False when the client stopped reading."""
+        out = self._out
+        if self._gone:
+            return True
+        if isinstance(out, _PipeSend):
+            try:
+                left = await out.flush(self._stall_timeout)
+            except _LOST:
+                self._output_lost()
+                return True
+            if left:
+                return self._stalled(left)
+        # The writers finish now (a pipe's: their drain returns; a file's: its worker thread).
+        writers = [*self._writing]
+        with anyio.move_on_after(self._stall_timeout) as waited:
+            await asyncio.gather(*writers, return_exceptions=True)
+        return not waited.cancelled_caught or self._stalled(len(writers))
+
+    def _stalled(self, left: int) -> bool:
+        log.error(
+            "stdout: the client read nothing for %g s with %d %s still to write "
+            "(shutdown.stdout_stall_timeout); giving up on it",
+            self._stall_timeout,
+            left,
+            "bytes of replies" if isinstance(self._out, _PipeSend) else "replies",
+        )
+        return False
+
+    def _output_lost(self, why: str = "") -> None:
+        """stdout is closed: no reply can reach the client any more, so serving ends now and
+        what runs for it is cancelled (each backend is told), without replies."""
+        if self._gone:
+            return
+        self._gone = True
+        if why:
+            log.warning("stdout cannot be written (%s): shutting down", why)
+        else:
+            log.warning("stdout was closed by the client: shutting down")
+        self._reading.cancel()
+        self._draining.cancel()
+        for task in self._in_flight.values():
+            task.cancel()
 
     async def _lines(self) -> AsyncIterator[bytes]:
         """stdin's lines, read in chunks: a client with many requests in flight often sends
@@ -158,48 +253,79 @@ class StdioFrontend:
             self._in_flight[request_id].cancel()
 
     async def _run(self, msg: Message) -> None:
-        replied = False
+        request_id = msg["id"]
         try:
             session = self._session
             if session is None or is_modern(msg):
                 reply = await self._dispatcher.handle(msg, self._write, self._origin)
             else:
                 reply = await self._legacy.handle(session, msg, self._write, self._origin)
-            replied = True
-            await self._write(reply)
         except asyncio.CancelledError:
+            self._done(request_id)
             # A request the client cancelled gets nothing more (basic/patterns/cancellation);
             # one cut by the end of the drain gets an error, so the client is not left waiting.
-            if self._cutting and not replied:
-                await self._cut(msg["id"])
+            if self._cutting and not self._gone:
+                await self._cut(request_id)
+            return
         except Exception:
-            log.exception("stdin: request %r failed", msg["id"])
+            self._done(request_id)
+            log.exception("stdin: request %r failed", request_id)
+            return
+        self._done(request_id)
+        task = asyncio.current_task()
+        assert task is not None
+        self._writing.add(task)
+        try:
+            await self._write(reply)
         finally:
-            del self._in_flight[msg["id"]]
-            if not self._in_flight:
-                self._idle.set()
+            self._writing.discard(task)
+
+    def _done(self, request_id: RequestId) -> None:
+        del self._in_flight[request_id]
+        if not self._in_flight:
+            self._idle.set()
 
     async def _cut(self, request_id: RequestId) -> None:
         task = asyncio.current_task()
         assert task is not None
         task.uncancel()  # the cancellation is handled: this reply is what it comes to
-        why = f"The gateway is shutting down; the request ran past the {DRAIN_TIMEOUT:g} s drain"
+        why = (
+            "The gateway is shutting down at once (a second signal)"
+            if self._hurried
+            else f"The gateway is shutting down; the request ran past the {DRAIN_TIMEOUT:g} s drain"
+        )
+        # (written at once to the pipe's buffer: the flush at the end waits for the client)
         with contextlib.suppress(TimeoutError, OSError):
             async with asyncio.timeout(CUT_REPLY_TIMEOUT):
                 await self._write(jsonrpc.error(request_id, codes.GATEWAY_SHUTTING_DOWN, why))
 
     async def _write(self, msg: Message) -> None:
+        if self._gone:
+            return
         data = jsonrpc.encode(msg) + b"\n"
         self._dispatcher.telemetry.stats.bytes["frontend", "out"] += len(data)
         out = self._out
-        if isinstance(out, _PipeSend):
-            # A pipe write is synchronous and whole: no lock, and a drain only once the pipe
-            # backs up (the reader is slow).
-            if out.write_now(data):
-                await out.drain()
-            return
-        async with self._write_lock:
-            await out.send(data)
+        try:
+            if isinstance(out, _PipeSend):
+                # A pipe write is synchronous and whole: no lock, and a drain only once the pipe
+                # backs up (the reader is slow).
+                if out.write_now(data):
+                    await out.drain()
+                return
+            async with self._write_lock:
+                await out.send(data)
+        except _LOST:
+            self._output_lost()
+        except OSError as exc:  # (a file that cannot take more: a full disk)
+            self._output_lost(exc.strerror or type(exc).__name__)
+
+
+async def _cancel(tasks: set[asyncio.Task[None]]) -> None:
+    """Cancel `tasks` (plain asyncio tasks, spawned cheaply) and wait for every one to end."""
+    for task in tasks:
+        task.cancel()
+    with anyio.CancelScope(shield=True):
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class _PipeReceive(anyio.abc.ByteReceiveStream):
@@ -216,9 +342,33 @@ class _PipeReceive(anyio.abc.ByteReceiveStream):
         return None
 
 
+class _StdoutProtocol(asyncio.streams.FlowControlMixin):
+    """Flow control for stdout, which also tells when the client closed its end: the event loop
+    watches a pipe's write end for that even while nothing is written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_lost: Callable[[], None] | None = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.on_lost is not None:
+            self.on_lost()
+
+
 class _PipeSend(anyio.abc.ByteSendStream):
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, protocol: _StdoutProtocol) -> None:
         self._writer = writer
+        self._protocol = protocol
+
+    @property
+    def on_lost(self) -> Callable[[], None] | None:
+        """Called once the client has closed its end of the pipe."""
+        return self._protocol.on_lost
+
+    @on_lost.setter
+    def on_lost(self, callback: Callable[[], None] | None) -> None:
+        self._protocol.on_lost = callback
 
     async def send(self, item: bytes) -> None:
         self._writer.write(item)
@@ -232,7 +382,24 @@ class _PipeSend(anyio.abc.ByteSendStream):
     async def drain(self) -> None:
         await self._writer.drain()
 
+    async def flush(self, stall: float) -> int:
+        """Wait until every byte written has been handed to the pipe: 0; or the bytes left once
+        the reader has taken none of them for `stall` seconds."""
+        transport = self._writer.transport
+        transport.set_write_buffer_limits(high=0)  # drain() now returns on an empty buffer only
+        left = transport.get_write_buffer_size()
+        while left:
+            with anyio.move_on_after(stall):
+                await self._writer.drain()
+                return 0
+            now = transport.get_write_buffer_size()
+            if now >= left:
+                return now
+            left = now
+        return 0
+
     async def aclose(self) -> None:
+        self._protocol.on_lost = None  # (our own close, not the client's)
         self._writer.close()
 
 
@@ -286,10 +453,8 @@ async def open_process_stdio() -> tuple[anyio.abc.ByteReceiveStream, anyio.abc.B
     outbound: anyio.abc.ByteSendStream
     if _pollable(out_fd):
         protocol_out = os.fdopen(out_fd, "wb", buffering=0)
-        transport, proto = await loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, protocol_out
-        )
-        outbound = _PipeSend(asyncio.StreamWriter(transport, proto, None, loop))
+        transport, proto = await loop.connect_write_pipe(_StdoutProtocol, protocol_out)
+        outbound = _PipeSend(asyncio.StreamWriter(transport, proto, None, loop), proto)
     else:
         outbound = _FileSend(os.fdopen(out_fd, "wb"))
     return inbound, outbound
