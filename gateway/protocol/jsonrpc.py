@@ -181,6 +181,10 @@ def _shape_problem(msg: Message) -> str | None:
     if "method" in msg:
         if type(msg["method"]) is not str:
             return 'The "method" member must be a string'
+        # A request or a response, not both: serving it as a request would drop what it
+        # answers (JSON-RPC 2.0, 4 and 5).
+        if "result" in msg or "error" in msg:
+            return 'A message with a "method" carries no "result" or "error"'
         params = msg.get("params")
         if params is not None and type(params) is not dict:
             return 'The "params" member must be an object'
