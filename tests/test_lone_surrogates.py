@@ -7,6 +7,7 @@ are not UTF-8, and text that is not JSON, are still a parse error."""
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterator
 
@@ -14,7 +15,7 @@ import orjson
 import pytest
 
 from gateway.backends import ids
-from gateway.protocol import jsonrpc
+from gateway.protocol import headers, jsonrpc
 from tests.exact_support import BACKENDS, Gateway, gateways, post, tool_call
 from tests.servers.exact_server import LONE, LONE_DESCRIPTION
 
@@ -28,6 +29,17 @@ ARGS = b'{"s":"\\ud800","t":"x\\udfffy","\\udbffk":["\\udc00","\\ud83d\\ude00\\u
 ARGS_ON = ARGS.replace(b"\\ud83d\\ude00", "\U0001f600".encode())
 # The backend's reply, encoded afresh the same way.
 LONE_AGAIN = LONE.replace(b"\\ud83d\\ude00", "\U0001f600".encode())
+
+
+HEADER_MISMATCH = -32020
+PARAM_S = "Mcp-Param-S"  # (the `lone` tool mirrors its argument `s`)
+
+
+def wtf8_b64(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8", "surrogatepass")).decode()
+
+
+S_HEADER = "=?base64?" + wtf8_b64("\ud800") + "?="
 
 
 def envelope(params: bytes) -> bytes:
@@ -93,6 +105,12 @@ def test_depth_is_still_bounded_beside_a_lone_surrogate() -> None:
     assert isinstance(shallow, dict)
 
 
+def test_a_header_value_with_a_lone_surrogate_is_base64_of_its_wtf8() -> None:
+    encoded = headers.encode_value("a\ud800")
+    assert encoded == "=?base64?" + wtf8_b64("a\ud800") + "?="
+    assert headers.decode_value(encoded) == "a\ud800"
+
+
 def test_a_client_id_with_a_lone_surrogate_goes_back_into_a_kept_reply() -> None:
     """The id swapped into a backend's kept bytes (backends/ids.py) is written as JSON too."""
     request = jsonrpc.decode(b'{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}')
@@ -149,10 +167,12 @@ def check(reply: bytes, back: str) -> None:
 async def test_lone_surrogates_cross_the_http_front_end_both_ways(
     started: dict[str, Gateway], back: str
 ) -> None:
-    status, events = await post(started[back].url, tool_call("h", "lone", ARGS), "lone")
-    assert status == 200
+    url = started[back].url
+    status, events = await post(url, tool_call("h", "lone", ARGS), "lone", {PARAM_S: S_HEADER})
+    assert status == 200, events
     [reply] = [e for e in events if b'"result"' in e]
     check(reply, back)
+    assert "Traceback" not in started[back].log()
 
 
 @pytest.mark.parametrize("back", BACKENDS)
@@ -162,6 +182,27 @@ def test_lone_surrogates_cross_the_stdio_front_end_both_ways(
     gateway = started[back]
     gateway.send_line(tool_call("s", "lone", ARGS))
     check(gateway.reply_line("s"), back)
+    assert "Traceback" not in gateway.log()
+
+
+@pytest.mark.anyio
+async def test_a_mirrored_header_that_does_not_match_is_still_refused(
+    started: dict[str, Gateway],
+) -> None:
+    """streamable-http, Custom Headers from Tool Parameters: the `x-mcp-header` of `s` must
+    match the body; for a lone surrogate that is base64 of its WTF-8 bytes (UTF-8 cannot hold
+    it), anything else is -32020. A tool name holding one is routed like any other (its
+    Mcp-Name, both from the client and to the backend, is such base64), not a crash."""
+    url = started["http"].url
+    plain = {PARAM_S: "x"}
+    status, events = await post(url, tool_call("m", "lone", ARGS), "lone", plain)
+    assert status == 400 and jsonrpc.error_code(orjson.loads(events[0])) == HEADER_MISMATCH
+    odd_name = tool_call("n", "NAME", b"{}").replace(b'"NAME"', b'"lone\\udc00"')
+    status, events = await post(url, odd_name, "=?base64?" + wtf8_b64("lone\udc00") + "?=")
+    assert status == 200, events  # (one backend: names pass as they are, to be answered)
+    reply = jsonrpc.decode(events[0])
+    assert isinstance(reply, dict) and "result" in reply, events
+    assert "Traceback" not in started["http"].log()
 
 
 def test_a_tool_list_the_gateway_rebuilds_keeps_a_lone_surrogate(

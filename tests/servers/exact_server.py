@@ -15,7 +15,8 @@ Tools:
 - `lone`: answers with the text of the `arguments` it received (a text block; not the whole
   request, whose id would then appear twice and the reply could not be kept as its bytes), and
   LONE (strings with lone surrogate escapes, which JSON allows and orjson refuses) as its
-  `structuredContent`; its description in `tools/list` holds one too.
+  `structuredContent`; its description in `tools/list` holds one too, and its argument `s` is
+  mirrored into `Mcp-Param-S`.
 No SDK and no JSON library writes these replies: a parser would round the numbers.
 """
 
@@ -56,7 +57,14 @@ TOOLS = {
     "tools": [
         {"name": "raw", "inputSchema": {"type": "object"}},
         {"name": "deep", "inputSchema": {"type": "object"}},
-        {"name": "lone", "description": "LONE", "inputSchema": {"type": "object"}},
+        {
+            "name": "lone",
+            "description": "LONE",
+            "inputSchema": {
+                "type": "object",
+                "properties": {"s": {"type": "string", "x-mcp-header": "S"}},
+            },
+        },
     ]
 }
 
