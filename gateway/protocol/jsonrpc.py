@@ -282,6 +282,18 @@ def encode(msg: Message) -> bytes:
     return dumps(msg)
 
 
+def loads(data: bytes) -> Any:
+    """`orjson.loads(data)`, lone surrogate escapes read as `decode` reads them. Raises
+    orjson.JSONDecodeError for what is not JSON."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        value = _lenient(data)
+        if value is _UNPARSED:
+            raise
+        return value
+
+
 def dumps(value: Any) -> bytes:
     """`orjson.dumps(value)`; a value holding a string with a lone surrogate (which orjson
     refuses to write) is written with each such surrogate as its `\\uXXXX` escape, the rest as
