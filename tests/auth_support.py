@@ -65,6 +65,7 @@ class AuthServer:
     asked: Counter[str] = field(default_factory=Counter)
     introspection_auth: list[str | None] = field(default_factory=list)
     metadata_issuer: str | None = None  # None: the real issuer; else a lie
+    jwks_document: Any = None  # None: the real JWKS; else this document is served instead
 
     @property
     def issuer(self) -> str:
@@ -115,6 +116,14 @@ class AuthServer:
         signature = b64url(hmac.new(secret, signing_input, hashlib.sha256).digest())
         return f"{header}.{payload}.{signature}"
 
+    def forge(self, **header: Any) -> str:
+        """A token whose header PyJWT would not write (a `kid` that is an object, a `crit`
+        that is no list), over good claims, with a signature of nobody's: refused on its
+        header alone."""
+        fields = {"alg": "RS256", "typ": "at+jwt", "kid": "k1", **header}
+        signed = f"{b64url(orjson.dumps(fields))}.{b64url(orjson.dumps(self.claims()))}"
+        return f"{signed}.{b64url(b'nobody signed this')}"
+
     def mint_unsigned(self) -> str:
         header = b64url(orjson.dumps({"alg": "none", "typ": "at+jwt", "kid": "k1"}))
         return f"{header}.{b64url(orjson.dumps(self.claims()))}."
@@ -132,7 +141,8 @@ class AuthServer:
             }
             return web.json_response(doc)
         if path == "/jwks":
-            return web.json_response(self.jwks())
+            doc = self.jwks() if self.jwks_document is None else self.jwks_document
+            return web.json_response(doc)
         if path == "/introspect" and request.method == "POST":
             self.introspection_auth.append(request.headers.get("Authorization"))
             form = await request.post()

@@ -5,7 +5,7 @@ compared as text."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -77,10 +77,13 @@ class Gateway:
         return "\n".join(self.proc.lines["stderr"])
 
 
-async def post(url: str, body: bytes, tool: str) -> tuple[int, list[bytes]]:
-    """POST one request; the HTTP status and each JSON-RPC message's bytes (a JSON body or
-    each SSE event's data)."""
+async def post(
+    url: str, body: bytes, tool: str, extra: Mapping[str, str] | None = None
+) -> tuple[int, list[bytes]]:
+    """POST one request (with `extra` headers); the HTTP status and each JSON-RPC message's
+    bytes (a JSON body or each SSE event's data)."""
     headers = {
+        **(extra or {}),
         "Content-Type": "application/json",
         "Accept": "application/json, text/event-stream",
         "MCP-Protocol-Version": VERSION,

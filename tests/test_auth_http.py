@@ -14,6 +14,7 @@ import base64
 import hashlib
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -292,6 +293,12 @@ BAD_TOKENS = {
     "not_yet_valid": (lambda a: a.mint(nbf=4_000_000_000), "not_yet_valid"),
     "id_token_type": (lambda a: a.mint(headers={"typ": "JOSE+id"}), "invalid_token"),
     "no_exp": (lambda a: a.mint(exp=None), "invalid_token"),
+    # (PyJWT reads a string of digits as a date; RFC 7519 2 says a NumericDate is a number)
+    "exp_a_string": (lambda a: a.mint(exp=str(int(time.time()) + 300)), "invalid_token"),
+    "empty_sub": (lambda a: a.mint(sub=""), "invalid_token"),
+    "unknown_crit": (lambda a: a.forge(crit=["x-later"], **{"x-later": 1}), "invalid_token"),
+    "crit_not_a_list": (lambda a: a.forge(crit="exp"), "invalid_token"),
+    "kid_an_object": (lambda a: a.forge(kid={"id": "k1"}), "invalid_token"),
     "opaque_unknown": (lambda a: "opaque-nobody-issued", "inactive"),
     "not_a_token": (lambda a: "not a b64token!", "invalid_token"),
 }
@@ -307,6 +314,27 @@ async def test_a_bad_token_is_401_invalid_token(world: World, case: str) -> None
     reply = await send("POST", world.url, call(), make(world.auth))
     assert_unauthorized(reply)
     assert failures(world).get(reason, 0) == before + 1
+
+
+async def test_a_header_pyjwt_refuses_is_one_log_line_not_a_traceback(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Error Handling: a token whose header cannot be used (an unknown `crit`, `crit` no list,
+    a `kid` that is an object) is an invalid token like any other, 401 before any key is
+    looked at; it costs one debug line, never a 500 with a traceback (no signature needed)."""
+    caplog.set_level(logging.DEBUG)
+    forged = [
+        world.auth.forge(crit=["x-later"], **{"x-later": 1}),
+        world.auth.forge(crit="exp"),
+        world.auth.forge(kid={"id": "k1"}),
+    ]
+    for token in forged:
+        caplog.clear()
+        assert_unauthorized(await send("POST", world.url, call(), token))
+        ours = [r for r in caplog.records if r.name.startswith(("gateway", "aiohttp"))]
+        assert len(ours) <= 1, [r.getMessage() for r in ours]
+        assert not any(r.exc_info for r in caplog.records)
+        assert "Traceback" not in caplog.text
 
 
 async def test_another_scheme_counts_as_no_token(world: World) -> None:
@@ -626,3 +654,30 @@ async def test_metadata_for_another_issuer_is_not_used() -> None:
             reply = await send("POST", gw.http_url, call(), auth.mint())
             assert reply.status == 503
             assert auth.asked["/jwks"] == 0
+
+
+async def test_a_malformed_jwks_refetch_keeps_the_cached_keys(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A refetch of the JWKS (for a key id the cache lacks) that returns a document that is no
+    JWK set fails as an unreachable server does (503 for the token that needed it, one
+    warning); the keys fetched before stay, so a good token is still accepted."""
+    async with (
+        auth_server() as auth,
+        recording_backend() as (backend, _),
+        Gateway(parse(gateway_yaml(backend, auth.issuer))) as gw,
+    ):
+        assert gw.http_url is not None
+        assert (await send("POST", gw.http_url, call(), auth.mint())).status == 200
+        caplog.set_level(logging.DEBUG, logger="gateway.auth")
+        auth.jwks_document = {"keys": "nope"}
+        unknown = auth.mint(kid="rotated", key=rsa_key(1))
+        refused = await send("POST", gw.http_url, call(), unknown)
+        assert auth.asked["/jwks"] == 2  # (the refetch was made and its answer refused)
+        assert refused.status == 503
+        assert refused.json()["error"]["code"] == UNAVAILABLE
+        good = await send("POST", gw.http_url, call(id_=2), auth.mint())
+        assert good.status == 200, good.body
+        assert good.json()["id"] == 2
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and not any(r.exc_info for r in caplog.records)

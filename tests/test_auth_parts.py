@@ -19,14 +19,21 @@ from gateway.auth.fetch import Fetcher, FetchFailed
 from gateway.auth.identity import Identity
 from gateway.auth.introspection import Introspector
 from gateway.auth.jwks import Jwks, signing_keys
-from gateway.auth.tokens import Rejected, api_key_identity, check_header, scopes_of
+from gateway.auth.tokens import (
+    Rejected,
+    api_key_identity,
+    check_header,
+    claims_identity,
+    jwt_header,
+    scopes_of,
+)
 from gateway.backends.era import EraBackend
 from gateway.config import AuthConfig, ConfigInvalid, Introspection, describe, parse
 from gateway.errors import Refused
 from gateway.protocol import codes
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import NO_OBSERVATION, SERVING, Origin
-from tests.auth_support import RESOURCE, auth_server, rsa_key
+from tests.auth_support import RESOURCE, AuthServer, auth_server, rsa_key
 from tests.support import BOUND
 from tests.test_era_core import (
     FakeLink,
@@ -224,6 +231,34 @@ def test_a_header_outside_the_rules_is_refused_before_any_key_is_fetched(
     assert refused.value.reason == reason
 
 
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"crit": ["x-later"], "x-later": 1},  # an extension nobody here understands
+        {"crit": "exp"},  # not a list
+        {"crit": []},  # (RFC 7515 4.1.11: never empty)
+        {"kid": {"id": "k1"}},  # not a string
+        {"kid": ["k1"]},
+    ],
+)
+def test_a_header_pyjwt_refuses_is_an_invalid_token_not_an_error(header: dict[str, Any]) -> None:
+    """RFC 7515 4.1.11 and 4.1.4: PyJWT refuses these headers when reading them; the token is
+    Rejected (401) rather than taken for an opaque one or left to raise."""
+    token = AuthServer().forge(**header)
+    with pytest.raises(Rejected) as refused:
+        jwt_header(token)
+    assert refused.value.reason == "invalid_token"
+
+
+def test_a_present_subject_must_name_someone() -> None:
+    """A client's own token may leave `sub` out (the client is the subject); an empty or
+    non-string `sub` is refused rather than replaced by the client."""
+    assert claims_identity({"client_id": "app"}, "jwt").subject == "app"
+    for sub in ("", 5, ["alice"]):
+        with pytest.raises(Rejected):
+            claims_identity({"sub": sub, "client_id": "app"}, "jwt")
+
+
 def test_an_access_token_type_passes() -> None:
     for typ in ("at+jwt", "application/at+JWT", "JWT"):
         assert check_header({"alg": "RS256", "typ": typ, "kid": "a"}, _auth()) == ("RS256", "a")
@@ -244,7 +279,17 @@ def test_a_jwks_keeps_public_signing_keys_only() -> None:
             {"kty": "RSA", "kid": "ok", "n": "x", "e": "AQAB"},
         ]
     }
-    assert list(signing_keys(jwks)) == ["ok"]
+    keys = signing_keys(jwks)
+    assert keys is not None and list(keys) == ["ok"]
+    assert signing_keys({"keys": []}) == {}
+
+
+@pytest.mark.parametrize(
+    "doc", [{"keys": "nope"}, {"keys": None}, {}, [], "keys", {"keys": [{"kty": "RSA"}, "x"]}]
+)
+def test_a_document_that_is_no_jwk_set_is_told_apart_from_an_empty_set(doc: Any) -> None:
+    """RFC 7517 5: a JWK set is an object whose `keys` is a list of objects."""
+    assert signing_keys(doc) is None
 
 
 # --- the JWKS cache against a real server ---------------------------------------------------------
@@ -284,6 +329,33 @@ async def test_an_unknown_key_id_refetches_the_jwks_at_most_once_per_interval() 
             assert jwks.fetches == 4
             # A key that names another algorithm, or does not fit it, is no key for it.
             assert await jwks.key(url, "k1", "ES256") is None
+        finally:
+            await fetcher.close()
+
+
+async def test_a_malformed_refetch_keeps_the_cached_keys() -> None:
+    """A JWKS refetched past its maximum age, or for an unknown key id, that is no JWK set is a
+    failed fetch: the keys cached before are kept (and used), the next good set is taken."""
+    async with auth_server() as server:
+        fetcher = Fetcher(BOUND, 1 << 20)
+        clock = Clock()
+        jwks = Jwks(fetcher, refresh_interval=30, max_age=600, clock=clock)
+        url = server.url + "/jwks"
+        try:
+            assert await jwks.key(url, "k1", "RS256") is not None
+            server.jwks_document = {"keys": "nope"}
+            clock.now += 601  # past the maximum age: refetched, refused, the old set kept
+            assert await jwks.key(url, "k1", "RS256") is not None
+            assert server.asked["/jwks"] == 2 and jwks.generation == 1
+            clock.now += 31  # (past the retry delay: the next need fetches again)
+            server.add_key("k2", rsa_key(1))
+            assert await jwks.key(url, "k2", "RS256") is None
+            assert server.asked["/jwks"] == 3
+            assert await jwks.key(url, "k1", "RS256") is not None
+            server.jwks_document = None
+            clock.now += 31
+            assert await jwks.key(url, "k2", "RS256") is not None
+            assert jwks.generation == 2
         finally:
             await fetcher.close()
 

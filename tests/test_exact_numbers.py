@@ -75,10 +75,20 @@ def test_the_cheap_check_passes_common_messages_by() -> None:
         (b"1E-400", False),
         (b"5e-324", True),
         (b"1.5e300", True),
+        (b"1" * 5000, False),  # (past the 4300 digits int() reads: not read at all)
+        (b"-" + b"9" * 5000, False),
     ],
 )
 def test_which_numbers_orjson_carries(token: bytes, carried: bool) -> None:
     assert numbers.carried(token) is carried
+
+
+def test_an_integer_of_thousands_of_digits_is_carried_as_written() -> None:
+    """Python's int() refuses a text of more than 4300 digits: decode must not raise on it."""
+    params = b'{"n":' + b"7" * 5000 + b"}"
+    msg = jsonrpc.decode(envelope(params))
+    assert isinstance(msg, dict)
+    assert jsonrpc.encode(msg) == envelope(params)
 
 
 def test_a_number_cannot_become_a_member_name() -> None:

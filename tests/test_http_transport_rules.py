@@ -350,6 +350,20 @@ async def test_posted_response_is_invalid_request(url: str) -> None:
     assert reply.json()["error"]["code"] == INVALID_REQUEST
 
 
+@pytest.mark.parametrize(
+    "extra", [{"result": {"resultType": "complete"}}, {"error": {"code": -1, "message": "x"}}]
+)
+async def test_a_request_carrying_a_result_or_error_is_invalid_request(
+    url: str, extra: dict[str, Any]
+) -> None:
+    """basic/index, Requests and Responses: a message is a request or a response, not both. One
+    with a `method` and a `result` (or `error`) is answered -32600 by the gateway with the
+    status of the error table (400), and not served: the echo tool would have answered 200."""
+    body = {**echo("not served", id_="both"), **extra}
+    reply = await post(url, body)
+    assert_error(reply, 400, INVALID_REQUEST, id_="both")
+
+
 async def test_null_id_is_invalid_request(url: str) -> None:
     """basic/index, Requests: the id MUST NOT be null."""
     body: dict[str, Any] = {**echo(), "id": None}

@@ -152,6 +152,12 @@ def test_unsafe_characters_are_replaced_and_hashed_apart() -> None:
     assert len({spaced, coloned, plain}) == 3
 
 
+def test_a_name_with_a_lone_surrogate_is_hashed_like_any_unsafe_name() -> None:
+    """A backend's tool name may hold a lone surrogate (valid JSON, no character)."""
+    shown = names.client_name(naming(PrefixMode.NEVER), "ns", "get\ud800user")
+    assert SAFE.match(shown) and shown.startswith("get_user_")
+
+
 def test_unsafe_namespace_is_sanitised_too() -> None:
     n = naming(PrefixMode.ALWAYS)
     shown = names.client_name(n, "my ns", "tool")
@@ -198,6 +204,13 @@ def test_cursor_round_trips() -> None:
     positions: list[cursor.Position] = [("alpha", "abc"), ("beta", None), ("gamma", "")]
     token = cursor.encode(positions, KEY, "tools/list")
     assert isinstance(token, str)
+    assert cursor.decode(token, (KEY,), "tools/list") == positions
+
+
+def test_cursor_round_trips_a_backend_cursor_with_a_lone_surrogate() -> None:
+    positions: list[cursor.Position] = [("alpha", "page\ud800"), ("beta", None)]
+    token = cursor.encode(positions, KEY, "tools/list")
+    assert token.isascii()
     assert cursor.decode(token, (KEY,), "tools/list") == positions
 
 

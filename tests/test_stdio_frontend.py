@@ -136,6 +136,26 @@ def test_malformed_lines_get_errors_without_id_and_serving_continues(
     assert [m.get("id") for m in gw.stdout()] == [None, None, "after-garbage"]
 
 
+def test_a_request_carrying_a_result_or_error_is_refused_and_not_forwarded(
+    start: Callable[[list[str]], StdioGateway], tmp_path: Path
+) -> None:
+    """basic/index, Requests and Responses: a message is a request or a response, not both. A
+    `tools/call` that also carries a `result` (or an `error`) is answered -32600 under its id
+    and never reaches the backend (the rude server records every request it gets)."""
+    command, _, requests = rude_command(tmp_path)
+    gw = start(command)
+    extras: dict[str, dict[str, Any]] = {
+        "with-result": {"result": {}},
+        "with-error": {"error": {"code": -1, "message": "x"}},
+    }
+    for rid, extra in extras.items():
+        refused = gw.ask({**call(rid, "ok"), **extra})
+        assert refused["error"]["code"] == -32600
+    assert text_of(gw.ask(call("after", "ok"))) == "ok"
+    calls = [m for m in read_json_lines(requests) if m["method"] == "tools/call"]
+    assert len(calls) == 1 and calls[0]["params"]["name"] == "ok"
+
+
 def test_stdout_carries_only_jsonrpc_and_logs_go_to_stderr(
     start: Callable[[list[str]], StdioGateway],
 ) -> None:

@@ -1,7 +1,10 @@
 """The authorization server's signing keys (its JWKS), fetched through the gateway's own HTTP
 client (PyJWT's PyJWKClient fetches with blocking urllib), cached, and fetched again when a
 token names a key id the cache lacks (key rotation), at most once per refresh interval, or
-when the cache is older than its maximum age. Concurrent requests share one fetch."""
+when the cache is older than its maximum age. Concurrent requests share one fetch.
+
+A document that is not a JWK set (`{"keys": "nope"}`) counts as a failed fetch, as a body
+that is not JSON does: the keys cached before are kept, not replaced by none."""
 
 from __future__ import annotations
 
@@ -19,14 +22,18 @@ from gateway.auth.outage import Outage, Unavailable
 log = logging.getLogger("gateway.auth")
 
 
-def signing_keys(doc: Any) -> dict[str | None, dict[str, Any]]:
+def signing_keys(doc: Any) -> dict[str | None, dict[str, Any]] | None:
     """The usable keys of a JWKS document by key id (pure): public keys for signatures only.
-    Symmetric (`oct`) keys are never used, and a key meant for encryption is skipped."""
+    Symmetric (`oct`) keys are never used, and a key meant for encryption is skipped. None
+    when the document is no JWK set (RFC 7517 5: an object whose `keys` is a list of
+    objects)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
-        return {}
+        return None
+    if not all(isinstance(jwk, dict) for jwk in doc["keys"]):
+        return None
     out: dict[str | None, dict[str, Any]] = {}
     for jwk in doc["keys"]:
-        if not isinstance(jwk, dict) or jwk.get("kty") not in ("RSA", "EC", "OKP"):
+        if jwk.get("kty") not in ("RSA", "EC", "OKP"):
             continue
         if jwk.get("use", "sig") != "sig" or "d" in jwk:  # (a private key published by mistake)
             continue
@@ -120,8 +127,11 @@ class Jwks:
             doc = await self._fetcher.get_json(url)
         except FetchFailed as exc:
             raise self._outage.failed(exc) from None
+        keys = signing_keys(doc)
+        if keys is None:
+            raise self._outage.failed(FetchFailed(url, "not a JWK set"))
         self._outage.ok()
-        self._keys = signing_keys(doc)
+        self._keys = keys
         self._prepared = {}
         self._fetched = self._clock()
         self.generation += 1

@@ -60,13 +60,17 @@ def api_key_identity(keys: tuple[ApiKey, ...], token_digest: str) -> Identity | 
 
 def jwt_header(token: str) -> dict[str, Any] | None:
     """The JOSE header of a token that looks like a JWS (three parts, a JSON header), None for
-    anything else (an opaque token)."""
+    anything else (an opaque token). Rejected for a JWS header PyJWT itself refuses (a `crit`
+    it does not understand or that is no list, a `kid` that is no string): such a token was
+    never an opaque one."""
     if token.count(".") != 2:
         return None
     try:
         header = jwt.get_unverified_header(token)
     except jwt.DecodeError:
         return None
+    except jwt.PyJWTError:
+        raise Rejected("invalid_token") from None
     return header if isinstance(header, dict) else None
 
 
@@ -115,7 +119,17 @@ def verify_jwt(token: str, key: jwt.PyJWK, alg: str, auth: AuthConfig) -> Identi
         raise Rejected("not_yet_valid") from None
     except jwt.PyJWTError:
         raise Rejected("invalid_token") from None
+    if not dates_are_numbers(claims):
+        raise Rejected("invalid_token")
     return claims_identity(claims, JWT)
+
+
+def dates_are_numbers(claims: Mapping[str, Any]) -> bool:
+    """Whether `exp`, `nbf` and `iat`, where present, are NumericDates (RFC 7519 2: a JSON
+    number). PyJWT reads a string of digits as one; a token that writes them so is refused."""
+    return all(
+        type(claims[name]) in (int, float) for name in ("exp", "nbf", "iat") if name in claims
+    )
 
 
 def scopes_of(claims: Mapping[str, Any]) -> frozenset[str]:
@@ -134,14 +148,17 @@ def scopes_of(claims: Mapping[str, Any]) -> frozenset[str]:
 
 def claims_identity(claims: Mapping[str, Any], method: str) -> Identity:
     """Who the claims say is calling: `sub`, of client `client_id` (or `azp`); a token of a
-    client acting for itself may name only the client."""
+    client acting for itself may name only the client (no `sub` at all). A `sub` that is
+    present must name someone: an empty one is refused, not taken for the client."""
     client = claims.get("client_id", claims.get("azp"))
     client_id = client if isinstance(client, str) and client else None
     subject = claims.get("sub")
-    if not isinstance(subject, str) or not subject:
+    if subject is None:
         if client_id is None:
             raise Rejected("invalid_token")
         subject = client_id
+    elif not isinstance(subject, str) or not subject:
+        raise Rejected("invalid_token")
     issuer = claims.get("iss")
     return Identity(
         subject=subject,

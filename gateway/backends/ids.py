@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import re
 
-import orjson
-
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
 
@@ -74,7 +72,7 @@ def restore(reply: Message, sent: Sent) -> Message:
         if at >= 0:
             dict.__setitem__(reply, "id", sent.client_id)  # (keeps the bytes, changed here:)
             reply.raw = b"".join(
-                (raw[:at], orjson.dumps(sent.client_id), raw[at + len(sent.token) :])
+                (raw[:at], jsonrpc.dumps(sent.client_id), raw[at + len(sent.token) :])
             )
             return reply
     reply["id"] = sent.client_id  # (encoded afresh)

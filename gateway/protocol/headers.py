@@ -59,7 +59,10 @@ def encode_value(value: str) -> str:
     )
     if plain:
         return value
-    return _SENTINEL_PREFIX + base64.b64encode(value.encode()).decode("ascii") + _SENTINEL_SUFFIX
+    # (a lone surrogate, which JSON allows and UTF-8 cannot hold, as its WTF-8 bytes: what
+    # passes unchanged in the body must not make its header fail)
+    data = value.encode("utf-8", "surrogatepass")
+    return _SENTINEL_PREFIX + base64.b64encode(data).decode("ascii") + _SENTINEL_SUFFIX
 
 
 def decode_value(header: str) -> str | None:
@@ -70,7 +73,7 @@ def decode_value(header: str) -> str | None:
         return header
     body = header[len(_SENTINEL_PREFIX) : -len(_SENTINEL_SUFFIX)]
     try:
-        return base64.b64decode(body, validate=True).decode()
+        return base64.b64decode(body, validate=True).decode("utf-8", "surrogatepass")
     except (binascii.Error, UnicodeDecodeError):
         return None
 

@@ -3,12 +3,22 @@
 Messages stay the dicts orjson gives us; only the fields routing needs are read. A message from
 a backend can also remember the bytes it came from, so that a reply forwarded unchanged goes out
 as the very bytes that came in, never re-encoded.
+
+JSON allows a string escape of a lone surrogate (`"\\ud800"`); orjson refuses it both ways. The
+gateway passes such strings on rather than refusing a message it only forwards: when orjson
+cannot parse a text that holds such an escape, the stdlib parser reads it (its strictest
+settings otherwise: strict UTF-8, no NaN, numbers kept exact as `numbers` keeps them), and when
+orjson cannot write a value holding such a string, `dumps` writes those strings as escapes
+itself. Both only after orjson failed: the hot path is orjson alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import json  # noqa: TID251  (only the fallback for lone surrogates orjson refuses: `_lenient`)
+import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +35,15 @@ RequestId = str | int
 MAX_DEPTH = 240
 _ENCODER_DEPTH = 254  # orjson.dumps: "Recursion limit reached" past this (orjson 3.x)
 _DECODER_DEPTH = 1024  # orjson.loads: "depth limit exceeded" past this
+
+# The escape of a surrogate code point (high or low): what a text orjson refuses must hold for
+# the stdlib parser to be tried. (Raw UTF-8 cannot hold a surrogate: such bytes are not UTF-8.)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("([\ud800-\udfff])")
+# A string `dumps` set aside: a control character (always escaped by orjson) and a per-process
+# random part, so no string a peer sends can pass for one.
+_SET_ASIDE = "\x00" + os.urandom(8).hex() + ":"
+_SET_ASIDE_JSON = re.compile(b'"\\\\u0000' + _SET_ASIDE[1:].encode() + b'([0-9]+)"')
 
 
 class Received(dict[str, Any]):
@@ -102,7 +121,9 @@ def decode(raw: bytes | str, *, keep: bool = False) -> Message | Invalid:
         try:  # (a number past a double's range, which only the exact path carries)
             value = numbers.loads(data)
         except (orjson.JSONDecodeError, numbers.NotJson):
-            return _unparsed(data, exc)
+            value = _lenient(data)
+            if value is _UNPARSED:
+                return _unparsed(data, exc)
     except numbers.NotJson as exc:
         return _unparsed(data, exc)
     # (orjson gives exact types: `type(...) is` checks suffice, and a bool is not an int)
@@ -136,6 +157,36 @@ def decode(raw: bytes | str, *, keep: bool = False) -> Message | Invalid:
     return value
 
 
+_UNPARSED = object()
+
+
+def _lenient(data: bytes) -> Any:
+    """The value of a text orjson refused, read by the stdlib parser when the text escapes a
+    surrogate (a lone one is valid JSON, RFC 8259 8.2); _UNPARSED otherwise or when it is not
+    JSON either. Bytes that are not UTF-8 stay refused (decoded strictly here: the stdlib would
+    let encoded surrogates through), as do NaN and Infinity; numbers orjson would change come
+    back as Fragments, as `numbers` gives them."""
+    if _SURROGATE_ESCAPE.search(data) is None:
+        return _UNPARSED
+    try:
+        return json.loads(
+            data.decode(), parse_int=_exact, parse_float=_exact, parse_constant=_not_json
+        )
+    except (ValueError, RecursionError):  # (UnicodeDecodeError and JSONDecodeError among them)
+        return _UNPARSED
+
+
+def _exact(token: str) -> Any:
+    text = token.encode()
+    if not numbers.carried(text):
+        return orjson.Fragment(text)
+    return int(token) if text.isdigit() or text[1:].isdigit() else float(token)
+
+
+def _not_json(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
+
+
 def _unparsed(data: bytes, exc: Exception) -> Invalid:
     """The error for bytes orjson refused: past its depth limit, said so with the message's id
     when readable (a backend's reply then fails its caller at once)."""
@@ -165,8 +216,21 @@ def _too_deep(value: Message) -> bool:
     try:
         orjson.dumps(wrapped)
     except orjson.JSONEncodeError:
-        return True
+        # (a lone surrogate fails the encoder too: only the depth counts here)
+        return _depth(value) > MAX_DEPTH
     return False
+
+
+def _depth(value: Any) -> int:
+    """How deep containers nest in `value` (iteratively: the depth is not checked yet)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        deepest = max(deepest, level)
+        items = node.values() if type(node) is dict else node
+        stack.extend((item, level + 1) for item in items if type(item) in (dict, list))
+    return deepest
 
 
 def _is_id(value: object) -> bool:
@@ -181,6 +245,10 @@ def _shape_problem(msg: Message) -> str | None:
     if "method" in msg:
         if type(msg["method"]) is not str:
             return 'The "method" member must be a string'
+        # A request or a response, not both: serving it as a request would drop what it
+        # answers (JSON-RPC 2.0, 4 and 5).
+        if "result" in msg or "error" in msg:
+            return 'A message with a "method" carries no "result" or "error"'
         params = msg.get("params")
         if params is not None and type(params) is not dict:
             return 'The "params" member must be an object'
@@ -211,7 +279,69 @@ def meta(msg: Message) -> dict[str, Any]:
 def encode(msg: Message) -> bytes:
     if type(msg) is Received and msg.raw is not None:
         return msg.raw
-    return orjson.dumps(msg)
+    return dumps(msg)
+
+
+def loads(data: bytes) -> Any:
+    """`orjson.loads(data)`, lone surrogate escapes read as `decode` reads them. Raises
+    orjson.JSONDecodeError for what is not JSON."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        value = _lenient(data)
+        if value is _UNPARSED:
+            raise
+        return value
+
+
+def dumps(value: Any) -> bytes:
+    """`orjson.dumps(value)`; a value holding a string with a lone surrogate (which orjson
+    refuses to write) is written with each such surrogate as its `\\uXXXX` escape, the rest as
+    orjson writes it. Raises orjson.JSONEncodeError for what is not JSON at all."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        texts: list[str] = []
+        try:
+            swapped = _set_aside(value, texts, 0)
+        except RecursionError:
+            raise exc from None
+        if not texts:
+            raise
+        encoded = orjson.dumps(swapped)
+    return _SET_ASIDE_JSON.sub(lambda m: _escaped(texts[int(m.group(1))]), encoded)
+
+
+def _set_aside(value: Any, texts: list[str], depth: int) -> Any:
+    """A copy of `value` with each string holding a lone surrogate (member names too) replaced
+    by a marker naming its place in `texts`."""
+    if depth > _ENCODER_DEPTH:
+        raise RecursionError  # (orjson would refuse it anyway)
+    if isinstance(value, str):
+        if _LONE_SURROGATE.search(value) is None:
+            return value
+        texts.append(value)
+        return f"{_SET_ASIDE}{len(texts) - 1}"
+    if isinstance(value, dict):
+        return {
+            _set_aside(k, texts, depth): _set_aside(v, texts, depth + 1) for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_set_aside(item, texts, depth + 1) for item in value]
+    return value
+
+
+def _escaped(text: str) -> bytes:
+    """`text` as a JSON string: its surrogates escaped, every other run as orjson writes it."""
+    parts = _LONE_SURROGATE.split(text)  # (odd places: the surrogates)
+    out = [b'"']
+    for index, part in enumerate(parts):
+        if index % 2:
+            out.append(b"\\u%04x" % ord(part))
+        elif part:
+            out.append(orjson.dumps(part)[1:-1])
+    out.append(b'"')
+    return b"".join(out)
 
 
 def error(id_: RequestId | None, code: int, message: str, data: Any = None) -> Message:

@@ -75,7 +75,9 @@ def suspect(raw: bytes) -> bool:
 def carried(token: bytes) -> bool:
     """Whether orjson reads the number `token` and writes it back as the same value."""
     if b"." not in token and b"e" not in token and b"E" not in token:
-        return token != b"-0" and _INT_MIN <= int(token) < _INT_END
+        # (more than 20 digits is past 64 bits; and int() refuses over 4300 digits)
+        digits = len(token) - token.startswith(b"-")
+        return token != b"-0" and digits <= 20 and _INT_MIN <= int(token) < _INT_END
     value = float(token)
     if math.isinf(value):
         return False

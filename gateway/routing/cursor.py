@@ -14,7 +14,7 @@ import hashlib
 import hmac
 from collections.abc import Sequence
 
-import orjson
+from gateway.protocol import jsonrpc
 
 # (backend name, that backend's own cursor or None for its first page), in config order.
 Position = tuple[str, str | None]
@@ -25,7 +25,8 @@ PURPOSE = b"mcp-gateway cursor v1"
 
 
 def encode(positions: list[Position], key: bytes, scope: str) -> str:
-    payload = orjson.dumps({"v": _VERSION, "s": scope, "p": positions})
+    # (a backend's cursor is any string: one with a lone surrogate is written as its escape)
+    payload = jsonrpc.dumps({"v": _VERSION, "s": scope, "p": positions})
     body = base64.urlsafe_b64encode(payload).decode().rstrip("=")
     return f"{body}.{_sign(body, key)}"
 
@@ -41,7 +42,7 @@ def decode(cursor: object, keys: Sequence[bytes], scope: str) -> list[Position] 
     if not dot or not any(hmac.compare_digest(signature, _sign(body, k)) for k in keys):
         return None
     try:
-        data = orjson.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        data = jsonrpc.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
     except (binascii.Error, ValueError):
         return None
     if not isinstance(data, dict) or data.get("v") != _VERSION or data.get("s") != scope:

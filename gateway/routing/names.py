@@ -46,7 +46,9 @@ def client_name(naming: Naming, namespace: str, name: str) -> str:
     safe = _UNSAFE.sub("_", full)
     if safe == full and len(full) <= naming.max_length:
         return full
-    digest = hashlib.sha256(f"{namespace}\0{name}".encode()).hexdigest()[:HASH_LENGTH]
+    # (surrogatepass: a backend's name may hold a lone surrogate, which JSON allows)
+    key = f"{namespace}\0{name}".encode("utf-8", "surrogatepass")
+    digest = hashlib.sha256(key).hexdigest()[:HASH_LENGTH]
     return f"{safe[: naming.max_length - HASH_LENGTH - 1]}_{digest}"
 
 

@@ -102,7 +102,7 @@ def entry(
 def _bounded(arguments: Any, limit: int) -> Any:
     """The arguments, encoded once (spliced into the line as they are), or only their size."""
     try:
-        encoded = orjson.dumps(arguments)
+        encoded = jsonrpc.dumps(arguments)
     except TypeError as exc:  # (orjson.JSONEncodeError) not what orjson produced
         return {"unencodable": str(exc)}
     if len(encoded) > limit:
@@ -139,7 +139,7 @@ class AuditLog:
         record = entry(
             msg, origin, reply, backend, seconds, trace_id, self._rules, self._max_arguments
         )
-        line = orjson.dumps(record) + b"\n"
+        line = jsonrpc.dumps(record) + b"\n"
         if self._file is not None:
             self._file.write(line)
             return

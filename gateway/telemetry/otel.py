@@ -281,7 +281,7 @@ class GatewayTelemetry:
         params = jsonrpc.params(msg)
         name = _request_attributes(msg, params, attrs)
         if self._payloads:
-            attrs["mcp_gateway.request.params"] = orjson.dumps(params).decode()
+            attrs["mcp_gateway.request.params"] = jsonrpc.dumps(params).decode()
         return self._tracer.start_span(name, context=parent, kind=kind, attributes=attrs)
 
     def server(self, msg: Message, origin: Origin) -> Observation:

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from gateway.config import TapConfig
+from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import HeaderFields
 from gateway.telemetry.records import (
@@ -76,11 +77,11 @@ class Tap:
         if headers is not None:
             head["headers"] = redact_headers(headers, self._headers)
         try:
-            body = orjson.dumps(redact(msg, self._rules))
+            body = jsonrpc.dumps(redact(msg, self._rules))
         except TypeError as exc:  # orjson.JSONEncodeError: not what orjson produced
-            body = orjson.dumps({"unencodable": str(exc), **_identity(msg)})
+            body = jsonrpc.dumps({"unencodable": str(exc), **_identity(msg)})
         if len(body) > self.config.max_message_bytes:
-            body = orjson.dumps({"truncated": True, "bytes": len(body), **_identity(msg)})
+            body = jsonrpc.dumps({"truncated": True, "bytes": len(body), **_identity(msg)})
         # Splice the already encoded message in rather than encoding it a second time.
         self._file.write(orjson.dumps(head)[:-1] + b',"msg":' + body + b"}\n")
 

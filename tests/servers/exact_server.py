@@ -12,6 +12,11 @@ Tools:
   NUMBERS verbatim in `structuredContent`, and first a progress notification whose `progress`
   is NUMBERS' first number (when the request carries a progress token).
 - `deep`: answers with a result holding a list nested `arguments.depth` levels.
+- `lone`: answers with the text of the `arguments` it received (a text block; not the whole
+  request, whose id would then appear twice and the reply could not be kept as its bytes), and
+  LONE (strings with lone surrogate escapes, which JSON allows and orjson refuses) as its
+  `structuredContent`; its description in `tools/list` holds one too, and its argument `s` is
+  mirrored into `Mcp-Param-S`.
 No SDK and no JSON library writes these replies: a parser would round the numbers.
 """
 
@@ -33,7 +38,15 @@ NUMBERS = (
     b'"decimals":{"a":0.1000000000000000055511151231257827,"pi":3.141592653589793238462643383279}}'
 )
 FIRST = b"123456789012345678901234567890"
+# Lone surrogates (high, low, one in a member name) beside a proper pair and plain text.
+LONE = (
+    b'{"high":"\\ud800","low":"a\\udfffb","pair":"\\ud83d\\ude00",'
+    b'"\\udc00key":[1,"\\udbff"],"plain":"caf\xc3\xa9"}'
+)
+LONE_DESCRIPTION = b'"odd \\udc80 text"'
 _EXPONENT = re.compile(rb"(?<=[0-9])[eE][+-]?[0-9]+")
+# A surrogate's escape: orjson refuses a lone one (only routing fields are read here).
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 DISCOVER = {
     "resultType": "complete",
     "supportedVersions": ["2026-07-28"],
@@ -44,6 +57,14 @@ TOOLS = {
     "tools": [
         {"name": "raw", "inputSchema": {"type": "object"}},
         {"name": "deep", "inputSchema": {"type": "object"}},
+        {
+            "name": "lone",
+            "description": "LONE",
+            "inputSchema": {
+                "type": "object",
+                "properties": {"s": {"type": "string", "x-mcp-header": "S"}},
+            },
+        },
     ]
 }
 
@@ -61,7 +82,7 @@ def replies(line: bytes) -> list[bytes]:
     """The lines answering one received message (none for a notification)."""
     # Only routing fields are read here; orjson refuses a number past a double's range, so
     # exponents are cut first (the reply quotes `line` itself).
-    msg: dict[str, Any] = orjson.loads(_EXPONENT.sub(b"", line))
+    msg: dict[str, Any] = orjson.loads(_SURROGATE.sub(b"?", _EXPONENT.sub(b"", line)))
     if "id" not in msg or "method" not in msg:
         return []
     rid = orjson.dumps(msg["id"])
@@ -73,7 +94,8 @@ def replies(line: bytes) -> list[bytes]:
     if method == "server/discover" and not ERA["legacy"]:
         return [head + orjson.dumps(DISCOVER) + b"}"]
     if method == "tools/list":
-        return [head + orjson.dumps({"resultType": "complete", **TOOLS}) + b"}"]
+        listed = orjson.dumps({"resultType": "complete", **TOOLS})
+        return [head + listed.replace(b'"LONE"', LONE_DESCRIPTION) + b"}"]
     if method == "ping":
         return [head + b"{}}"]
     if method != "tools/call":
@@ -93,10 +115,30 @@ def replies(line: bytes) -> list[bytes]:
             + FIRST
             + b"}}"
         )
-    text = orjson.dumps(line.decode())
+    quoted, structured = line, NUMBERS
+    if params.get("name") == "lone":
+        quoted, structured = object_at(line, line.index(b'"arguments":') + 12), LONE
+    text = orjson.dumps(quoted.decode())
     result = b'{"resultType":"complete","content":[{"type":"text","text":' + text + b"}],"
-    out.append(head + result + b'"structuredContent":' + NUMBERS + b"}}")
+    out.append(head + result + b'"structuredContent":' + structured + b"}}")
     return out
+
+
+_STRING_OR_BRACE = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}]')
+
+
+def object_at(line: bytes, start: int) -> bytes:
+    """The text of the JSON object that begins at `start` (read by its braces, strings
+    skipped), as the line holds it."""
+    depth = 0
+    for token in _STRING_OR_BRACE.finditer(line, start):
+        if token.group() == b"{":
+            depth += 1
+        elif token.group() == b"}":
+            depth -= 1
+            if depth == 0:
+                return line[start : token.end()]
+    raise ValueError("no object there")
 
 
 def serve_stdio() -> None:
