@@ -38,7 +38,7 @@ def well_formed(token: str) -> bool:
 
 
 def digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def api_key_identity(keys: tuple[ApiKey, ...], token_digest: str) -> Identity | None:

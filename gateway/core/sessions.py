@@ -70,13 +70,13 @@ class SessionRecords(Protocol):
 def record_key(session_id: str) -> str:
     """Where a session's record is kept: a digest, so whoever reads the store learns no id it
     could present (an id is a bearer secret, if only together with its owner's credentials)."""
-    return hashlib.sha256(session_id.encode()).hexdigest()
+    return hashlib.sha256(session_id.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def owner_digest(owner: str) -> str:
     """The owner as a record holds it. An owner is a digest of credentials or an identity's key
     (issuer, subject and client in clear): the store gets a digest of either."""
-    return hashlib.sha256(b"mcp-gateway session owner\0" + owner.encode()).hexdigest()
+    return hashlib.sha256(b"mcp-gateway session owner\0" + owner.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def record_of(session: Session, owner: str) -> Record:

@@ -133,7 +133,7 @@ class Origin:
 def credentials_digest(authorization: str | None) -> str:
     """Whose a piece of state is: a digest of the credentials (none is an owner too), so the
     credentials themselves are never kept."""
-    return hashlib.sha256((authorization or "").encode()).hexdigest()
+    return hashlib.sha256((authorization or "").encode("utf-8", "surrogateescape")).hexdigest()
 
 
 @dataclass
