@@ -14,7 +14,7 @@ import contextlib
 import os
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 
 class Child:
@@ -97,15 +97,12 @@ async def spawn(
         readers = []
         for pipe in (popen.stdout, popen.stderr):
             reader = asyncio.StreamReader(limit=limit, loop=loop)
-            transport, _ = await loop.connect_read_pipe(
-                lambda reader=reader: asyncio.StreamReaderProtocol(reader, loop=loop), pipe
-            )
-            transports.append(transport)
+            reading, _ = await loop.connect_read_pipe(_reading(reader), pipe)
+            transports.append(reading)
             readers.append(reader)
         # A StreamReaderProtocol is what gives a StreamWriter its flow control (drain).
         writing, protocol = await loop.connect_write_pipe(
-            lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), loop=loop),
-            popen.stdin,
+            _reading(asyncio.StreamReader(loop=loop)), popen.stdin
         )
         transports.append(writing)
         stdin = asyncio.StreamWriter(writing, protocol, None, loop)
@@ -116,3 +113,7 @@ async def spawn(
         popen.kill()
         popen.wait()
         raise
+
+
+def _reading(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamReaderProtocol]:
+    return lambda: asyncio.StreamReaderProtocol(reader)
