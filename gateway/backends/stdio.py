@@ -49,6 +49,9 @@ STABLE_AFTER = 10.0
 # A child whose stdout ends is given this long to exit (so that its exit code and last stderr
 # lines can say why) before its requests fail; one still running then is stopped.
 EOF_GRACE = 0.2
+# Requests wait for a restart only this far off: past it (a child that keeps crashing soon after
+# it starts, its backoff grown) they fail at once instead of waiting out the backoff.
+RESTART_WAIT = 1.0
 # Shutdown: time to exit after stdin closes, then after SIGTERM, before SIGKILL.
 EXIT_GRACE = 2.0
 TERM_GRACE = 2.0
@@ -102,6 +105,7 @@ class StdioBackend(Channel):
         self._stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self.health = Health(config.name)
         self.restarts = 0
+        self._restart_at = 0.0  # when the supervisor starts the next child (after a backoff)
 
     # --- supervision -----------------------------------------------------------------------
 
@@ -126,6 +130,7 @@ class StdioBackend(Channel):
             else:
                 # It never served: down, its requests fail at once, retried with backoff.
                 delay = self.health.failed(self._last_problem, **self._exit_details())
+            self._restart_at = anyio.current_time() + delay
             self._notify()
             await anyio.sleep(delay)
             self.restarts += 1
@@ -348,6 +353,12 @@ class StdioBackend(Channel):
             while not self._ready.is_set():
                 if self.health.down:
                     raise self.health.refusal()
+                left = self._restart_at - anyio.current_time()
+                if left > RESTART_WAIT:
+                    # A child that keeps crashing soon after its start: not worth the wait.
+                    raise BackendUnavailable(
+                        self.name, f"{self._last_problem}; restarting in {left:.1f}s"
+                    )
                 await self._settled.wait()
             return
         raise BackendUnavailable(self.name, f"not ready ({self._last_problem})")

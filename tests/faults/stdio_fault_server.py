@@ -9,7 +9,8 @@ It answers `server/discover`, `tools/list` (one tool, `poke`) and the `tools/cal
 - `none`: nothing wrong (the healthy neighbour of a faulty backend);
 - `crash`: writes one stderr line and exits with code 3 before reading anything;
 - `silent`: reads every line and answers none, its opening included;
-- `stderr_flood`: first writes BYTES (default 32 MiB) to stderr without a newline, then serves;
+- `flap`: answers its first request (the era probe), then exits (it opens, then crashes);
+- `stderr_flood`: first writes BYTES (default 80 MiB) to stderr without a newline, then serves;
 - and at each `tools/call`, instead of the reply:
   - `garbage`: a line that is not JSON, then a JSON object with the call's id that is not
     JSON-RPC;
@@ -23,7 +24,8 @@ It answers `server/discover`, `tools/list` (one tool, `poke`) and the `tools/cal
 
 With `--after FILE`, the fault waits for a restart: while FILE does not exist the server is
 healthy, and its first `tools/call` creates FILE and exits (a crash mid-call); the children
-started after that have the fault (`crash` and `silent` then strike a child that had served).
+started after that have the fault (`crash`, `silent` and `flap` then strike a child that had
+served).
 
 Every request's method is announced on stderr (`fault: METHOD`), so a test can wait for it.
 """
@@ -49,7 +51,7 @@ CALL_FAULTS = (
     "bad_utf8",
     "surrogate",
 )
-FAULTS = ("none", "crash", "silent", "stderr_flood", *CALL_FAULTS)
+FAULTS = ("none", "crash", "silent", "flap", "stderr_flood", *CALL_FAULTS)
 MiB = 1024 * 1024
 
 
@@ -137,6 +139,8 @@ def serve(fault: str, size: int, after: Path | None) -> None:
         if reply is not None:
             out.write(reply)
             out.flush()
+        if fault == "flap":
+            sys.exit(2)
 
 
 def main(argv: list[str]) -> None:
@@ -153,7 +157,7 @@ def main(argv: list[str]) -> None:
         say("crashing at start")
         sys.exit(3)
     if fault == "stderr_flood":
-        sys.stderr.buffer.write(b"e" * (size or 32 * MiB))
+        sys.stderr.buffer.write(b"e" * (size or 80 * MiB))
         sys.stderr.flush()
     serve(fault, size or 80 * MiB, None)
 

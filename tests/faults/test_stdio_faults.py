@@ -240,12 +240,33 @@ async def test_a_reply_with_a_lone_surrogate_is_answered_at_once(tmp_path: Path)
 
 
 async def test_an_endless_stderr_line_is_read_in_linear_time(tmp_path: Path) -> None:
-    """A child writes 32 MiB to stderr without a newline before it serves: the gateway reads it
+    """A child writes 80 MiB to stderr without a newline before it serves: the gateway reads it
     as it comes (in time linear in its length, keeping only its head), so the child is never
     blocked on a full pipe and answers at once; the line is logged cut."""
-    async with gateway(tmp_path, fault_backend("stderr_flood", "--size", str(32 * MiB))) as gw:
+    async with gateway(tmp_path, fault_backend("stderr_flood", "--size", str(80 * MiB))) as gw:
         gw.proc.wait_for(r"catalog of bad: 1 tools", timeout=BOUND)
         reply, took = await gw.timed(call(1, "bad_poke"))
         assert "result" in reply, reply
         assert took < PROMPT
         assert re.search(r"e{100}\.\.\. \(\d+ more bytes\)", gw.log())
+
+
+async def test_calls_do_not_wait_out_the_backoff_of_a_child_that_keeps_crashing(
+    tmp_path: Path,
+) -> None:
+    """Each child answers its opening, then exits: it served, so it is restarted with a backoff
+    that doubles (to 10 s). A call waits for a restart only a second away (RESTART_WAIT); past
+    that it fails at once (-31001) instead of waiting out the backoff."""
+    bad = fault_backend("flap", "--after", str(tmp_path / "served"))
+    async with gateway(tmp_path, bad) as gw:
+        gw.proc.wait_for(r"catalog of bad: 1 tools")
+        reply, took = await gw.timed(call(0, "bad_poke"))  # the crash mid-call
+        assert_error(reply, codes.BACKEND_UNAVAILABLE, took)
+        # Past the first restarts (50 ms doubling), the backoff grows over 3 s: calls made
+        # meanwhile are answered at once all the same.
+        gw.proc.wait_for(r"restarting in [3-9]\.\d+s")
+        for rid in range(1, 4):
+            reply, took = await gw.timed(call(rid, "bad_poke"))
+            assert_error(
+                reply, codes.BACKEND_UNAVAILABLE, took, within=stdio_module.RESTART_WAIT + 1
+            )
