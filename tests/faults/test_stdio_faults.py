@@ -22,8 +22,11 @@ import aiohttp
 import anyio
 import orjson
 import pytest
+import yaml
 
 from gateway.backends import stdio as stdio_module
+from gateway.config import ConfigInvalid, parse
+from gateway.config.model import DEFAULT_START_TIMEOUT
 from gateway.protocol import codes
 from tests.support import (
     BOUND,
@@ -36,8 +39,6 @@ from tests.support import (
     start_gateway_http,
     write_config,
 )
-
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 Message = dict[str, Any]
 SERVER = str(Path(__file__).with_name("stdio_fault_server.py"))
@@ -120,6 +121,31 @@ def assert_error(reply: Message, code: int, took: float, within: float = PROMPT)
     assert took < within, (took, reply)
 
 
+# --- start_timeout ----------------------------------------------------------------------------
+
+
+def backends_config(**backends: dict[str, object]) -> str:
+    return yaml.safe_dump({"listen": {"http": {"port": 0}}, "backends": backends})
+
+
+def test_start_timeout_has_a_default_and_is_for_stdio_backends_only() -> None:
+    default, set_ = parse(
+        backends_config(a=fault_backend("none"), b=fault_backend("none", start_timeout=5))
+    ).backends
+    assert default.start_timeout == DEFAULT_START_TIMEOUT == 60.0
+    assert set_.start_timeout == 5.0
+    web = {"http": {"url": "http://127.0.0.1:1/mcp"}, "start_timeout": 5}
+    with pytest.raises(ConfigInvalid) as caught:
+        parse(backends_config(web=web), "gw.yaml")
+    (problem,) = caught.value.problems
+    assert "backends.web.start_timeout:" in problem, problem
+
+
+# --- faults -------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
 async def test_a_child_that_exits_at_start_fails_calls_at_once(tmp_path: Path) -> None:
     """The child that served crashes mid-call, and each one started after it exits before it
     answers anything: the backend is down, its calls fail at once (-31001)."""
@@ -134,6 +160,8 @@ async def test_a_child_that_exits_at_start_fails_calls_at_once(tmp_path: Path) -
         await gw.good_is_served()
 
 
+@pytest.mark.anyio
+@pytest.mark.slow
 async def test_a_child_that_never_answers_its_opening_is_down_after_start_timeout(
     tmp_path: Path,
 ) -> None:
@@ -154,6 +182,8 @@ async def test_a_child_that_never_answers_its_opening_is_down_after_start_timeou
         await gw.good_is_served()
 
 
+@pytest.mark.anyio
+@pytest.mark.slow
 async def test_a_reply_that_is_not_json_rpc_fails_its_call_at_once(tmp_path: Path) -> None:
     """A line that is not JSON is dropped (one log line); a JSON object with the call's id that
     is not JSON-RPC fails that call at once (-31003) without a restart."""
@@ -165,6 +195,8 @@ async def test_a_reply_that_is_not_json_rpc_fails_its_call_at_once(tmp_path: Pat
         assert len(gw.pids("bad")) == 1
 
 
+@pytest.mark.anyio
+@pytest.mark.slow
 async def test_a_huge_line_stops_the_child_with_bounded_memory(tmp_path: Path) -> None:
     """A line past the stdio line limit (64 MiB, stdio.MAX_LINE_BYTES) stops the child: the
     call fails (-31001) once the limit is passed, and the gateway never held much more than
@@ -180,6 +212,8 @@ async def test_a_huge_line_stops_the_child_with_bounded_memory(tmp_path: Path) -
         await gw.good_is_served()
 
 
+@pytest.mark.anyio
+@pytest.mark.slow
 async def test_a_reply_under_a_wrong_id_is_dropped_and_the_call_times_out(
     tmp_path: Path,
 ) -> None:
@@ -191,6 +225,8 @@ async def test_a_reply_under_a_wrong_id_is_dropped_and_the_call_times_out(
         assert_error(reply, codes.BACKEND_TIMEOUT, took, within=1 + PROMPT)
 
 
+@pytest.mark.anyio
+@pytest.mark.slow
 async def test_a_child_that_answers_twice_has_its_first_answer_delivered(
     tmp_path: Path,
 ) -> None:
@@ -205,6 +241,8 @@ async def test_a_child_that_answers_twice_has_its_first_answer_delivered(
         assert "dropped a second reply" in gw.log()
 
 
+@pytest.mark.anyio
+@pytest.mark.slow
 async def test_a_child_that_closes_its_stdout_is_stopped_and_restarted(tmp_path: Path) -> None:
     """basic/transports/stdio: a child whose stdout is closed can answer nothing more. Its call
     fails at once (-31001); the child, still running, is stopped (stdin closed, then SIGTERM)
@@ -219,6 +257,8 @@ async def test_a_child_that_closes_its_stdout_is_stopped_and_restarted(tmp_path:
         gw.proc.wait_for(r"catalog of bad: 1 tools")
 
 
+@pytest.mark.anyio
+@pytest.mark.slow
 async def test_a_reply_that_is_not_utf8_fails_its_call_at_once(tmp_path: Path) -> None:
     """basic/transports/stdio: messages are UTF-8. A reply with other bytes fails its call at
     once with -31003 (as over HTTP), its id read past the bad bytes."""
@@ -228,6 +268,8 @@ async def test_a_reply_that_is_not_utf8_fails_its_call_at_once(tmp_path: Path) -
         assert_error(reply, codes.BACKEND_PROTOCOL_ERROR, took)
 
 
+@pytest.mark.anyio
+@pytest.mark.slow
 async def test_a_reply_with_a_lone_surrogate_is_answered_at_once(tmp_path: Path) -> None:
     """A lone surrogate escaped in a reply's string: the call is answered at once, either with
     the reply as written or with -31003, never left to its timeout."""
@@ -239,6 +281,8 @@ async def test_a_reply_with_a_lone_surrogate_is_answered_at_once(tmp_path: Path)
         assert took < PROMPT
 
 
+@pytest.mark.anyio
+@pytest.mark.slow
 async def test_an_endless_stderr_line_is_read_in_linear_time(tmp_path: Path) -> None:
     """A child writes 80 MiB to stderr without a newline before it serves: the gateway reads it
     as it comes (in time linear in its length, keeping only its head), so the child is never
@@ -251,6 +295,8 @@ async def test_an_endless_stderr_line_is_read_in_linear_time(tmp_path: Path) -> 
         assert re.search(r"e{100}\.\.\. \(\d+ more bytes\)", gw.log())
 
 
+@pytest.mark.anyio
+@pytest.mark.slow
 async def test_calls_do_not_wait_out_the_backoff_of_a_child_that_keeps_crashing(
     tmp_path: Path,
 ) -> None:
