@@ -67,13 +67,13 @@ STDERR_LOG_CHARS = 8192
 # servers log everything to stderr, so it cannot all be a warning): one of these words in any
 # case, an exception's class name (`ValueError`, `IOException`), or a glog/klog error prefix
 # (`E1206 12:00:00.000000 ...`, `F...`).
-# A UTF-16 surrogate written as a JSON escape (orjson takes none, paired or not).
-_SURROGATE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 ERROR_LINE = re.compile(
     r"(?i:\b(?:error|exception|traceback|fatal|panic|critical)\b)"
     r"|\b[A-Z]\w*(?:Error|Exception)\b"
     r"|^[EF]\d{4} "
 )
+# A UTF-16 surrogate written as a JSON escape (orjson takes none, paired or not).
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 def child_env(extra: dict[str, str] | None = None, inherit: bool = False) -> dict[str, str]:
