@@ -27,7 +27,6 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from gateway import config as gateway_config
 from gateway.app import Gateway
-from gateway.backends import stdio as stdio_module
 from gateway.backends.stdio import StdioBackend
 from gateway.protocol import codes
 from tests.support import (
@@ -296,20 +295,18 @@ async def test_garbage_from_a_stdio_backend_is_dropped_and_replies_still_arrive(
         assert stdio_of(gw).restarts == 0
 
 
-async def test_an_endless_stderr_line_costs_the_child_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The child writes one stderr "line" past the limit, then serves: its stderr is still
-    # drained (a full pipe would block it) and it keeps answering, without a restart.
-    monkeypatch.setattr(stdio_module, "MAX_LINE_BYTES", 1000)
+async def test_an_endless_stderr_line_costs_the_child_nothing(tmp_path: Path) -> None:
+    # The child writes one 80 MiB stderr "line", then serves: its stderr is drained as it comes
+    # (a full pipe would block it) and it keeps answering, without a restart. (It once shrank
+    # the line limit to 1000 bytes, which hid that a long line took time in its square.)
     notes, requests = tmp_path / "notes.jsonl", tmp_path / "requests.jsonl"
     rude = rude_command(notes, requests)
     prelude = (
-        "import os, sys; sys.stderr.write('x' * 5000); sys.stderr.flush(); "
+        "import os, sys; sys.stderr.write('x' * 80 * 1024 * 1024); sys.stderr.flush(); "
         f"os.execv(sys.executable, {rude!r})"
     )
     async with gateway(stdio_backend([sys.executable, "-c", prelude])) as (gw, session, url):
-        with anyio.fail_after(START_BOUND):
+        with anyio.fail_after(BOUND):
             first = await post(session, url, call(1, "ok"))
         assert text_of(first) == "ok"
         with anyio.fail_after(BOUND):

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from gateway.backends import deadline, questions
 from gateway.backends.base import NotificationSink
 from gateway.config import Root
-from gateway.errors import BackendTimeout, BackendUnavailable
+from gateway.errors import BackendError, BackendProtocolError, BackendTimeout, BackendUnavailable
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Telemetry
@@ -61,6 +61,7 @@ class _Pending(Wakeup):
         "client_token",
         "done",
         "dropped",
+        "error",
         "failure",
         "long_lived",
         "notes",
@@ -84,12 +85,20 @@ class _Pending(Wakeup):
         self.asked: set[object] = set()
         self.reply: Message | None = None
         self.failure = ""
+        self.error: type[BackendError] = BackendUnavailable
         self.dropped = 0
         self.notes: deque[Message] = deque()
         self.done = False
 
-    def finish(self, reply: Message | None, failure: str = "") -> None:
-        self.reply, self.failure, self.done = reply, failure, True
+    def finish(
+        self,
+        reply: Message | None,
+        failure: str = "",
+        error: type[BackendError] = BackendUnavailable,
+    ) -> None:
+        if self.done:
+            return  # the first outcome stands: a second reply, a late timeout or failure
+        self.reply, self.failure, self.error, self.done = reply, failure, error, True
         self.wake()
 
     def push(self, note: Message) -> None:
@@ -150,6 +159,10 @@ class Channel:
             pending = self._pending.get(msg["id"]) if isinstance(msg["id"], int) else None
             if pending is None:
                 log.debug("backend %s: reply for unknown id %r dropped", self.name, msg["id"])
+                return
+            if pending.done:
+                # A second answer to one request: the first one wins, result or error.
+                log.warning("backend %s: dropped a second reply to id %r", self.name, msg["id"])
                 return
             msg["id"] = pending.client_id
             pending.finish(msg)
@@ -212,6 +225,17 @@ class Channel:
                 log.debug("backend %s: notification %s matched no request", self.name, method)
             return
         target.push(msg)
+
+    def _reply_unusable(self, bid: object, detail: str) -> None:
+        """The reply to `bid` came but cannot be read: its request fails now (-31003, as an
+        HTTP backend's unreadable reply), instead of waiting out its timeout."""
+        pending = self._pending.get(bid) if type(bid) is int else None
+        if pending is None:
+            return
+        if pending.done:
+            log.warning("backend %s: dropped a second reply to id %r", self.name, bid)
+            return
+        pending.finish(None, detail, BackendProtocolError)
 
     def _fail_all(self, reason: str) -> None:
         pending, self._pending = self._pending, {}
@@ -280,7 +304,7 @@ class Channel:
             if not pending.failure:
                 self._cancel_remote(bid, "timed out at the gateway")
                 raise BackendTimeout(self.name, f"no reply within {within:g}s")
-            raise BackendUnavailable(self.name, pending.failure)
+            raise pending.error(self.name, pending.failure)
         return pending.reply
 
     def _cancel_remote(self, bid: int, reason: str) -> None:

@@ -12,13 +12,14 @@ import logging
 import os
 import re
 import signal
-import subprocess
 from collections import deque
 from collections.abc import AsyncIterator
 
 import anyio
+import orjson
 
 from gateway.backends.channel import Channel
+from gateway.backends.child import Child, spawn
 from gateway.backends.health import Health
 from gateway.config import BackendConfig, StdioTarget
 from gateway.errors import BackendError, BackendTimeout, BackendUnavailable
@@ -45,6 +46,12 @@ WRITE_HIGH_WATER = 1024 * 1024
 FIRST_BACKOFF = 0.05
 MAX_BACKOFF = 10.0
 STABLE_AFTER = 10.0
+# A child whose stdout ends is given this long to exit (so that its exit code and last stderr
+# lines can say why) before its requests fail; one still running then is stopped.
+EOF_GRACE = 0.2
+# Requests wait for a restart only this far off: past it (a child that keeps crashing soon after
+# it starts, its backoff grown) they fail at once instead of waiting out the backoff.
+RESTART_WAIT = 1.0
 # Shutdown: time to exit after stdin closes, then after SIGTERM, before SIGKILL.
 EXIT_GRACE = 2.0
 TERM_GRACE = 2.0
@@ -53,8 +60,8 @@ TERM_GRACE = 2.0
 STDERR_TAIL_LINES = 5
 STDERR_TAIL_CHARS = 200
 STDERR_GRACE = 1.0
-# A stderr line is logged with at most this many characters (the rest counted, not kept): a
-# child's long line must not make a log record of megabytes.
+# A stderr line is logged with at most this many characters (the rest counted, never held): a
+# child's long line must not make a log record of megabytes, nor cost memory or time.
 STDERR_LOG_CHARS = 8192
 # A child's stderr line that looks like an error is logged at WARNING, any other at INFO (many
 # servers log everything to stderr, so it cannot all be a warning): one of these words in any
@@ -65,6 +72,8 @@ ERROR_LINE = re.compile(
     r"|\b[A-Z]\w*(?:Error|Exception)\b"
     r"|^[EF]\d{4} "
 )
+# A UTF-16 surrogate written as a JSON escape (orjson takes none, paired or not).
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 def child_env(extra: dict[str, str] | None = None, inherit: bool = False) -> dict[str, str]:
@@ -87,7 +96,8 @@ class StdioBackend(Channel):
         self._stats = stats or Stats()
         self._target = config.target
         self._connect_timeout = config.connect_timeout
-        self._proc: asyncio.subprocess.Process | None = None
+        self._start_timeout = config.start_timeout
+        self._proc: Child | None = None
         self._ready = anyio.Event()
         self._settled = anyio.Event()  # set (and replaced) when the child is ready or gone
         self._opening_failure: str | None = None
@@ -95,6 +105,7 @@ class StdioBackend(Channel):
         self._stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self.health = Health(config.name)
         self.restarts = 0
+        self._restart_at = 0.0  # when the supervisor starts the next child (after a backoff)
 
     # --- supervision -----------------------------------------------------------------------
 
@@ -119,6 +130,7 @@ class StdioBackend(Channel):
             else:
                 # It never served: down, its requests fail at once, retried with backoff.
                 delay = self.health.failed(self._last_problem, **self._exit_details())
+            self._restart_at = anyio.current_time() + delay
             self._notify()
             await anyio.sleep(delay)
             self.restarts += 1
@@ -132,20 +144,16 @@ class StdioBackend(Channel):
         self._exit_code = None
         self._stderr_tail.clear()
         try:
-            # asyncio's own pipes (not anyio's wrappers): a write is then a synchronous call, so
-            # each line goes out whole without a lock, and reads come in large chunks.
-            proc = await asyncio.create_subprocess_exec(
-                *command,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+            # Streams of asyncio's (not anyio's wrappers): a write is then a synchronous call,
+            # so each line goes out whole without a lock, and reads come in large chunks. The
+            # child has its own session and process group: Ctrl-C in the gateway's terminal
+            # (SIGINT to the foreground group) must reach the gateway alone, which drains its
+            # requests before it stops the child.
+            proc = await spawn(
+                command,
                 env=child_env(dict(self._target.env), self._target.inherit_env),
                 cwd=self._target.cwd,
                 limit=READ_CHUNK,
-                # Its own session and process group: Ctrl-C in the gateway's terminal (SIGINT to
-                # the foreground group) must reach the gateway alone, which drains its requests
-                # before it stops the child.
-                start_new_session=True,
             )
         except OSError as exc:
             self._last_problem = f"cannot start {command[0]!r}: {exc.strerror or exc}"
@@ -160,22 +168,26 @@ class StdioBackend(Channel):
                 tg.start_soon(self._drain_stderr, proc, stderr_done)
                 self._proc = proc
                 tg.start_soon(self._open, proc)
+                if self.on_start is not None:
+                    tg.start_soon(self._watch_opening, proc, self._ready)
                 broken = await self._read_stdout(proc)
                 if broken is None:
-                    # Its stdout is closed: it has exited or soon will. Whatever waits on it
-                    # (the opening's probe too) fails now, with its exit code and last words.
-                    with anyio.move_on_after(EXIT_GRACE):
+                    # Its stdout is closed: nothing it does can answer a request any more.
+                    # Whatever waits on it (the opening's probe too) fails now, with its exit
+                    # code and last words if it has exited; one still running is stopped below.
+                    with anyio.move_on_after(EOF_GRACE):
                         self._exit_code = await proc.wait()
-                    with anyio.move_on_after(STDERR_GRACE):
-                        await stderr_done.wait()  # (a grandchild may hold stderr open)
+                    if self._exit_code is not None:
+                        with anyio.move_on_after(STDERR_GRACE):
+                            await stderr_done.wait()  # (a grandchild may hold stderr open)
                 self._last_problem = broken or self._opening_failure or self._describe_exit()
-                self._fail_all(f"backend {self.name!r} stopped: {self._last_problem}")
+                self._fail_all(f"stopped: {self._last_problem}")
                 tg.cancel_scope.cancel()
         finally:
             served = self._ready.is_set()
             self._proc = None
             self._ready = anyio.Event()
-            self._fail_all(f"backend {self.name!r} stopped: {self._last_problem}")
+            self._fail_all(f"stopped: {self._last_problem}")
             with anyio.CancelScope(shield=True):
                 await self._stop(proc)
         return served
@@ -183,7 +195,7 @@ class StdioBackend(Channel):
     def _describe_exit(self) -> str:
         code = self._exit_code
         if code is None:
-            what = "closed its stdout"
+            what = "closed its stdout while still running"
         elif code < 0:
             what = f"child killed by signal {-code}"
         else:
@@ -192,7 +204,7 @@ class StdioBackend(Channel):
             what += "; stderr: " + " | ".join(self._stderr_tail)
         return what
 
-    async def _open(self, proc: asyncio.subprocess.Process) -> None:
+    async def _open(self, proc: Child) -> None:
         if self.on_start is not None:
             try:
                 await self.on_start()
@@ -207,17 +219,34 @@ class StdioBackend(Channel):
         self.health.recovered()
         self._notify()
 
+    async def _watch_opening(self, proc: Child, ready: anyio.Event) -> None:
+        """A child that has not finished its opening within start_timeout (silent, or stuck in
+        its handshake) is stopped: it is down, and its waiting requests fail now rather than
+        after the opening's own bounds (connect_timeout, then request_timeout)."""
+        with anyio.move_on_after(self._start_timeout):
+            await ready.wait()
+            return
+        self._opening_failure = f"no answer to its opening within {self._start_timeout:g}s"
+        log.debug("backend %s: %s; stopping it", self.name, self._opening_failure)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # (with what it started)
+
     def _notify(self) -> None:
         """Wake the requests waiting for this child to be ready or known down."""
         self._settled.set()
         self._settled = anyio.Event()
 
-    async def _stop(self, proc: asyncio.subprocess.Process) -> None:
+    async def _stop(self, proc: Child) -> None:
         """Close stdin, wait, SIGTERM, wait, SIGKILL, reap (basic/transports/stdio, Shutdown)."""
+        try:
+            await self._end(proc)
+        finally:
+            proc.close()
+
+    async def _end(self, proc: Child) -> None:
         if proc.returncode is not None:
             return
-        if proc.stdin is not None:
-            proc.stdin.close()
+        proc.stdin.close()
         # The signals go to the child's process group (it leads one: start_new_session), so
         # what it started (npx's node, a shell's command) stops with it.
         for grace, sig in ((EXIT_GRACE, signal.SIGTERM), (TERM_GRACE, signal.SIGKILL)):
@@ -230,32 +259,32 @@ class StdioBackend(Channel):
                 break
         await proc.wait()
 
-    async def _drain_stderr(self, proc: asyncio.subprocess.Process, done: anyio.Event) -> None:
-        assert proc.stderr is not None
+    async def _drain_stderr(self, proc: Child, done: anyio.Event) -> None:
+        """Log the child's stderr line by line, each line's head only: a line of any length
+        costs its head and a count (linear time, bounded memory), so the child never waits on
+        a full pipe."""
         child_log = logging.getLogger(f"gateway.backend.{self.name}")
         tail = self._stderr_tail
+        lines = HeadLines(STDERR_LOG_CHARS * 4)  # (a character is up to 4 bytes of UTF-8)
         try:
-            async for line in _lines(proc.stderr):
-                text = line.decode(errors="replace").rstrip()
-                if len(text) > STDERR_LOG_CHARS:
-                    cut = len(text) - STDERR_LOG_CHARS
-                    text = f"{text[:STDERR_LOG_CHARS]}... ({cut} more characters)"
-                level = logging.WARNING if ERROR_LINE.search(text) else logging.INFO
-                # (The log's formatter keeps it one line: a child cannot forge records.)
-                child_log.log(level, "%s", text, extra={"backend": self.name})
-                if text:
-                    tail.append(text[:STDERR_TAIL_CHARS])
-        except _LineTooLong:
-            child_log.warning("a stderr line over %d bytes; the rest is discarded", MAX_LINE_BYTES)
-            # Keep reading: a child blocked on a full stderr pipe would stop answering.
-            while await proc.stderr.read(READ_CHUNK):
-                pass
+            while chunk := await proc.stderr.read(READ_CHUNK):
+                for head, cut in lines.feed(chunk):
+                    text = head.decode(errors="replace").rstrip()
+                    if len(text) > STDERR_LOG_CHARS:
+                        cut += len(text[STDERR_LOG_CHARS:].encode(errors="replace"))
+                        text = text[:STDERR_LOG_CHARS]
+                    if cut:
+                        text = f"{text}... ({cut} more bytes)"
+                    level = logging.WARNING if ERROR_LINE.search(text) else logging.INFO
+                    # (The log's formatter keeps it one line: a child cannot forge records.)
+                    child_log.log(level, "%s", text, extra={"backend": self.name})
+                    if text:
+                        tail.append(text[:STDERR_TAIL_CHARS])
         finally:
             done.set()
 
-    async def _read_stdout(self, proc: asyncio.subprocess.Process) -> str | None:
+    async def _read_stdout(self, proc: Child) -> str | None:
         """Until the child's stdout ends; what is wrong with the child if it broke the framing."""
-        assert proc.stdout is not None
         try:
             async for line in _lines(proc.stdout):
                 if line.strip():
@@ -275,8 +304,11 @@ class StdioBackend(Channel):
             log.warning(
                 "backend %s: dropped a line that is not JSON-RPC: %s", self.name, msg.message
             )
-            if msg.response:  # the request it answers fails now instead of timing out
-                self.on_message(jsonrpc.error(msg.id, codes.BACKEND_PROTOCOL_ERROR, msg.message))
+            # The request it answers fails now instead of timing out.
+            if msg.response:
+                self._reply_unusable(msg.id, f"its reply is not JSON-RPC: {msg.message}")
+            elif msg.code == codes.PARSE_ERROR and (bid := salvaged_id(line)) is not None:
+                self._reply_unusable(bid, f"its reply is not valid JSON: {msg.message}")
             return
         if self.tap is not None:
             self.tap.record("backend", "in", msg, backend=self.name)  # (before ids are restored)
@@ -290,7 +322,7 @@ class StdioBackend(Channel):
     def _send(self, msg: Message) -> asyncio.StreamWriter:
         """Queue one line for the child; the caller awaits `drain` when the pipe is full."""
         proc = self._proc
-        if proc is None or proc.stdin is None or proc.stdin.is_closing():
+        if proc is None or proc.stdin.is_closing():
             raise BackendUnavailable(self.name, self._last_problem)
         line = jsonrpc.encode(msg) + b"\n"
         self._stats.bytes["backend", "out"] += len(line)
@@ -321,6 +353,12 @@ class StdioBackend(Channel):
             while not self._ready.is_set():
                 if self.health.down:
                     raise self.health.refusal()
+                left = self._restart_at - anyio.current_time()
+                if left > RESTART_WAIT:
+                    # A child that keeps crashing soon after its start: not worth the wait.
+                    raise BackendUnavailable(
+                        self.name, f"{self._last_problem}; restarting in {left:.1f}s"
+                    )
                 await self._settled.wait()
             return
         raise BackendUnavailable(self.name, f"not ready ({self._last_problem})")
@@ -338,6 +376,49 @@ class StdioBackend(Channel):
         memory from /proc; a reaped pid may be another process's by then)."""
         proc = self._proc
         return (proc.pid,) if proc is not None and proc.returncode is None else ()
+
+
+def salvaged_id(line: bytes) -> object:
+    """The id of a reply that orjson refused only for its text (bytes that are not UTF-8, an
+    escaped lone surrogate), read leniently so that its request can fail at once; None when
+    the line is no reply at all. Only lines that failed to parse come here: the slow path is
+    rare."""
+    text = _SURROGATE.sub(r"\\ufffd", line.decode(errors="replace"))
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if type(value) is not dict or "method" in value or not ("result" in value or "error" in value):
+        return None
+    return value.get("id")
+
+
+class HeadLines:
+    """Lines split from chunks, each as its first `keep` bytes and the count of the rest: one
+    pass over each chunk, and never more than `keep` bytes held, however long a line is."""
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._head = bytearray()
+        self._cut = 0
+
+    def feed(self, chunk: bytes) -> list[tuple[bytes, int]]:
+        out: list[tuple[bytes, int]] = []
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            self._take(chunk, start, end)
+            out.append((bytes(self._head), self._cut))
+            self._head.clear()
+            self._cut = 0
+            start = end + 1
+        self._take(chunk, start, len(chunk))
+        return out
+
+    def _take(self, chunk: bytes, start: int, end: int) -> None:
+        room = max(self._keep - len(self._head), 0)
+        kept = min(end - start, room)
+        self._head += chunk[start : start + kept]
+        self._cut += end - start - kept
 
 
 class _LineTooLong(Exception):

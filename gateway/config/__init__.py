@@ -204,6 +204,7 @@ def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None
             default_connect_timeout(target),
         ),
         request_timeout=c.field(body, path, "request_timeout", t["request_timeout"]),
+        start_timeout=c.field(body, path, "start_timeout", t["start_timeout"]),
         isolation=isolation,
         child_idle_timeout=c.field(body, path, "child_idle_timeout", t["child_idle_timeout"]),
         max_children=c.field(body, path, "max_children", t["max_children"]),
@@ -226,6 +227,8 @@ def _isolation(c: _Check, body: dict[str, Any], path: tuple[str, ...], kind: str
         return "shared"
     if isolation == "per_session" and kind != "stdio":
         c.r.problem(path + ("isolation",), "per_session is for stdio backends only")
+    if kind != "stdio" and body.get("start_timeout") is not None:
+        c.r.problem(path + ("start_timeout",), "only applies to stdio backends")
     if isolation != "per_session":
         for key in ("child_idle_timeout", "max_children"):
             if body.get(key) is not None:

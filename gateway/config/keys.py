@@ -61,6 +61,7 @@ from gateway.config.model import (
     DEFAULT_RETRY_MAX_BACKOFF,
     DEFAULT_SERVICE_NAME,
     DEFAULT_SESSION_IDLE_TIMEOUT,
+    DEFAULT_START_TIMEOUT,
     DEFAULT_STDOUT_STALL_TIMEOUT,
     DEFAULT_TAP_BACKUPS,
     DEFAULT_TAP_MAX_BYTES,
@@ -285,6 +286,11 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "Seconds to connect and answer the first message (default 30 for stdio, 10 for HTTP).",
         ),
         "request_timeout": Key("number", "Seconds one request may take.", DEFAULT_REQUEST_TIMEOUT),
+        "start_timeout": Key(
+            "number",
+            "stdio: seconds a child has from its start to finish its opening; then it is down.",
+            DEFAULT_START_TIMEOUT,
+        ),
         "namespace": Key(
             "string", "Prefix of this backend's names (default: its name).", pattern=_NAME_PATTERN
         ),

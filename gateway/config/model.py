@@ -53,6 +53,11 @@ DEFAULT_SESSION_IDLE_TIMEOUT = 1800.0
 # downloads the server, and a loaded machine starts an interpreter slowly.
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_STDIO_CONNECT_TIMEOUT = 30.0
+# A stdio child's whole opening (the era probe, then a legacy server's `initialize`) from its
+# start: past it, the child is stopped and down (-31001) instead of holding requests for the
+# opening's own bounds (connect_timeout + request_timeout). Twice the stdio connect_timeout, so a
+# legacy server that stays silent on the probe still has as long again for `initialize`.
+DEFAULT_START_TIMEOUT = 60.0
 # Whole-request bound; long tool calls are normal in MCP, so this is generous.
 DEFAULT_REQUEST_TIMEOUT = 300.0
 # An HTTP backend's replica that failed (cannot connect, 502/503/504) is skipped this long while
@@ -540,6 +545,7 @@ class BackendConfig:
     era: str = "auto"
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    start_timeout: float = DEFAULT_START_TIMEOUT  # stdio only
     namespace: str = ""  # empty: the backend's name
     allow_tools: tuple[str, ...] = ()
     deny_tools: tuple[str, ...] = ()

@@ -76,7 +76,9 @@ def record_key(session_id: str) -> str:
 def owner_digest(owner: str) -> str:
     """The owner as a record holds it. An owner is a digest of credentials or an identity's key
     (issuer, subject and client in clear): the store gets a digest of either."""
-    return hashlib.sha256(b"mcp-gateway session owner\0" + owner.encode("utf-8", "surrogateescape")).hexdigest()
+    return hashlib.sha256(
+        b"mcp-gateway session owner\0" + owner.encode("utf-8", "surrogateescape")
+    ).hexdigest()
 
 
 def record_of(session: Session, owner: str) -> Record:

@@ -1,0 +1,119 @@
+"""A child process with asyncio streams on its stdin, stdout and stderr, on any event loop.
+
+`asyncio.create_subprocess_exec` on uvloop leaves a second copy of each of the child's pipe ends
+open in the child (uvloop does not implement `close_fds`): a child that closes its stdout then
+never ends the gateway's read, since its copy keeps the pipe open. So the child is started by
+`subprocess.Popen`, which closes every other descriptor in the child, and its pipes are handed
+to the running loop; its exit is watched with a pidfd (Linux), else by a thread of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+
+class Child:
+    """What stdio.py uses of `asyncio.subprocess.Process`: pid, returncode, wait, the streams."""
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        stdin: asyncio.StreamWriter,
+        stdout: asyncio.StreamReader,
+        stderr: asyncio.StreamReader,
+        transports: Sequence[asyncio.BaseTransport],
+    ) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self.stdin = stdin
+        self.stdout = stdout
+        self.stderr = stderr
+        self._transports = transports
+        loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[int] = loop.create_future()
+        self._watch(loop)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.returncode
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def close(self) -> None:
+        """Close the gateway's ends of the pipes (once the child has been reaped)."""
+        for transport in self._transports:
+            transport.close()
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # (not Linux, or a kernel before 5.3)
+            threading.Thread(target=self._reap_in_thread, args=(loop,), daemon=True).start()
+            return
+
+        def exited() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            self._reaped(self._popen.wait())  # (it has exited: this does not block)
+
+        loop.add_reader(pidfd, exited)
+
+    def _reap_in_thread(self, loop: asyncio.AbstractEventLoop) -> None:
+        code = self._popen.wait()
+        with contextlib.suppress(RuntimeError):  # (the loop has closed meanwhile)
+            loop.call_soon_threadsafe(self._reaped, code)
+
+    def _reaped(self, code: int) -> None:
+        if not self._exited.done():
+            self._exited.set_result(code)
+
+
+async def spawn(
+    command: Sequence[str], *, env: Mapping[str, str], cwd: str | None, limit: int
+) -> Child:
+    """Start `command` in a session (and process group) of its own, with piped stdio; OSError
+    when it cannot be started."""
+    loop = asyncio.get_running_loop()
+    # A synchronous fork and exec, as in asyncio's own subprocess support.
+    popen = subprocess.Popen(  # noqa: ASYNC220
+        list(command),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(env),
+        cwd=cwd,
+        bufsize=0,
+        start_new_session=True,
+    )
+    assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
+    transports: list[asyncio.BaseTransport] = []
+    try:
+        readers = []
+        for pipe in (popen.stdout, popen.stderr):
+            reader = asyncio.StreamReader(limit=limit, loop=loop)
+            reading, _ = await loop.connect_read_pipe(_reading(reader), pipe)
+            transports.append(reading)
+            readers.append(reader)
+        # A StreamReaderProtocol is what gives a StreamWriter its flow control (drain).
+        writing, protocol = await loop.connect_write_pipe(
+            _reading(asyncio.StreamReader(loop=loop)), popen.stdin
+        )
+        transports.append(writing)
+        stdin = asyncio.StreamWriter(writing, protocol, None, loop)
+        return Child(popen, stdin, readers[0], readers[1], transports)
+    except BaseException:
+        for transport in transports:
+            transport.close()
+        popen.kill()
+        popen.wait()
+        raise
+
+
+def _reading(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamReaderProtocol]:
+    return lambda: asyncio.StreamReaderProtocol(reader)
