@@ -30,6 +30,7 @@ from gateway.config.model import (
     DEFAULT_AUTH_MAX_RESPONSE_BYTES,
     DEFAULT_BACKEND_MAX_IN_FLIGHT,
     DEFAULT_CHILD_IDLE_TIMEOUT,
+    DEFAULT_FAN_OUT_GRACE,
     DEFAULT_HTTP_HOST,
     DEFAULT_HTTP_PATH,
     DEFAULT_HTTP_PORT,
@@ -358,6 +359,12 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "fail_open leaves a failed backend out of a merged list.",
             "fail_open",
             choices=FAILURE_POLICIES,
+        ),
+        "grace": Key(
+            "number",
+            "Under fail_open, seconds a merged list waits for the backends still out once "
+            "another has answered.",
+            DEFAULT_FAN_OUT_GRACE,
         ),
     },
     "tap": {

@@ -53,6 +53,9 @@ DEFAULT_SESSION_IDLE_TIMEOUT = 1800.0
 # downloads the server, and a loaded machine starts an interpreter slowly.
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_STDIO_CONNECT_TIMEOUT = 30.0
+# Under fail_open, how long a merged list, discovery or listen acknowledgement waits for the
+# backends still out once another has answered (fan_out.grace): a silent one costs this much.
+DEFAULT_FAN_OUT_GRACE = 0.1
 # Whole-request bound; long tool calls are normal in MCP, so this is generous.
 DEFAULT_REQUEST_TIMEOUT = 300.0
 # `isolation: per_session` (a stdio child per client): a child whose client has sent nothing for
@@ -608,6 +611,7 @@ class Config:
     source: str = "<config>"
     namespacing: Namespacing = Namespacing()
     on_backend_failure: str = "fail_open"
+    fan_out_grace: float = DEFAULT_FAN_OUT_GRACE
     tap: TapConfig | None = None
     telemetry: TelemetryConfig = TelemetryConfig()
     policy: PolicyConfig | None = None  # None: every caller may see and call everything

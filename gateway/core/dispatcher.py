@@ -47,6 +47,10 @@ LOCAL_NOTIFICATIONS = frozenset({"notifications/cancelled"})
 # Not counted against the overall bound on requests in flight: a stream as long as its client.
 LISTEN = "subscriptions/listen"
 FAIL_OPEN = "fail_open"
+# Under fail_open, how long a fan-out waits for the backends still out once some have answered
+# (measured from the last answer): a backend that is silent, black-holed or still starting
+# costs a list this much, not its request timeout (config: fan_out.grace).
+FAN_OUT_GRACE = 0.1
 Finder = Callable[[RouteTable, str], Route | None]
 # A backend a caller can see nothing of: every list capability hidden from it.
 ALL_HIDDEN = frozenset({"tools", "prompts", "resources"})
@@ -82,6 +86,7 @@ class Dispatcher:
         shared_limiter: SharedRateLimiter | None = None,
         cursor_keys: Sequence[bytes] = (),
         bound: Bound | None = None,
+        grace: float = FAN_OUT_GRACE,
     ) -> None:
         self.telemetry: Telemetry = telemetry or NoTelemetry()
         self._policy = policy  # None: every caller may see and call everything
@@ -103,7 +108,13 @@ class Dispatcher:
         # another process or from before a restart is stale (the spec lets cursors expire).
         self._cursor_keys: tuple[bytes, ...] = tuple(cursor_keys) or (os.urandom(32),)
         self.fan_out_failures: dict[str, int] = {}
-        self.subscriptions = Subscriptions(self.backends, self.catalogs, self._exposures, naming)
+        self._grace = grace
+        # Backends skipped by the last fan-out that asked them: logged when they start being
+        # skipped, not on every list while they stay so.
+        self._skipping: set[str] = set()
+        self.subscriptions = Subscriptions(
+            self.backends, self.catalogs, self._exposures, naming, grace
+        )
 
     def reconfigure(
         self,
@@ -306,9 +317,24 @@ class Dispatcher:
         """Look a name up; on a miss, refresh stale catalogs and look in the new table."""
         route = find(self.catalogs.table, key)
         if route is None:
-            await self.catalogs.refresh_stale(lambda table: find(table, key) is not None)
+            # Only the catalogs the name can be in; not one whose load failed (it is loaded
+            # again in the background, and the miss says it is unavailable): a backend that
+            # is down or silent holds up no lookup of another's names.
+            catalogs = self.catalogs
+            owners = [b for b in catalogs.owners(key) if catalogs.problem(b) is None]
+            await catalogs.refresh_stale(lambda table: find(table, key) is not None, owners)
             route = find(self.catalogs.table, key)
         return route
+
+    def _missing(self, kind: str, name: str) -> Exception:
+        """A name that routes nowhere: unknown, unless a backend it may belong to has no
+        catalog because its load failed; then that backend is unavailable (-31001, naming it),
+        which a client may retry, where an unknown name it may not."""
+        for backend in self.catalogs.owners(name):
+            problem = self.catalogs.problem(backend)
+            if problem is not None:
+                return errors.BackendUnavailable(backend, f"its {kind}s are not known: {problem}")
+        return _unknown(kind, name)
 
     async def _route_name(self, find: Finder, kind: str, name: object) -> Route:
         if not isinstance(name, str):
@@ -320,7 +346,7 @@ class Dispatcher:
         if only is not None and not self._naming.prefixed and self._passes_filters(kind, name):
             # One unprefixed backend: it answers for itself.
             return Route(only.name, name, listed=False)
-        raise _unknown(kind, name)
+        raise self._missing(kind, name)
 
     def _permit(self, view: View | None, kind: str, route: Route, shown: object) -> None:
         """Refuse what the policy does not let this caller call: a denied name exactly as an
@@ -352,7 +378,7 @@ class Dispatcher:
             raise Refused(codes.INVALID_PARAMS, "params.uri must be a string")
         route = await self._lookup(RouteTable.resource, uri)
         if route is None:
-            raise _unknown("resource", uri)
+            raise self._missing("resource", uri)
         return route
 
     async def _forward(
@@ -402,41 +428,81 @@ class Dispatcher:
     ) -> list[tuple[str, dict[str, Any]]]:
         """Send requests to several backends at once; each answer's result in the same order.
 
-        A failing backend is skipped under fail_open (logged and counted) and fails the whole
-        request under fail_closed; when every backend fails, so does the request."""
+        A failing backend is skipped under fail_open (logged when it starts failing, counted
+        every time) and fails the whole request under fail_closed; when every backend fails,
+        so does the request. Under fail_open a backend that has not answered `grace` seconds
+        after the last answer (a silent one, a black hole, one still starting) is skipped too,
+        its request cancelled: one slow backend never holds the others' lists. Under
+        fail_closed every answer is awaited (each bounded by its backend's request timeout)."""
         open_policy = self._fail_open if fail_open is None else fail_open
         replies: dict[str, Message | Exception] = {}
         targets = self.backends  # the set `calls` was made from, should a reload come first
+        progress = [anyio.Event()]  # set (and replaced) at each answer
+        answered = 0  # how many answered with a result
 
         async def one(backend: str, request: Message) -> None:
+            nonlocal answered
             try:
-                replies[backend] = await targets[backend].request(request, _ignore)
+                reply = replies[backend] = await targets[backend].request(request, _ignore)
+                answered += isinstance(reply.get("result"), dict)
             except errors.BackendError as exc:
                 replies[backend] = exc
+            progress[0].set()
+            progress[0] = anyio.Event()
 
         async with anyio.create_task_group() as tg:
             for backend, request in calls:
                 tg.start_soon(one, backend, request)
+            if open_policy and len(calls) > 1:
+                await self._until_answered(replies, calls, progress, lambda: answered)
+                tg.cancel_scope.cancel()  # the stragglers' requests (lists: nothing is lost)
         out: list[tuple[str, dict[str, Any]]] = []
         failed: list[Exception] = []
         for backend, _ in calls:
-            reply = replies[backend]
+            reply = replies.get(backend)
+            if reply is None:
+                reply = errors.BackendTimeout(
+                    backend, f"no answer within {self._grace:g}s of the other backends"
+                )
             result = reply.get("result") if isinstance(reply, dict) else None
             if isinstance(result, dict):
                 out.append((backend, result))
+                self._skipping.discard(backend)
                 continue
             self.fan_out_failures[backend] = self.fan_out_failures.get(backend, 0) + 1
             if not open_policy:
                 raise _as_failure(backend, reply)
             failed.append(_as_failure(backend, reply))
             # A backend known to be down was logged when it went down, and an overloaded one
-            # is logged by its bound (at most every 10 s), not per request.
+            # is logged by its bound (at most every 10 s); any other once when it starts being
+            # skipped, not on every list while it stays so.
             quiet = isinstance(reply, errors.BackendDown | errors.BackendOverloaded)
-            level = logging.DEBUG if quiet else logging.WARNING
+            level = logging.DEBUG if quiet or backend in self._skipping else logging.WARNING
+            self._skipping.add(backend)
             log.log(level, "fan-out: backend %s skipped: %s", backend, _describe(reply))
         if failed and not out:
             raise failed[0]  # nothing answered: an empty result would hide the outage
         return out
+
+    async def _until_answered(
+        self,
+        replies: dict[str, Message | Exception],
+        calls: Sequence[tuple[str, Message]],
+        progress: list[anyio.Event],
+        answered: Callable[[], int],
+    ) -> None:
+        """Until every call is answered, or `grace` has passed since the last answer once one
+        backend has answered with a result (before that, the wait is the backends' own: with
+        nothing to show, a list waits for the first backend able to answer it)."""
+        while len(replies) < len(calls):
+            changed = progress[0]
+            if not answered():
+                await changed.wait()
+                continue
+            with anyio.move_on_after(self._grace) as scope:
+                await changed.wait()
+            if scope.cancelled_caught:
+                return
 
     async def _discover(self, msg: Message, view: View | None) -> Message:
         calls = [(name, msg) for name in self._order]
