@@ -56,6 +56,7 @@ class _Entry:
     problem: str | None = None
     failures: int = 0
     reloading: bool = False  # a background reload is scheduled
+    settled: bool = False  # a load has ended (loaded or failed): the backend is past its start
 
     def fresh(self, now: float) -> bool:
         return now < self.fetched_at + max(self.ttl, MIN_REFRESH_INTERVAL)
@@ -123,6 +124,18 @@ class Catalogs:
         the first has ended)."""
         entry = self._entries.get(backend)
         return entry.problem if entry is not None else None
+
+    def starting(self, backend: str) -> bool:
+        """Whether the backend's first catalog load is still under way (bounded by
+        LOAD_TIMEOUT): a merged list waits for a backend that is starting, not for one whose
+        load has ended, however it ended."""
+        entry = self._entries.get(backend)
+        return entry is not None and not entry.settled
+
+    @property
+    def changed(self) -> anyio.Event:
+        """Set when the table changes or a load ends (a new event after each)."""
+        return self._changed
 
     def owners(self, visible: str) -> list[str]:
         """The backends a client-visible name or URI can belong to: with prefixed names, the
@@ -248,6 +261,7 @@ class Catalogs:
 
     def _loaded(self, backend: str, entry: _Entry, problem: str | None) -> None:
         """Note how a load ended; a failed one is tried again in the background."""
+        entry.settled = True
         if problem is None:
             if entry.problem is not None:
                 log.info("catalog of %s loaded again", backend)

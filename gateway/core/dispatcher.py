@@ -18,7 +18,7 @@ from gateway import errors
 from gateway.auth.identity import Identity
 from gateway.backends.base import Backend, NotificationSink
 from gateway.core.catalog import Catalogs
-from gateway.core.listen import Subscriptions
+from gateway.core.listen import Subscriptions, first_of
 from gateway.core.overload import Bound
 from gateway.core.policy import PROMPT, RESOURCE, TEMPLATE, TOOL, Policy, View
 from gateway.core.ratelimit import RateLimiter, SharedRateLimiter
@@ -494,10 +494,16 @@ class Dispatcher:
         """Until every call is answered, or `grace` has passed since the last answer once one
         backend has answered with a result (before that, the wait is the backends' own: with
         nothing to show, a list waits for the first backend able to answer it)."""
+        catalogs = self.catalogs
         while len(replies) < len(calls):
             changed = progress[0]
             if not answered():
                 await changed.wait()
+                continue
+            if any(catalogs.starting(b) for b, _ in calls if b not in replies):
+                # A backend still starting (its first catalog load under way, bounded by the
+                # load's timeout) is waited for: a list made at start-up shows every backend.
+                await first_of(changed, catalogs.changed)
                 continue
             with anyio.move_on_after(self._grace) as scope:
                 await changed.wait()

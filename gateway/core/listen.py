@@ -266,7 +266,7 @@ class Subscriptions:
                         )
                     tg.start_soon(_relay_remote, receive, stream)
                     with anyio.move_on_after(ACK_TIMEOUT):
-                        await stream.settled(self.grace)
+                        await stream.settled(self.grace, self._catalogs)
                     await stream.acknowledge()
                     await self._closing.wait()
                     tg.cancel_scope.cancel()
@@ -410,13 +410,18 @@ class _Stream:
         self._progress.set()
         self._progress = anyio.Event()
 
-    async def settled(self, grace: float) -> None:
+    async def settled(self, grace: float, catalogs: Catalogs) -> None:
         """Until every backend has acknowledged or failed, or, once one has acknowledged,
-        `grace` seconds have passed with no news from the others."""
+        `grace` seconds have passed with no news from the others (a backend still starting,
+        its first catalog load under way, is waited for, as merged lists wait for it)."""
         while not self.all_acked.is_set():
             progress = self._progress
             if not self._acks:
                 await progress.wait()
+                continue
+            outstanding = self.plans.keys() - self._acks.keys() - self._failed
+            if any(catalogs.starting(b) for b in outstanding):
+                await first_of(progress, catalogs.changed)
                 continue
             with anyio.move_on_after(grace) as timer:
                 await progress.wait()
@@ -442,6 +447,18 @@ class _Stream:
             for note in held:
                 await self._sink(note)
         self._acknowledged = True
+
+
+async def first_of(*events: anyio.Event) -> None:
+    """Until one of `events` is set."""
+
+    async def wait(event: anyio.Event) -> None:
+        await event.wait()
+        tg.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        for event in events:
+            tg.start_soon(wait, event)
 
 
 async def _relay_remote(

@@ -3,8 +3,10 @@ one answering HTTP 500 to everything, one redirecting everything, one refusing c
 black hole (the connection never completes), one that accepts and never answers, one that
 drips an endless stream a byte at a time, and one that floods an event that never ends.
 
-For each: a call to one of its tools gets a prompt JSON-RPC error of our own (a backend error
-code, basic/index "Error Codes") naming it, never `-32602` for an unknown tool; the lists,
+Once start-up is over (every backend's first catalog load has ended; a backend still starting
+is waited for), for each: a call to one of its tools gets a prompt JSON-RPC error of our own (a
+backend error code, basic/index "Error Codes") naming it, never `-32602` for an unknown tool;
+the lists,
 discovery and a listen answer with the healthy backend's part within a second
 (server/tools "Listing Tools", basic/patterns/subscriptions); the healthy backend's tools are
 still served; `/readyz` names it as not ready; nothing is logged with a traceback; and the
@@ -27,6 +29,7 @@ from aiohttp import web
 
 from gateway import config as gateway_config
 from gateway.app import Gateway
+from gateway.core import catalog
 from gateway.protocol import codes, meta
 from tests.backend_support import Peer, Server, head, hold, stalled_listener
 from tests.support import BOUND, call, dead_url, messages, mirrored_headers, request, serve_http
@@ -36,11 +39,12 @@ pytestmark = [pytest.mark.anyio]
 Message = dict[str, Any]
 Fault = Callable[[], AbstractAsyncContextManager[dict[str, Any]]]
 
-# What "prompt" means for the healthy backend's part of a list, discovery or listen.
+# "Promptly": what a list, discovery, listen or call may take, far below the broken
+# backends' own timeouts (30 s here), which nothing may wait out.
 PROMPT = 1.0
-# A broken backend's own call: its connect or request timeout (0.5 s here) and the margin of a
-# loaded machine; far below the default timeouts (10 s, 300 s).
-OWN_PROMPT = 3.0
+# How long the broken backend's first catalog load may take here (LOAD_TIMEOUT, 15 s by
+# default): the start-up, during which a list still waits for a backend that is starting.
+START_UP = 0.5
 # The backend errors of protocol/codes: each names the backend.
 BACKEND_CODES = frozenset(
     {
@@ -88,9 +92,9 @@ async def healthy(request: web.Request) -> web.StreamResponse:
 
 
 def broken(url: str, **extra: Any) -> dict[str, Any]:
-    """A backend at `url` pinned modern (no era probe), with short timeouts."""
+    """A backend at `url` pinned modern (no era probe), with timeouts nothing may wait out."""
     http: dict[str, Any] = {"url": url, **extra}
-    return {"http": http, "era": "modern", "connect_timeout": 0.5, "request_timeout": 0.5}
+    return {"http": http, "era": "modern", "connect_timeout": 30, "request_timeout": 30}
 
 
 @asynccontextmanager
@@ -175,6 +179,11 @@ FAULTS = [
 # --- the gateway and its client -------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def quick_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(catalog, "LOAD_TIMEOUT", START_UP)
+
+
 @asynccontextmanager
 async def gateway(
     bad: dict[str, Any], good: str
@@ -187,6 +196,8 @@ async def gateway(
     )
     async with Gateway(gateway_config.parse(text)) as gw, aiohttp.ClientSession() as session:
         assert gw.http_url is not None
+        with anyio.fail_after(BOUND):
+            await gw.catalogs_loaded.wait()  # past start-up: every first catalog load ended
         base = gw.http_url.removesuffix("/mcp")
         yield session, gw.http_url, f"{base}/readyz"
 
@@ -242,7 +253,7 @@ async def test_a_broken_http_backend_fails_its_own_calls_and_delays_nobody(
         assert ack["params"]["notifications"] == {"toolsListChanged": True}
 
         # A call to the broken backend's tool: an error of ours naming it, not an unknown tool.
-        with anyio.fail_after(OWN_PROMPT):
+        with anyio.fail_after(PROMPT):
             reply = await post(session, url, call(3, "bad_echo"))
         code, message = error_of(reply)
         assert code in BACKEND_CODES, reply
