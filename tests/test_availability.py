@@ -233,14 +233,27 @@ async def test_a_list_waits_for_the_first_answer_however_late() -> None:
     assert tools_of(await answer(d, modern(1, "tools/list")))[0] == "late_echo"
 
 
-async def test_a_page_without_a_late_backend_carries_on_with_the_others() -> None:
-    """Page 2: the late backend's part is left out and its position dropped, so the listing
-    ends (a position kept for a backend that stays down would page forever)."""
+async def test_a_backend_late_for_a_later_page_keeps_its_place_in_the_cursor() -> None:
+    """Page 2: the late backend's part is left out but its position kept, so its items come
+    on page 3, where it is alone and waited for: lateness loses no item of a listing it is
+    part of (server/utilities/pagination)."""
     d = await started(Paged("a"), Paged("b", slow_later=0.2), grace=0.01)
     first = await answer(d, modern(1, "tools/list"))
     assert tools_of(first) == ["a_t1", "b_t1"]
-    cursor = first["result"]["nextCursor"]
-    second = await answer(d, modern(2, "tools/list", cursor=cursor))
+    second = await answer(d, modern(2, "tools/list", cursor=first["result"]["nextCursor"]))
+    assert tools_of(second) == ["a_t2"]
+    third = await answer(d, modern(3, "tools/list", cursor=second["result"]["nextCursor"]))
+    assert tools_of(third) == ["b_t2"]
+    assert "nextCursor" not in third["result"]
+
+
+async def test_a_backend_late_for_the_first_page_is_left_out_of_the_listing() -> None:
+    """Nothing of it listed yet, it has no place to keep: the listing goes on without it
+    (a backend that never answers must not make the last page wait for it)."""
+    d = await started(Paged("a"), Silent("silent"), grace=0.01)
+    first = await answer(d, modern(1, "tools/list"))
+    assert tools_of(first) == ["a_t1"]
+    second = await answer(d, modern(2, "tools/list", cursor=first["result"]["nextCursor"]))
     assert tools_of(second) == ["a_t2"]
     assert "nextCursor" not in second["result"]
 

@@ -65,9 +65,7 @@ class SseBackend(Channel):
         self._authorizer = oauth_setup.authorizer(config)
         if self._authorizer is not None:
             self._authorizer.on_token = self._count_token
-        # Made here, not in `run`: a request that comes before the start (a replica's own
-        # listens begin with the gateway) waits for the connection like one that comes later.
-        self._ready: asyncio.Event | None = asyncio.Event()
+        self._ready: asyncio.Event | None = None
         self._opener: asyncio.Task[None] | None = None
         self._sending: set[asyncio.Task[None]] = set()  # held so they are not collected
         self.restarts = 0
@@ -90,6 +88,7 @@ class SseBackend(Channel):
         return web.pool_connections(self._streams, self._posts)
 
     async def run(self) -> None:
+        self._ready = asyncio.Event()
         config, tls, proxy = self._config, self._tls, self._proxy
         # The stream stays open indefinitely: a session of its own, without a deadline.
         self._streams = web.session(

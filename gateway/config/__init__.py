@@ -261,12 +261,13 @@ def parse(
     if not top.get("backends") and not imported and not extra_backends:
         reader.problem(("backends",), "name at least one backend")
     _check_backend_names(reader, backends)
+    namespacing = _namespacing(check, top.get("namespacing"))
     on_failure, grace = _fan_out(check, top.get("fan_out"))
     config = Config(
         listen=listen,
         backends=tuple(backends),
         source=source,
-        namespacing=_namespacing(check, top.get("namespacing")),
+        namespacing=namespacing,
         on_backend_failure=on_failure,
         fan_out_grace=grace,
         tap=_tap(check, top.get("tap"), source),

@@ -424,7 +424,11 @@ class Dispatcher:
     # --- fan-out -----------------------------------------------------------------------------
 
     async def _fan_out(
-        self, calls: Sequence[tuple[str, Message]], *, fail_open: bool | None = None
+        self,
+        calls: Sequence[tuple[str, Message]],
+        *,
+        fail_open: bool | None = None,
+        late: list[str] | None = None,
     ) -> list[tuple[str, dict[str, Any]]]:
         """Send requests to several backends at once; each answer's result in the same order.
 
@@ -432,8 +436,9 @@ class Dispatcher:
         every time) and fails the whole request under fail_closed; when every backend fails,
         so does the request. Under fail_open a backend that has not answered `grace` seconds
         after the last answer (a silent one, a black hole, one still starting) is skipped too,
-        its request cancelled: one slow backend never holds the others' lists. Under
-        fail_closed every answer is awaited (each bounded by its backend's request timeout)."""
+        its request cancelled (and named in `late`): one slow backend never holds the others'
+        lists. Under fail_closed every answer is awaited (each bounded by its backend's
+        request timeout)."""
         open_policy = self._fail_open if fail_open is None else fail_open
         replies: dict[str, Message | Exception] = {}
         targets = self.backends  # the set `calls` was made from, should a reload come first
@@ -461,6 +466,8 @@ class Dispatcher:
         for backend, _ in calls:
             reply = replies.get(backend)
             if reply is None:
+                if late is not None:
+                    late.append(backend)
                 reply = errors.BackendTimeout(
                     backend, f"no answer within {self._grace:g}s of the other backends"
                 )
@@ -582,9 +589,13 @@ class Dispatcher:
             if position is not None:
                 page_params["cursor"] = position
             calls.append((backend, {**msg, "params": page_params}))
-        parts = await self._fan_out(calls)
+        late: list[str] = []
+        parts = await self._fan_out(calls, late=late)
         items: list[Any] = []
-        following: list[cursors.Position] = []
+        # A backend too late for this page keeps its place if it answered an earlier page of
+        # this listing: its next page comes on a later one (alone, it is waited for), so no
+        # item is lost to lateness. One late on the first page is left out, as if failed.
+        kept = {b: p for b, p in positions if b in late and p is not None}
         kind, field = LIST_KINDS[key]
         for backend, result in parts:
             exposure = exposures[backend]
@@ -599,7 +610,8 @@ class Dispatcher:
                 if shown is not None:
                     items.append(shown)
             if isinstance(result.get("nextCursor"), str):
-                following.append((backend, result["nextCursor"]))
+                kept[backend] = result["nextCursor"]
+        following = [(b, kept[b]) for b, _ in positions if b in kept]  # (in the same order)
         next_cursor = cursors.encode(following, self._cursor_keys[0], method) if following else None
         base = parts[0][1] if alone and parts else {}
         result = merge.list_result(
