@@ -69,5 +69,5 @@ async def test_a_replica_serves_its_first_requests_over_streamable_http(
 ) -> None:
     caplog.set_level(logging.DEBUG, "gateway")
     async with serve_http(healthy) as base:
-        backend = {"http": {"url": f"{base}/mcp"}, "era": "modern"}
+        backend: dict[str, object] = {"http": {"url": f"{base}/mcp"}, "era": "modern"}
         await serve_and_check(replica(redis_port, backend), "echo", caplog)

@@ -595,7 +595,7 @@ class Dispatcher:
         # A backend too late for this page keeps its place if it answered an earlier page of
         # this listing: its next page comes on a later one (alone, it is waited for), so no
         # item is lost to lateness. One late on the first page is left out, as if failed.
-        kept = {b: p for b, p in positions if b in late and p is not None}
+        kept: dict[str, str | None] = {b: p for b, p in positions if b in late and p is not None}
         kind, field = LIST_KINDS[key]
         for backend, result in parts:
             exposure = exposures[backend]

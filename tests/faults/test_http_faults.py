@@ -79,11 +79,12 @@ async def healthy(request: web.Request) -> web.StreamResponse:
         ack = {"jsonrpc": "2.0", "method": meta.ACKNOWLEDGED, "params": params}
         await resp.write(b"data: " + orjson.dumps(ack) + b"\n\n")
         await anyio.sleep_forever()  # until the gateway closes the stream
-    value: dict[str, Any] = {
+    results: dict[str, dict[str, Any]] = {
         "server/discover": DISCOVERED,
         "tools/list": {"tools": TOOLS},
         "tools/call": {"content": [{"type": "text", "text": "ok"}]},
-    }.get(method, {})
+    }
+    value = results.get(method, {})
     body = {"jsonrpc": "2.0", "id": msg["id"], "result": {"resultType": "complete", **value}}
     return web.json_response(body)
 
@@ -275,3 +276,53 @@ async def test_a_broken_http_backend_fails_its_own_calls_and_delays_nobody(
         assert status == 503
         assert body["backends"] == {"good": True, "bad": False}
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+class Logged(logging.Handler):
+    """Sets `seen` once a record of the gateway's log says `text`: a wait on the log."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.text = text
+        self.seen = anyio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+async def test_a_failing_backend_that_recovers_is_ready_again_without_a_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its catalog is loaded again in the background (no client need ask): /readyz is 200 and
+    its tools are served once it answers properly."""
+    monkeypatch.setattr(catalog, "FIRST_RELOAD", 0.05)
+    fixed = anyio.Event()
+
+    async def flaky(request: web.Request) -> web.StreamResponse:
+        if not fixed.is_set():
+            return web.Response(status=500, text="down for maintenance")
+        return await healthy(request)
+
+    logged = Logged("catalog of bad loaded again")
+    logger = logging.getLogger("gateway.catalog")
+    level = logger.level
+    logger.addHandler(logged)
+    logger.setLevel(logging.INFO)
+    try:
+        async with (
+            serve_http(healthy) as good,
+            serve_http(flaky) as bad,
+            gateway(broken(f"{bad}/mcp"), f"{good}/mcp") as (session, url, readyz),
+        ):
+            async with session.get(readyz) as resp:
+                assert resp.status == 503
+            fixed.set()
+            with anyio.fail_after(BOUND):
+                await logged.seen.wait()
+                async with session.get(readyz) as resp:
+                    assert resp.status == 200, await resp.text()
+                assert "result" in await post(session, url, call(1, "bad_echo"))
+    finally:
+        logger.removeHandler(logged)
+        logger.setLevel(level)
