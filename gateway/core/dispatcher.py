@@ -17,6 +17,7 @@ import anyio
 from gateway import errors
 from gateway.auth.identity import Identity
 from gateway.backends.base import Backend, NotificationSink
+from gateway.config.model import DEFAULT_FAN_OUT_GRACE
 from gateway.core.catalog import Catalogs
 from gateway.core.listen import Subscriptions, first_of
 from gateway.core.overload import Bound
@@ -47,10 +48,6 @@ LOCAL_NOTIFICATIONS = frozenset({"notifications/cancelled"})
 # Not counted against the overall bound on requests in flight: a stream as long as its client.
 LISTEN = "subscriptions/listen"
 FAIL_OPEN = "fail_open"
-# Under fail_open, how long a fan-out waits for the backends still out once some have answered
-# (measured from the last answer): a backend that is silent, black-holed or still starting
-# costs a list this much, not its request timeout (config: fan_out.grace).
-FAN_OUT_GRACE = 0.1
 Finder = Callable[[RouteTable, str], Route | None]
 # A backend a caller can see nothing of: every list capability hidden from it.
 ALL_HIDDEN = frozenset({"tools", "prompts", "resources"})
@@ -86,7 +83,7 @@ class Dispatcher:
         shared_limiter: SharedRateLimiter | None = None,
         cursor_keys: Sequence[bytes] = (),
         bound: Bound | None = None,
-        grace: float = FAN_OUT_GRACE,
+        grace: float = DEFAULT_FAN_OUT_GRACE,
     ) -> None:
         self.telemetry: Telemetry = telemetry or NoTelemetry()
         self._policy = policy  # None: every caller may see and call everything
@@ -435,10 +432,10 @@ class Dispatcher:
         A failing backend is skipped under fail_open (logged when it starts failing, counted
         every time) and fails the whole request under fail_closed; when every backend fails,
         so does the request. Under fail_open a backend that has not answered `grace` seconds
-        after the last answer (a silent one, a black hole, one still starting) is skipped too,
-        its request cancelled (and named in `late`): one slow backend never holds the others'
-        lists. Under fail_closed every answer is awaited (each bounded by its backend's
-        request timeout)."""
+        after the last answer (fan_out.grace: a silent one, a black hole, a slow one) is
+        skipped too, its request cancelled (and named in `late`): one backend never holds the
+        others' lists for long. Under fail_closed every answer is awaited (each bounded by its
+        backend's request timeout)."""
         open_policy = self._fail_open if fail_open is None else fail_open
         replies: dict[str, Message | Exception] = {}
         targets = self.backends  # the set `calls` was made from, should a reload come first
@@ -500,7 +497,8 @@ class Dispatcher:
     ) -> None:
         """Until every call is answered, or `grace` has passed since the last answer once one
         backend has answered with a result (before that, the wait is the backends' own: with
-        nothing to show, a list waits for the first backend able to answer it)."""
+        nothing to show, a list waits for the first backend able to answer it), and no backend
+        still out is starting."""
         catalogs = self.catalogs
         while len(replies) < len(calls):
             changed = progress[0]

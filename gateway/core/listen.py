@@ -27,6 +27,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from gateway import errors
 from gateway.backends.base import Backend, NotificationSink
+from gateway.config.model import DEFAULT_FAN_OUT_GRACE
 from gateway.core.catalog import Catalogs
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
@@ -43,7 +44,6 @@ LIST_FLAGS = meta.LIST_FLAGS
 # once every backend has acknowledged or failed (one that is down fails at once), or `grace`
 # (fan_out.grace) after the last acknowledgement, so a silent backend delays it that much only.
 ACK_TIMEOUT = 10.0
-GRACE = 0.1
 # Re-subscribing to a backend whose stream ended: quick first, doubling to a ceiling, reset once a
 # stream has lasted a while.
 FIRST_RETRY = 0.1
@@ -94,7 +94,7 @@ class Subscriptions:
         catalogs: Catalogs,
         exposures: Mapping[str, Exposure],
         naming: Naming,
-        grace: float = GRACE,
+        grace: float = DEFAULT_FAN_OUT_GRACE,
     ) -> None:
         self._backends = backends
         self.grace = grace
