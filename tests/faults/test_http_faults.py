@@ -151,13 +151,21 @@ async def slow_drip() -> AsyncIterator[dict[str, Any]]:
         yield broken(server.url())
 
 
+# Bytes each flooded connection took before the gateway let it go.
+FLOODED: list[int] = []
+FLOOD_CHUNK = 65536
+
+
 async def flood(peer: Peer) -> None:
     """One event whose data line never ends, written as fast as the client reads."""
     if await peer.read_request() is None:
         return
     await peer.send(head("Content-Type: text/event-stream", "Connection: close"), b"data: ")
+    FLOODED.append(0)
+    index = len(FLOODED) - 1
     while True:
-        await peer.send(b"x" * 65536)
+        await peer.send(b"x" * FLOOD_CHUNK)
+        FLOODED[index] += FLOOD_CHUNK
 
 
 @asynccontextmanager
@@ -237,6 +245,7 @@ async def test_a_broken_http_backend_fails_its_own_calls_and_delays_nobody(
     fault: Fault, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, "gateway")
+    FLOODED.clear()
     async with (
         serve_http(healthy) as good,
         fault() as bad,
@@ -276,6 +285,10 @@ async def test_a_broken_http_backend_fails_its_own_calls_and_delays_nobody(
         assert status == 503
         assert body["backends"] == {"good": True, "bad": False}
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    if fault is endless_event:
+        # Memory: each flooded reply was let go near max_event_bytes (256 KiB here; the
+        # default is 16 MiB), what is in flight in the sockets aside.
+        assert FLOODED and max(FLOODED) < 8 * 1024 * 1024, FLOODED
 
 
 class Logged(logging.Handler):
