@@ -452,6 +452,7 @@ class Gateway:
             shared_limiter=shared,
             cursor_keys=config.cluster.keys(cursors.PURPOSE) if config.cluster else (),
             bound=Bound(OVERALL, "", overload.max_in_flight, overload, stats.overloaded),
+            grace=config.fan_out_grace,
         )
         for wired in self.wired:
             self._attach(wired)
@@ -828,7 +829,11 @@ class Gateway:
         return self.dispatcher.subscriptions.active
 
     def _backends_up(self) -> dict[str, bool]:
-        return {g.name: g.up for g in self.guarded}
+        """Reachable, and its catalog loaded last time it was tried: a backend that accepts
+        connections yet answers nothing usable (HTTP 500 to everything, a redirect, silence)
+        is not ready either."""
+        problem = self.dispatcher.catalogs.problem
+        return {g.name: g.up and problem(g.name) is None for g in self.guarded}
 
     def _render_metrics(self, accept: str) -> tuple[bytes, str]:
         # OpenMetrics carries exemplars (trace ids); the classic text format does not.

@@ -220,19 +220,24 @@ async def test_catalog_is_reused_while_fresh_and_refetched_when_stale(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The demo's lists say ttlMs one hour, the SDK server's say 0: a miss refetches only the
-    stale one; a list change from a backend makes its catalog stale at once."""
+    stale one; a list change from a backend makes its catalog stale at once. A miss refetches
+    only the catalogs the name can be in (by its namespace): none for a name of no namespace."""
     monkeypatch.setattr(catalog_module, "MIN_REFRESH_INTERVAL", 0.0)
     backends = {"demo": stdio_backend(DEMO), "sdk": stdio_backend(sdk_stdio_command())}
-    unknown = _request("tools/call", {"name": "nobody_x", "arguments": {}})
+
+    def unknown(name: str) -> dict[str, Any]:
+        return _request("tools/call", {"name": name, "arguments": {}})
+
     with anyio.fail_after(START_BOUND):
         async with Gateway(parse(config_text(backends))) as gw:
             catalogs = gw.dispatcher.catalogs
             await gw.catalogs_loaded.wait()  # (served while they load: prefix mode auto)
             assert catalogs.refreshes == {"demo": 1, "sdk": 1}
-            reply = await gw.dispatcher.handle(unknown, _ignore)
-            assert reply["error"]["code"] == -32602
+            for name in ("demo_x", "sdk_x", "nobody_x"):
+                reply = await gw.dispatcher.handle(unknown(name), _ignore)
+                assert reply["error"]["code"] == -32602
             assert catalogs.refreshes == {"demo": 1, "sdk": 2}
             change = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
             gw.dispatcher.backend_notification("demo", change)
-            await gw.dispatcher.handle(unknown, _ignore)
-            assert catalogs.refreshes == {"demo": 2, "sdk": 3}
+            await gw.dispatcher.handle(unknown("demo_x"), _ignore)
+            assert catalogs.refreshes == {"demo": 2, "sdk": 2}

@@ -98,6 +98,9 @@ class HttpBackend:
         self._connect_timeout = config.connect_timeout
         self._deadlines: dict[float | None, aiohttp.ClientTimeout] = {}
         self._calls: aiohttp.ClientSession | None = None
+        # Set once `run` has made the sessions: a request that comes before (a replica's own
+        # listens begin with the gateway) waits for it rather than finding the backend down.
+        self._started = asyncio.Event()
         self._streams: aiohttp.ClientSession | None = None
         # The legacy era (set by era.py): a session id the server gives at `initialize`, sent on
         # every request with the agreed version; None while the backend is modern.
@@ -150,6 +153,7 @@ class HttpBackend:
         self._streams = web.session(
             config, limit=None, default_timeout=self._deadline(None), tls=tls, proxy=proxy
         )
+        self._started.set()
         try:
             await anyio.sleep_forever()
         finally:
@@ -196,6 +200,7 @@ class HttpBackend:
         server speaking both eras gets one per legacy client session (dual.py)."""
         view = HttpBackend(self._config, self._stats)
         view._calls, view._streams = self._calls, self._streams
+        view._started = self._started
         view._authorizer = self._authorizer
         view._replicas, view._safe = self._replicas, self._safe
         view.tap = self.tap
@@ -223,6 +228,8 @@ class HttpBackend:
         *,
         wants_logs: bool | None = None,
     ) -> Message:
+        if not self._started.is_set():
+            await self._start()
         return await self._post(self._calls, msg, sink, within, self._deadline(within))
 
     async def watch(self, deliver: Callable[[str, Message], None]) -> bool:
@@ -384,6 +391,8 @@ class HttpBackend:
     ) -> Coroutine[Any, Any, Message]:
         # A plain function that hands back _post's coroutine: one coroutine frame less on every
         # request. A listen stream has no deadline.
+        if not self._started.is_set():
+            return self._after_start(msg, sink, long_lived)
         if long_lived:
             return self._post(self._streams, msg, sink, None)
         within = deadline.within(self._request_timeout)
@@ -393,6 +402,19 @@ class HttpBackend:
         return self._post(
             self._calls, msg, sink, within, web.timeout(within, self._connect_timeout)
         )
+
+    async def _start(self) -> None:
+        """Until `run` has begun, within connect_timeout (then the request finds it not
+        started)."""
+        with anyio.move_on_after(self._connect_timeout):
+            await self._started.wait()
+
+    async def _after_start(self, msg: Message, sink: NotificationSink, long_lived: bool) -> Message:
+        """A request made before `run` began: sent once it has."""
+        await self._start()
+        if long_lived:
+            return await self._post(self._streams, msg, sink, None)
+        return await self._post(self._calls, msg, sink, self._request_timeout)
 
     async def notify(self, msg: Message) -> None:
         session = self._calls

@@ -268,12 +268,15 @@ def parse(
     if not top.get("backends") and not imported and not extra_backends:
         reader.problem(("backends",), "name at least one backend")
     _check_backend_names(reader, backends)
+    namespacing = _namespacing(check, top.get("namespacing"))
+    on_failure, grace = _fan_out(check, top.get("fan_out"))
     config = Config(
         listen=listen,
         backends=tuple(backends),
         source=source,
-        namespacing=_namespacing(check, top.get("namespacing")),
-        on_backend_failure=_failure_policy(check, top.get("fan_out")),
+        namespacing=namespacing,
+        on_backend_failure=on_failure,
+        fan_out_grace=grace,
         tap=_tap(check, top.get("tap"), source),
         telemetry=_telemetry(check, top.get("telemetry"), source),
         policy=policy_sections.policy(check, top.get("policy"), [b.name for b in backends]),
@@ -407,12 +410,13 @@ def _namespacing(c: _Check, raw: Any) -> Namespacing:
     return Namespacing(prefix=prefix, separator=separator, max_name_length=int(length))
 
 
-def _failure_policy(c: _Check, raw: Any) -> str:
+def _fan_out(c: _Check, raw: Any) -> tuple[str, float]:
     body = c.mapping(raw, ("fan_out",), keys.names("fan_out"))
     policy = c.field(body, ("fan_out",), "on_failure", keys.table("fan_out")["on_failure"])
     if policy not in FAILURE_POLICIES:
         c.r.problem(("fan_out", "on_failure"), f"must be one of {', '.join(FAILURE_POLICIES)}")
-    return policy or "fail_open"
+    grace = c.field(body, ("fan_out",), "grace", keys.table("fan_out")["grace"])
+    return policy or "fail_open", grace
 
 
 def load(

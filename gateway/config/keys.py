@@ -35,6 +35,7 @@ from gateway.config.model import (
     DEFAULT_BREAKER_WINDOW,
     DEFAULT_CHILD_IDLE_TIMEOUT,
     DEFAULT_EJECT_FOR,
+    DEFAULT_FAN_OUT_GRACE,
     DEFAULT_HTTP_HOST,
     DEFAULT_HTTP_PATH,
     DEFAULT_HTTP_PORT,
@@ -434,6 +435,12 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "fail_open leaves a failed backend out of a merged list.",
             "fail_open",
             choices=FAILURE_POLICIES,
+        ),
+        "grace": Key(
+            "number",
+            "Under fail_open, seconds a merged list waits for the backends still out once "
+            "another has answered.",
+            DEFAULT_FAN_OUT_GRACE,
         ),
     },
     "tap": {

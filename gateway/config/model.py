@@ -58,6 +58,9 @@ DEFAULT_STDIO_CONNECT_TIMEOUT = 30.0
 # opening's own bounds (connect_timeout + request_timeout). Twice the stdio connect_timeout, so a
 # legacy server that stays silent on the probe still has as long again for `initialize`.
 DEFAULT_START_TIMEOUT = 60.0
+# Under fail_open, how long a merged list, discovery or listen acknowledgement waits for the
+# backends still out once another has answered (fan_out.grace): a silent one costs this much.
+DEFAULT_FAN_OUT_GRACE = 0.1
 # Whole-request bound; long tool calls are normal in MCP, so this is generous.
 DEFAULT_REQUEST_TIMEOUT = 300.0
 # An HTTP backend's replica that failed (cannot connect, 502/503/504) is skipped this long while
@@ -673,6 +676,7 @@ class Config:
     source: str = "<config>"
     namespacing: Namespacing = Namespacing()
     on_backend_failure: str = "fail_open"
+    fan_out_grace: float = DEFAULT_FAN_OUT_GRACE
     tap: TapConfig | None = None
     telemetry: TelemetryConfig = TelemetryConfig()
     policy: PolicyConfig | None = None  # None: every caller may see and call everything

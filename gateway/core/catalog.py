@@ -16,6 +16,7 @@ from gateway import errors
 from gateway.backends.base import Backend
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
+from gateway.routing import names
 from gateway.routing import table as routes
 from gateway.routing.merge import LIST_CAPABILITY, LIST_KEYS
 from gateway.routing.names import Naming
@@ -31,6 +32,11 @@ MIN_REFRESH_INTERVAL = 1.0
 MAX_PAGES = 100
 # Bound on one catalog load, so a hung backend delays nothing else for long.
 LOAD_TIMEOUT = 15.0
+# A catalog whose load failed is loaded again in the background, first after this long,
+# doubling to the ceiling: its state (`problem`, /readyz) follows the backend's without a
+# client's request having to find out, at next to no cost while it stays broken.
+FIRST_RELOAD = 1.0
+MAX_RELOAD = 60.0
 
 
 async def _ignore(_: Message) -> None:
@@ -46,6 +52,11 @@ class _Entry:
     fetched_at: float = -math.inf
     ttl: float = 0.0
     lock: anyio.Lock = field(default_factory=anyio.Lock)
+    # Why its last load failed (None: loaded, or not tried yet), and how many in a row did.
+    problem: str | None = None
+    failures: int = 0
+    reloading: bool = False  # a background reload is scheduled
+    settled: bool = False  # a load has ended (loaded or failed): the backend is past its start
 
     def fresh(self, now: float) -> bool:
         return now < self.fetched_at + max(self.ttl, MIN_REFRESH_INTERVAL)
@@ -108,6 +119,41 @@ class Catalogs:
         entry = self._entries.get(backend)
         return entry.data if entry is not None and entry.discover is not None else None
 
+    def problem(self, backend: str) -> str | None:
+        """Why the backend's last catalog load failed; None once one has succeeded (and before
+        the first has ended)."""
+        entry = self._entries.get(backend)
+        return entry.problem if entry is not None else None
+
+    def starting(self, backend: str) -> bool:
+        """Whether the backend's first catalog load is still under way (bounded by
+        LOAD_TIMEOUT): a merged list waits for a backend that is starting, not for one whose
+        load has ended, however it ended."""
+        entry = self._entries.get(backend)
+        return entry is not None and not entry.settled
+
+    @property
+    def changed(self) -> anyio.Event:
+        """Set when the table changes or a load ends (a new event after each)."""
+        return self._changed
+
+    def owners(self, visible: str) -> list[str]:
+        """The backends a client-visible name or URI can belong to: with prefixed names, the
+        ones whose namespace it begins with (however it was shortened, the prefix stays);
+        otherwise any."""
+        if not self.naming.prefixed:
+            return list(self._entries)
+        split = names.split_client_uri(visible)
+        return [
+            name
+            for name, entry in self._entries.items()
+            if (
+                entry.exposure.namespace == split[0]
+                if split
+                else visible.startswith(names.client_prefix(self.naming, entry.exposure.namespace))
+            )
+        ]
+
     def has_capability(self, backend: str, capability: str) -> bool:
         """Whether to ask a backend for a list; unknown capabilities count as present."""
         caps = self.capabilities(backend)
@@ -118,11 +164,20 @@ class Catalogs:
             for name in self._entries:
                 tg.start_soon(self.refresh, name)
 
-    async def refresh_stale(self, found: Callable[[RouteTable], bool] | None = None) -> None:
-        """Refresh every stale catalog; with `found`, return as soon as the table satisfies it,
-        so a lookup of a ready backend's name does not wait for a slow backend's catalog."""
+    async def refresh_stale(
+        self,
+        found: Callable[[RouteTable], bool] | None = None,
+        only: Sequence[str] | None = None,
+    ) -> None:
+        """Refresh every stale catalog (of `only`, if given); with `found`, return as soon as
+        the table satisfies it, so a lookup of a ready backend's name does not wait for a slow
+        backend's catalog."""
         now = anyio.current_time()
-        stale = [name for name, entry in self._entries.items() if not entry.fresh(now)]
+        stale = [
+            name
+            for name, entry in self._entries.items()
+            if not entry.fresh(now) and (only is None or name in only)
+        ]
         if self.spawn is None or found is None:
             async with anyio.create_task_group() as tg:
                 for name in stale:
@@ -176,15 +231,25 @@ class Catalogs:
             if entry.fresh(anyio.current_time()) or self._entries.get(backend) is not entry:
                 return  # another task refreshed it while this one waited, or a reload left it
             self.refreshes[backend] += 1
+            problem: str | None = None
             with anyio.move_on_after(LOAD_TIMEOUT) as scope:
                 try:
                     await self._load(entry)
-                except errors.BackendDown as exc:
-                    log.debug("catalog of %s not loaded: %s", backend, exc)  # (logged as down)
                 except errors.BackendError as exc:
-                    log.warning("catalog of %s not loaded: %s", backend, exc)
+                    problem = str(exc).removeprefix(f"backend {backend!r}: ")
+                    # A backend that is down was logged as such; any other failure once, when
+                    # it begins (the background reloads repeat it).
+                    quiet = isinstance(exc, errors.BackendDown) or entry.problem is not None
+                    log.log(
+                        logging.DEBUG if quiet else logging.WARNING,
+                        "catalog of %s not loaded: %s",
+                        backend,
+                        exc,
+                    )
             if scope.cancelled_caught:
+                problem = f"no catalog within {LOAD_TIMEOUT:g}s"
                 log.warning("catalog of %s not loaded within %ss", backend, LOAD_TIMEOUT)
+            self._loaded(backend, entry, problem)
             # Failed loads count too: the next attempt waits out the refresh interval.
             entry.fetched_at = max(entry.fetched_at, anyio.current_time() - entry.ttl)
             self.table = routes.build(self.naming, self._exposures, self._data())
@@ -193,6 +258,32 @@ class Catalogs:
                 log.warning("%s", collision)
             for note in self.table.shortened:
                 log.info("name shortened: %s", note)
+
+    def _loaded(self, backend: str, entry: _Entry, problem: str | None) -> None:
+        """Note how a load ended; a failed one is tried again in the background."""
+        entry.settled = True
+        if problem is None:
+            if entry.problem is not None:
+                log.info("catalog of %s loaded again", backend)
+            entry.problem, entry.failures = None, 0
+            return
+        entry.problem = problem
+        entry.failures += 1
+        if self.spawn is None or entry.reloading:
+            return
+        entry.reloading = True
+        delay = min(MAX_RELOAD, FIRST_RELOAD * 2.0 ** min(entry.failures - 1, 16))
+
+        async def reload() -> None:
+            try:
+                await anyio.sleep(delay)
+            finally:
+                entry.reloading = False
+            if self._entries.get(backend) is entry:
+                self.invalidate(backend)
+                await self.refresh(backend)
+
+        self.spawn(reload)
 
     def _data(self) -> dict[str, CatalogData]:
         return {name: entry.data for name, entry in self._entries.items()}

@@ -17,9 +17,10 @@ import anyio
 from gateway import errors
 from gateway.auth.identity import Identity
 from gateway.backends.base import Backend, NotificationSink
+from gateway.config.model import DEFAULT_FAN_OUT_GRACE
 from gateway.core import unknown
 from gateway.core.catalog import Catalogs
-from gateway.core.listen import Subscriptions
+from gateway.core.listen import Subscriptions, first_of
 from gateway.core.overload import Bound
 from gateway.core.policy import (
     ALL_HIDDEN,
@@ -90,6 +91,7 @@ class Dispatcher:
         shared_limiter: SharedRateLimiter | None = None,
         cursor_keys: Sequence[bytes] = (),
         bound: Bound | None = None,
+        grace: float = DEFAULT_FAN_OUT_GRACE,
     ) -> None:
         self.telemetry: Telemetry = telemetry or NoTelemetry()
         self._policy = policy  # None: every caller may see and call everything
@@ -111,7 +113,13 @@ class Dispatcher:
         # another process or from before a restart is stale (the spec lets cursors expire).
         self._cursor_keys: tuple[bytes, ...] = tuple(cursor_keys) or (os.urandom(32),)
         self.fan_out_failures: dict[str, int] = {}
-        self.subscriptions = Subscriptions(self.backends, self.catalogs, self._exposures, naming)
+        self._grace = grace
+        # Backends skipped by the last fan-out that asked them: logged when they start being
+        # skipped, not on every list while they stay so.
+        self._skipping: set[str] = set()
+        self.subscriptions = Subscriptions(
+            self.backends, self.catalogs, self._exposures, naming, grace
+        )
         self._notes = unknown.NotificationGate(self.telemetry.stats.rejections)
 
     def reconfigure(
@@ -325,7 +333,12 @@ class Dispatcher:
         """Look a name up; on a miss, refresh stale catalogs and look in the new table."""
         route = find(self.catalogs.table, key)
         if route is None:
-            await self.catalogs.refresh_stale(lambda table: find(table, key) is not None)
+            # Only the catalogs the name can be in; not one whose load failed (it is loaded
+            # again in the background, and the miss says it is unavailable): a backend that
+            # is down or silent holds up no lookup of another's names.
+            catalogs = self.catalogs
+            owners = [b for b in catalogs.owners(key) if catalogs.problem(b) is None]
+            await catalogs.refresh_stale(lambda table: find(table, key) is not None, owners)
             route = find(self.catalogs.table, key)
         return route
 
@@ -334,6 +347,16 @@ class Dispatcher:
         """Whether a policy or rate limits judge names: then what is not in a catalog is not
         forwarded on a guess without `forward_unknown` (core/unknown.py)."""
         return not (self._policy is None and self.limiter is None and self.shared_limiter is None)
+
+    def _missing(self, kind: str, name: str) -> Exception:
+        """A name that routes nowhere: unknown, unless a backend it may belong to has no
+        catalog because its load failed; then that backend is unavailable (-31001, naming it),
+        which a client may retry, where an unknown name it may not."""
+        for backend in self.catalogs.owners(name):
+            problem = self.catalogs.problem(backend)
+            if problem is not None:
+                return errors.BackendUnavailable(backend, f"its {kind}s are not known: {problem}")
+        return _unknown(kind, name)
 
     async def _route_name(self, find: Finder, kind: str, name: object, view: View | None) -> Route:
         if not isinstance(name, str):
@@ -345,7 +368,7 @@ class Dispatcher:
         if only is not None and not self._naming.prefixed and self._may_guess(kind, name, view):
             # One unprefixed backend: it answers for itself.
             return Route(only.name, name, listed=False)
-        raise _unknown(kind, name)
+        raise self._missing(kind, name)
 
     def _may_guess(self, kind: str, name: str, view: View | None) -> bool:
         local = self.shared_limiter.local if self.shared_limiter is not None else self.limiter
@@ -386,16 +409,16 @@ class Dispatcher:
         if not self._guarded:
             route = await self._lookup(RouteTable.resource, uri)
             if route is None:
-                raise _unknown("resource", uri)
+                raise self._missing("resource", uri)
             return route
         normal = uris.normalize_client(self._naming, uri)
         route = await self._lookup(RouteTable.listed_resource, normal)
         if route is not None:
             return route
         guess = self.catalogs.table.resource(normal)
-        if guess is None or not unknown.may_guess_uri(
-            kind, guess, self._exposures[guess.backend], view
-        ):
+        if guess is None:
+            raise self._missing("resource", uri)
+        if not unknown.may_guess_uri(kind, guess, self._exposures[guess.backend], view):
             raise _unknown("resource", uri)
         return Route(guess.backend, guess.name, listed=False)
 
@@ -442,45 +465,99 @@ class Dispatcher:
     # --- fan-out -----------------------------------------------------------------------------
 
     async def _fan_out(
-        self, calls: Sequence[tuple[str, Message]], *, fail_open: bool | None = None
+        self,
+        calls: Sequence[tuple[str, Message]],
+        *,
+        fail_open: bool | None = None,
+        late: list[str] | None = None,
     ) -> list[tuple[str, dict[str, Any]]]:
         """Send requests to several backends at once; each answer's result in the same order.
 
-        A failing backend is skipped under fail_open (logged and counted) and fails the whole
-        request under fail_closed; when every backend fails, so does the request."""
+        A failing backend is skipped under fail_open (logged when it starts failing, counted
+        every time) and fails the whole request under fail_closed; when every backend fails,
+        so does the request. Under fail_open a backend that has not answered `grace` seconds
+        after the last answer (fan_out.grace: a silent one, a black hole, a slow one) is
+        skipped too, its request cancelled (and named in `late`): one backend never holds the
+        others' lists for long. Under fail_closed every answer is awaited (each bounded by its
+        backend's request timeout)."""
         open_policy = self._fail_open if fail_open is None else fail_open
         replies: dict[str, Message | Exception] = {}
         targets = self.backends  # the set `calls` was made from, should a reload come first
+        progress = [anyio.Event()]  # set (and replaced) at each answer
+        answered = 0  # how many answered with a result
 
         async def one(backend: str, request: Message) -> None:
+            nonlocal answered
             try:
-                replies[backend] = await targets[backend].request(request, _ignore)
+                reply = replies[backend] = await targets[backend].request(request, _ignore)
+                answered += isinstance(reply.get("result"), dict)
             except errors.BackendError as exc:
                 replies[backend] = exc
+            progress[0].set()
+            progress[0] = anyio.Event()
 
         async with anyio.create_task_group() as tg:
             for backend, request in calls:
                 tg.start_soon(one, backend, request)
+            if open_policy and len(calls) > 1:
+                await self._until_answered(replies, calls, progress, lambda: answered)
+                tg.cancel_scope.cancel()  # the stragglers' requests (lists: nothing is lost)
         out: list[tuple[str, dict[str, Any]]] = []
         failed: list[Exception] = []
         for backend, _ in calls:
-            reply = replies[backend]
+            reply = replies.get(backend)
+            if reply is None:
+                if late is not None:
+                    late.append(backend)
+                reply = errors.BackendTimeout(
+                    backend, f"no answer within {self._grace:g}s of the other backends"
+                )
             result = reply.get("result") if isinstance(reply, dict) else None
             if isinstance(result, dict):
                 out.append((backend, result))
+                self._skipping.discard(backend)
                 continue
             self.fan_out_failures[backend] = self.fan_out_failures.get(backend, 0) + 1
             if not open_policy:
                 raise _as_failure(backend, reply)
             failed.append(_as_failure(backend, reply))
             # A backend known to be down was logged when it went down, and an overloaded one
-            # is logged by its bound (at most every 10 s), not per request.
+            # is logged by its bound (at most every 10 s); any other once when it starts being
+            # skipped, not on every list while it stays so.
             quiet = isinstance(reply, errors.BackendDown | errors.BackendOverloaded)
-            level = logging.DEBUG if quiet else logging.WARNING
+            level = logging.DEBUG if quiet or backend in self._skipping else logging.WARNING
+            self._skipping.add(backend)
             log.log(level, "fan-out: backend %s skipped: %s", backend, _describe(reply))
         if failed and not out:
             raise failed[0]  # nothing answered: an empty result would hide the outage
         return out
+
+    async def _until_answered(
+        self,
+        replies: dict[str, Message | Exception],
+        calls: Sequence[tuple[str, Message]],
+        progress: list[anyio.Event],
+        answered: Callable[[], int],
+    ) -> None:
+        """Until every call is answered, or `grace` has passed since the last answer once one
+        backend has answered with a result (before that, the wait is the backends' own: with
+        nothing to show, a list waits for the first backend able to answer it), and no backend
+        still out is starting."""
+        catalogs = self.catalogs
+        while len(replies) < len(calls):
+            changed = progress[0]
+            if not answered():
+                await changed.wait()
+                continue
+            if any(catalogs.starting(b) for b, _ in calls if b not in replies):
+                # A backend still starting (its first catalog load under way, bounded by the
+                # load's timeout) is waited for: a list made at start-up shows every backend.
+                await first_of(changed, catalogs.changed)
+                continue
+            with anyio.move_on_after(self._grace) as scope:
+                await changed.wait()
+            if scope.cancelled_caught:
+                return
 
     async def _discover(self, msg: Message, view: View | None) -> Message:
         calls = [(name, msg) for name in self._order]
@@ -535,9 +612,13 @@ class Dispatcher:
             if position is not None:
                 page_params["cursor"] = position
             calls.append((backend, {**msg, "params": page_params}))
-        parts = await self._fan_out(calls)
+        late: list[str] = []
+        parts = await self._fan_out(calls, late=late)
         items: list[Any] = []
-        following: list[cursors.Position] = []
+        # A backend too late for this page keeps its place if it answered an earlier page of
+        # this listing: its next page comes on a later one (alone, it is waited for), so no
+        # item is lost to lateness. One late on the first page is left out, as if failed.
+        kept: dict[str, str | None] = {b: p for b, p in positions if b in late and p is not None}
         kind, field = LIST_KINDS[key]
         for backend, result in parts:
             exposure = exposures[backend]
@@ -552,7 +633,8 @@ class Dispatcher:
                 if shown is not None:
                     items.append(shown)
             if isinstance(result.get("nextCursor"), str):
-                following.append((backend, result["nextCursor"]))
+                kept[backend] = result["nextCursor"]
+        following = [(b, kept[b]) for b, _ in positions if b in kept]  # (in the same order)
         next_cursor = cursors.encode(following, self._cursor_keys[0], method) if following else None
         base = parts[0][1] if alone and parts else {}
         result = merge.list_result(

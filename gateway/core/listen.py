@@ -27,6 +27,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from gateway import errors
 from gateway.backends.base import Backend, NotificationSink
+from gateway.config.model import DEFAULT_FAN_OUT_GRACE
 from gateway.core.catalog import Catalogs
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
@@ -39,7 +40,9 @@ log = logging.getLogger("gateway.listen")
 ACKNOWLEDGED = meta.ACKNOWLEDGED
 UPDATED = meta.RESOURCE_UPDATED
 LIST_FLAGS = meta.LIST_FLAGS
-# How long the client's acknowledgement waits for the backends' own.
+# How long the client's acknowledgement waits for the backends' own at most. It is sent sooner:
+# once every backend has acknowledged or failed (one that is down fails at once), or `grace`
+# (fan_out.grace) after the last acknowledgement, so a silent backend delays it that much only.
 ACK_TIMEOUT = 10.0
 # Re-subscribing to a backend whose stream ended: quick first, doubling to a ceiling, reset once a
 # stream has lasted a while.
@@ -91,8 +94,10 @@ class Subscriptions:
         catalogs: Catalogs,
         exposures: Mapping[str, Exposure],
         naming: Naming,
+        grace: float = DEFAULT_FAN_OUT_GRACE,
     ) -> None:
         self._backends = backends
+        self.grace = grace
         self._catalogs = catalogs
         self._exposures = exposures
         self._naming = naming
@@ -256,10 +261,12 @@ class Subscriptions:
                     self._open.add(listening)
                     self._listens_changed()
                     for backend, plan in plans.items():
-                        tg.start_soon(self._keep_listening, backend, plan, msg, relay)
+                        tg.start_soon(
+                            self._keep_listening, backend, plan, msg, relay, stream.failed
+                        )
                     tg.start_soon(_relay_remote, receive, stream)
                     with anyio.move_on_after(ACK_TIMEOUT):
-                        await stream.all_acked.wait()
+                        await stream.settled(self.grace, self._catalogs)
                     await stream.acknowledge()
                     await self._closing.wait()
                     tg.cancel_scope.cancel()
@@ -282,7 +289,10 @@ class Subscriptions:
         plan: _Plan,
         client_msg: Message,
         relay: Relay,
+        failed: Callable[[str], None] | None = None,
     ) -> None:
+        """`failed`: told of each attempt that failed (the acknowledgement need not wait for
+        a backend that is down)."""
         delay = FIRST_RETRY
         client_meta = jsonrpc.meta(client_msg)
         own_meta = {k: v for k, v in client_meta.items() if k != meta.PROGRESS_TOKEN}
@@ -310,6 +320,8 @@ class Subscriptions:
                 log.log(
                     level, "listen on %s lost (%s); listening again in %.1fs", backend, exc, delay
                 )
+                if failed is not None:
+                    failed(backend)
             if anyio.current_time() - started > STABLE_AFTER:
                 delay = FIRST_RETRY
             await anyio.sleep(delay)
@@ -331,6 +343,8 @@ class _Stream:
         self._sink = sink
         self._invalidate = invalidate
         self._acks: dict[str, dict[str, Any]] = {}
+        self._failed: set[str] = set()  # backends whose listen failed before they acknowledged
+        self._progress = anyio.Event()  # set (and replaced) at each acknowledgement
         self._held: list[Message] = []
         self._acknowledged = False
         # What the acknowledgement told the client was honoured (None until it is sent).
@@ -353,8 +367,7 @@ class _Stream:
             if backend not in self._acks:
                 honoured = params.get("notifications")
                 self._acks[backend] = honoured if isinstance(honoured, dict) else {}
-                if len(self._acks) == len(self.plans):
-                    self.all_acked.set()
+                self._check_settled()
             return  # later acknowledgements are re-subscriptions the client never sees
         if isinstance(method, str) and method.endswith("/list_changed"):
             self._invalidate(backend)
@@ -384,6 +397,37 @@ class _Stream:
         }
         return {"jsonrpc": "2.0", "method": method, "params": params}
 
+    def failed(self, backend: str) -> None:
+        """A backend's listen failed (down, refused, timed out): the acknowledgement does not
+        wait for it; if it acknowledges later, its part is relayed all the same."""
+        if backend in self.plans and backend not in self._acks and backend not in self._failed:
+            self._failed.add(backend)
+            self._check_settled()
+
+    def _check_settled(self) -> None:
+        if len(self._acks.keys() | self._failed) >= len(self.plans):
+            self.all_acked.set()
+        self._progress.set()
+        self._progress = anyio.Event()
+
+    async def settled(self, grace: float, catalogs: Catalogs) -> None:
+        """Until every backend has acknowledged or failed, or, once one has acknowledged,
+        `grace` seconds have passed with no news from the others (a backend still starting,
+        its first catalog load under way, is waited for, as merged lists wait for it)."""
+        while not self.all_acked.is_set():
+            progress = self._progress
+            if not self._acks:
+                await progress.wait()
+                continue
+            outstanding = self.plans.keys() - self._acks.keys() - self._failed
+            if any(catalogs.starting(b) for b in outstanding):
+                await first_of(progress, catalogs.changed)
+                continue
+            with anyio.move_on_after(grace) as timer:
+                await progress.wait()
+            if timer.cancelled_caught:
+                return
+
     async def acknowledge(self) -> None:
         honoured: dict[str, Any] = {}
         uris: list[str] = []
@@ -403,6 +447,18 @@ class _Stream:
             for note in held:
                 await self._sink(note)
         self._acknowledged = True
+
+
+async def first_of(*events: anyio.Event) -> None:
+    """Until one of `events` is set."""
+
+    async def wait(event: anyio.Event) -> None:
+        await event.wait()
+        tg.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        for event in events:
+            tg.start_soon(wait, event)
 
 
 async def _relay_remote(

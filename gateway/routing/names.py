@@ -52,6 +52,12 @@ def client_name(naming: Naming, namespace: str, name: str) -> str:
     return f"{safe[: naming.max_length - HASH_LENGTH - 1]}_{digest}"
 
 
+def client_prefix(naming: Naming, namespace: str) -> str:
+    """What every client-visible name of a namespace's tools and prompts begins with under
+    prefixing (shortened names too: they keep the start of the sanitised name)."""
+    return _UNSAFE.sub("_", f"{namespace}{naming.separator}")[: naming.max_length - HASH_LENGTH - 1]
+
+
 def client_uri(naming: Naming, namespace: str, uri: str) -> str:
     """A backend's resource URI (or URI template) as clients see it."""
     return f"{_URI_PREFIX}{namespace}/{uri}" if naming.prefixed else uri
