@@ -196,13 +196,34 @@ async def test_a_list_with_every_other_backend_down_answers_with_the_one_up() ->
     assert tools_of(await answer(d, modern(1, "tools/list")))[0] == "mem_echo"
 
 
-async def test_a_late_backend_is_left_out_past_the_grace_and_waited_for_within_it() -> None:
-    """Late by 0.2 s: left out with a grace of 0.01 s, in with one of 5 s (fan_out.grace)."""
-    short = await started(MemoryBackend("mem"), Late("late", 0.2), grace=0.01)
-    assert tools_of(await answer(short, modern(1, "tools/list")))[0] == "mem_echo"
-    assert len(tools_of(await answer(short, modern(2, "tools/list")))) == 4
-    long = await started(MemoryBackend("mem"), Late("late", 0.2), grace=5.0)
+async def test_a_late_backend_is_shown_from_its_catalog_past_the_grace() -> None:
+    """Late by 0.2 s with a grace of 0.01 s (fan_out.grace): the list does not wait for it,
+    and its tools are still listed, as its catalog last had them, on a page not to be cached;
+    with a grace of 5 s its own answer is waited for (and the page may be cached)."""
+    late = Late("late", 0.0)
+    short = await started(MemoryBackend("mem"), late, grace=0.01)  # (its catalog loaded)
+    late.delay = 0.2
+    with anyio.fail_after(0.15):  # (its own answer would take 0.2 s)
+        reply = await answer(short, modern(1, "tools/list"))
+    assert len(tools_of(reply)) == 8 and "late_echo" in tools_of(reply)
+    assert reply["result"]["ttlMs"] == 0
+    late = Late("late", 0.0)
+    long = await started(MemoryBackend("mem"), late, grace=5.0)
+    late.delay = 0.2
     assert len(tools_of(await answer(long, modern(3, "tools/list")))) == 8
+
+
+async def test_a_late_backend_whose_catalog_never_loaded_is_left_out() -> None:
+    """Nothing known of it: the list answers with the others' items past the grace."""
+    d = await started(MemoryBackend("mem"), Late("late", 0.3), grace=0.01)  # (load: 0.05 s)
+    assert d.catalogs.data("late") is None
+    with anyio.fail_after(0.25):
+        assert tools_of(await answer(d, modern(1, "tools/list"))) == [
+            "mem_echo",
+            "mem_add",
+            "mem_fail",
+            "mem_hold",
+        ]
 
 
 async def test_under_fail_closed_a_list_waits_for_every_backend() -> None:
@@ -248,8 +269,9 @@ async def test_a_backend_late_for_a_later_page_keeps_its_place_in_the_cursor() -
 
 
 async def test_a_backend_late_for_the_first_page_is_left_out_of_the_listing() -> None:
-    """Nothing of it listed yet, it has no place to keep: the listing goes on without it
-    (a backend that never answers must not make the last page wait for it)."""
+    """Nothing of it listed yet (its catalog never loaded), it has no place to keep: the
+    listing goes on without it (a backend that never answers must not make the last page wait
+    for it)."""
     d = await started(Paged("a"), Silent("silent"), grace=0.01)
     first = await answer(d, modern(1, "tools/list"))
     assert tools_of(first) == ["a_t1"]

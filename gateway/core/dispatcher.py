@@ -68,6 +68,15 @@ LIST_KINDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Where a catalog (routing/table.py CatalogData) keeps each list's items.
+CATALOG_FIELDS: dict[str, str] = {
+    "tools": "tools",
+    "prompts": "prompts",
+    "resources": "resources",
+    "resourceTemplates": "templates",
+}
+
+
 @dataclass(frozen=True)
 class GatewayInfo:
     name: str
@@ -614,10 +623,12 @@ class Dispatcher:
             calls.append((backend, {**msg, "params": page_params}))
         late: list[str] = []
         parts = await self._fan_out(calls, late=late)
+        if late:
+            parts = self._as_last_known(parts, positions, late, key)
         items: list[Any] = []
         # A backend too late for this page keeps its place if it answered an earlier page of
         # this listing: its next page comes on a later one (alone, it is waited for), so no
-        # item is lost to lateness. One late on the first page is left out, as if failed.
+        # item is lost to lateness. One late on the first page is shown from its catalog.
         kept: dict[str, str | None] = {b: p for b, p in positions if b in late and p is not None}
         kind, field = LIST_KINDS[key]
         for backend, result in parts:
@@ -641,6 +652,28 @@ class Dispatcher:
             key, items, [r for _, r in parts], next_cursor, self._info.as_implementation(), base
         )
         return jsonrpc.result(msg["id"], result)
+
+    def _as_last_known(
+        self,
+        parts: list[tuple[str, dict[str, Any]]],
+        positions: list[cursors.Position],
+        late: list[str],
+        key: str,
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """A backend too late for the first page of a listing, shown as its catalog last
+        listed it (every page of it): a slow backend's items do not vanish from lists while it
+        is slow, and the page is marked not to be cached (`ttlMs` 0). One whose catalog was
+        never loaded is left out, as if it had failed."""
+        answered = dict(parts)
+        out: list[tuple[str, dict[str, Any]]] = []
+        for backend, position in positions:
+            if backend in answered:
+                out.append((backend, answered[backend]))
+                continue
+            data = self.catalogs.data(backend) if position is None and backend in late else None
+            if data is not None:
+                out.append((backend, {key: list(getattr(data, CATALOG_FIELDS[key])), "ttlMs": 0}))
+        return out
 
     def _positions(self, method: str, cursor: object) -> list[cursors.Position]:
         if cursor is None:
