@@ -222,58 +222,48 @@ class LegacyFront:
         previous: asyncio.Task[None] | None,
     ) -> None:
         try:
-            await self._listen(session, deliver, origin, settled, previous)
+            wanted: dict[str, Any] = dict(WATCH_FLAGS)
+            if session.subscribed:
+                wanted["resourceSubscriptions"] = sorted(session.subscribed)
+            listen = self.modern(
+                session,
+                {
+                    "jsonrpc": "2.0",
+                    "id": WATCH_ID,
+                    "method": "subscriptions/listen",
+                    "params": {"notifications": wanted},
+                },
+            )
+
+            async def relay(note: Message) -> None:
+                method = note.get("method")
+                if method == ACKNOWLEDGED:
+                    if previous is not None:
+                        previous.cancel()  # this watch hears everything from now on
+                    settled.set()
+                    return
+                if not isinstance(method, str):
+                    return
+                params = dict(jsonrpc.params(note))
+                fields = {k: v for k, v in jsonrpc.meta(note).items() if k != meta.SUBSCRIPTION_ID}
+                params.pop("_meta", None)
+                if fields:
+                    params["_meta"] = fields
+                out: Message = {"jsonrpc": "2.0", "method": method, "params": params}
+                if self._telemetry.tapping:
+                    self._telemetry.record("frontend", "out", out)
+                try:
+                    await deliver(out)
+                except (ConnectionError, OSError) as exc:
+                    log.debug("legacy session: a change notification was not delivered: %s", exc)
+
+            reply = await self._dispatcher.serve(listen, relay, origin)
+            if "error" in reply:
+                log.info("legacy session: change notifications unavailable: %s", reply["error"])
         finally:
             settled.set()
             if previous is not None:
                 previous.cancel()  # (a chain of replaced watches ends with the newest)
-
-    async def _listen(
-        self,
-        session: Session,
-        deliver: Deliver,
-        origin: Origin,
-        settled: asyncio.Event,
-        previous: asyncio.Task[None] | None,
-    ) -> None:
-        wanted: dict[str, Any] = dict(WATCH_FLAGS)
-        if session.subscribed:
-            wanted["resourceSubscriptions"] = sorted(session.subscribed)
-        listen = self.modern(
-            session,
-            {
-                "jsonrpc": "2.0",
-                "id": WATCH_ID,
-                "method": "subscriptions/listen",
-                "params": {"notifications": wanted},
-            },
-        )
-
-        async def relay(note: Message) -> None:
-            method = note.get("method")
-            if method == ACKNOWLEDGED:
-                if previous is not None:
-                    previous.cancel()  # this watch hears everything from now on
-                settled.set()
-                return
-            if not isinstance(method, str):
-                return
-            params = dict(jsonrpc.params(note))
-            fields = {k: v for k, v in jsonrpc.meta(note).items() if k != meta.SUBSCRIPTION_ID}
-            params.pop("_meta", None)
-            if fields:
-                params["_meta"] = fields
-            out: Message = {"jsonrpc": "2.0", "method": method, "params": params}
-            if self._telemetry.tapping:
-                self._telemetry.record("frontend", "out", out)
-            try:
-                await deliver(out)
-            except (ConnectionError, OSError) as exc:
-                log.debug("legacy session: a change notification was not delivered: %s", exc)
-
-        reply = await self._dispatcher.serve(listen, relay, origin)
-        if "error" in reply:
-            log.info("legacy session: change notifications unavailable: %s", reply["error"])
 
     async def _forward(
         self, session: Session, msg: Message, sink: NotificationSink, origin: Origin
