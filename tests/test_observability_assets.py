@@ -252,7 +252,8 @@ def test_dashboard_has_the_operator_views() -> None:
     server = "mcp_server_operation_duration_seconds"
     client = "mcp_client_operation_duration_seconds"
     assert some("by (mcp_method_name)", f"rate({server}_count")  # traffic by method
-    assert some("error_type", 'error_type!=""')  # errors by type
+    # errors by type, not counting requests whose client went away
+    assert some("error_type", 'error_type!~"|cancelled"')
     assert some("by (reason)", "mcp_gateway_rejections_total")
     for by in ("mcp_method_name", "target", "backend"):  # latency per method, tool, backend
         for q in ("0.5", "0.9", "0.99"):
