@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,29 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 SLOW_SECONDS = 2.0
 
 
+def stdio_gateway(
+    tmp_path: Path,
+) -> tuple[Proc, Callable[[Message], None], Callable[..., Message]]:
+    """A gateway process with a stdio front end in front of the SDK server; `send` writes a
+    message line to its stdin, `line` waits (bounded) for a stdout line matching a pattern."""
+    config = write_config(
+        tmp_path, {"sdk": stdio_backend(sdk_stdio_command())}, http=False, stdio=True
+    )
+    proc = Proc(gateway_command(config), stdin=True, own_group=True)
+    stdin = proc.popen.stdin
+    assert stdin is not None
+
+    def send(msg: Message) -> None:
+        stdin.write(orjson.dumps(msg) + b"\n")
+        stdin.flush()
+
+    def line(pattern: str, timeout: float = BOUND) -> Message:
+        found: Message = orjson.loads(proc.wait_for(pattern, "stdout", timeout).string)
+        return found
+
+    return proc, send, line
+
+
 def text_of(reply: Message) -> str:
     assert "result" in reply, reply
     text: str = reply["result"]["content"][0]["text"]
@@ -66,22 +90,7 @@ def assert_child_in_its_own_group(proc: Proc, child_pid: int) -> None:
 def test_stdio_front_end_drains_on_sigint_and_answers_what_the_drain_cuts(
     tmp_path: Path,
 ) -> None:
-    config = write_config(
-        tmp_path, {"sdk": stdio_backend(sdk_stdio_command())}, http=False, stdio=True
-    )
-    proc = Proc(gateway_command(config), stdin=True, own_group=True)
-    stdin = proc.popen.stdin
-    assert stdin is not None
-
-    def send(msg: Message) -> None:
-        assert stdin is not None
-        stdin.write(orjson.dumps(msg) + b"\n")
-        stdin.flush()
-
-    def line(pattern: str, timeout: float = BOUND) -> Message:
-        found: Message = orjson.loads(proc.wait_for(pattern, "stdout", timeout).string)
-        return found
-
+    proc, send, line = stdio_gateway(tmp_path)
     try:
         send(call("pid", "whoami"))
         child = int(text_of(line(r'"id":"pid"', START_BOUND)))

@@ -37,6 +37,7 @@ from tests.support import (
     stdio_backend,
     write_config,
 )
+from tests.test_drain import stdio_gateway
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -109,22 +110,7 @@ async def test_a_second_sigint_over_http_answers_the_call_in_flight(tmp_path: Pa
 
 
 def test_a_second_sigint_over_stdio_answers_the_call_in_flight(tmp_path: Path) -> None:
-    config = write_config(
-        tmp_path, {"sdk": stdio_backend(sdk_stdio_command())}, http=False, stdio=True
-    )
-    proc = Proc(gateway_command(config), stdin=True, own_group=True)
-    stdin = proc.popen.stdin
-    assert stdin is not None
-
-    def send(msg: Message) -> None:
-        assert stdin is not None
-        stdin.write(orjson.dumps(msg) + b"\n")
-        stdin.flush()
-
-    def line(pattern: str, timeout: float = BOUND) -> Message:
-        found: Message = orjson.loads(proc.wait_for(pattern, "stdout", timeout).string)
-        return found
-
+    proc, send, line = stdio_gateway(tmp_path)
     try:
         send(call("pid", "whoami"))
         child = int(text_of(line(r'"id":"pid"', START_BOUND)))
