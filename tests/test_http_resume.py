@@ -208,3 +208,38 @@ def test_the_last_event_id_is_the_one_dispatched_last() -> None:
     assert resume.last_event_id(decoder_after(b"id: a\n\nid\n\n")) is None  # reset to empty
     carried = decoder_after(b"id: a\nretry: 5\n\nid: b\ndata: half").resumed()
     assert resume.last_event_id(carried) == "a" and carried.retry == 5
+
+
+async def test_a_reply_sent_on_the_standing_stream_instead_is_taken() -> None:
+    """2025-11-25 transports, Resumability and Redelivery: the server closed the request's
+    stream and, while the resuming GET stays open and empty, sends the reply on the session's
+    standing GET stream (the conformance suite's `sse-retry` server does this when the standing
+    stream connects after the call). The reply is the call's: it is not dropped as a stray,
+    and the call does not wait out its deadline on the resumed stream."""
+    delivered: list[Message] = []
+    async with (
+        unruly_http.serving(legacy=True) as (server, url),
+        running(backend_config(url)) as backend,
+        anyio.create_task_group() as tg,
+    ):
+        session = legacy(backend)
+        got: list[Message] = []
+        answered = anyio.Event()
+
+        async def call_orphan() -> None:
+            got.append(await session.request(call(5, "orphan", retry=20), ignore))
+            answered.set()
+
+        async def watch() -> None:
+            await session.watch(lambda _, note: delivered.append(note))
+
+        with anyio.fail_after(BOUND):
+            tg.start_soon(call_orphan)
+            await server.until(lambda: any(last is not None for last in server.resumes))
+            tg.start_soon(watch)  # the standing stream, after the call: it carries the reply
+            await server.until(lambda: None in server.resumes)
+            await answered.wait()
+        tg.cancel_scope.cancel()
+    assert got[0]["id"] == 5 and got[0]["result"]["on"] == "the standing stream"
+    assert posts(server) == 1
+    assert delivered == []  # a reply is no notification

@@ -118,6 +118,10 @@ class HttpBackend:
         # The sinks of the requests in flight on a legacy session: a question the server sends
         # on its GET stream belongs to the one there is, if there is only one.
         self._asking: dict[int, NotificationSink] = {}
+        # Legacy requests whose reply is being read from an SSE stream, by their id on the wire:
+        # a 2025-11-25 server may send the reply of a request whose stream it closed on the
+        # session's standing GET stream instead of the resumed one (`_reply_elsewhere`).
+        self._awaited: dict[str, asyncio.Future[Message]] = {}
         self._background: set[asyncio.Task[None]] = set()
         # The gateway's login to this backend (its `auth:`), shared with its session views.
         self._authorizer: Authorizer | None = oauth_setup.authorizer(config)
@@ -292,10 +296,13 @@ class HttpBackend:
                         continue
                     if self.tap is not None:
                         self.tap.record("backend", "in", event, backend=self.name)
-                    if jsonrpc.kind(event) is jsonrpc.Kind.NOTIFICATION:
+                    kind = jsonrpc.kind(event)
+                    if kind is jsonrpc.Kind.NOTIFICATION:
                         deliver(self.name, event)
-                    elif jsonrpc.kind(event) is jsonrpc.Kind.REQUEST:
+                    elif kind is jsonrpc.Kind.REQUEST:
                         await self._on_stream_request(event)
+                    elif kind is jsonrpc.Kind.RESPONSE:
+                        self._reply_elsewhere(event)
             return True
         except sse.EventTooLarge as exc:
             raise BackendProtocolError(self.name, f"GET stream: {exc}") from None
@@ -305,6 +312,17 @@ class HttpBackend:
             raise web.failure(self.name, exc, None) from None
         finally:
             resp.close()
+
+    def _reply_elsewhere(self, reply: Message) -> None:
+        """A response on the session's standing GET stream: the reply of a request whose own
+        stream ended without it, if one is awaited under its id (some servers send it on
+        whatever GET stream comes next); anything else is dropped."""
+        id_ = reply.get("id")
+        waiter = self._awaited.get(id_) if isinstance(id_, str) else None
+        if waiter is None or waiter.done():
+            self._stray(id_)
+            return
+        waiter.set_result(reply)
 
     async def _on_stream_request(self, request: Message) -> None:
         """A question on the GET stream names no request (2025-11-25 servers may send one
@@ -746,6 +764,25 @@ class HttpBackend:
         """The events of a streamed reply until the response; each event is bounded by
         `limits.max_event_bytes`, and (but for a listen stream, which has no end) all of them
         together by `limits.max_reply_bytes`, across resumptions too."""
+        if self._legacy is None:
+            return await self._read_reply(resp, sent, sink, within, None)
+        # Awaited from the start: the reply may come on the standing stream before this one's
+        # end is read.
+        waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._awaited[sent.wire] = waiter
+        try:
+            return await self._read_reply(resp, sent, sink, within, waiter)
+        finally:
+            del self._awaited[sent.wire]
+
+    async def _read_reply(
+        self,
+        resp: aiohttp.ClientResponse,
+        sent: ids.Sent,
+        sink: NotificationSink,
+        within: float | None,
+        elsewhere: asyncio.Future[Message] | None,
+    ) -> Message:
         started = anyio.current_time()
         reading = resume.Reading(sse.Decoder(self._limits.max_event_bytes))
         bounded = within is not None
@@ -753,11 +790,14 @@ class HttpBackend:
         try:
             reply = await self._read_events(resp, reading, sent, sink, bounded)
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
-            if legacy is None or resume.last_event_id(reading.decoder) is None:
+            unresumable = legacy is None or resume.last_event_id(reading.decoder) is None
+            if unresumable and (elsewhere is None or not elsewhere.done()):
                 raise  # (the request may have run: -31005)
             reply = None
         if reply is not None:
             return reply
+        if elsewhere is not None and elsewhere.done():
+            return ids.restore(elsewhere.result(), sent)
         if reading.strays:
             raise BackendProtocolError(self.name, "the stream ended with replies to other ids")
         if legacy is None:
@@ -770,7 +810,7 @@ class HttpBackend:
             return await self._resume_once(legacy, last_id, remaining, reading, sent, sink)
 
         limits = self._limits
-        return await resume.resume(
+        resuming = resume.resume(
             self.name,
             reading,
             attempt,
@@ -778,6 +818,27 @@ class HttpBackend:
             attempts=limits.max_resumptions,
             longest=limits.max_resume_delay,
         )
+        if elsewhere is None:
+            return await resuming
+        return await self._first_of(resuming, elsewhere, sent)
+
+    @staticmethod
+    async def _first_of(
+        resuming: Coroutine[Any, Any, Message], elsewhere: asyncio.Future[Message], sent: ids.Sent
+    ) -> Message:
+        """The reply from the resumed stream, or from the standing one if it comes there first
+        (the resumption is then given up)."""
+        task = asyncio.ensure_future(resuming)
+        try:
+            await asyncio.wait((task, elsewhere), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, BackendError):
+                    await task
+        if elsewhere.done():
+            return ids.restore(elsewhere.result(), sent)
+        return task.result()
 
     async def _resume_once(
         self,

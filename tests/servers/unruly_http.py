@@ -19,6 +19,10 @@ What a `tools/call` does depends on the tool's name:
   reply). With `fail: true` every such GET gets a fresh priming event and is closed empty.
   With `ids: false` the stream has no event ids; with `forget: true` a GET resuming it gets 404.
 
+- `orphan`: like `drop`, but the reply it owes goes out on the next GET *without*
+  `Last-Event-ID` (a session's standing stream), as some 2025-11-25 servers do; a GET resuming
+  it gets a fresh priming event and is held open, empty.
+
 With `watch=True`, a GET without `Last-Event-ID` is a listen stream that sends a change
 notification under event id `w-1` with `retry: 50` and closes; a GET resuming `w-1` gets a
 second one (`w-2`) and is closed; resuming `w-2` is refused (204).
@@ -44,7 +48,7 @@ LEGACY = "2025-11-25"
 TOOLS = [
     {"name": name, "inputSchema": {"type": "object"}}
     for name in ("echo", "twice", "stray", "stray_json", "client_id", "routed", "progress")
-    + ("hang", "drop")
+    + ("hang", "drop", "orphan")
 ]
 
 
@@ -76,6 +80,7 @@ class Unruly:
         self._routed_in = asyncio.Event()
         self._written: dict[object, asyncio.Event] = {}
         self._held: dict[str, Message] = {}  # the reply each dropped stream still owes
+        self._orphaned: list[Message] = []  # replies owed on the next standing GET
         self._events = itertools.count(1)
 
     async def until(self, predicate: Any) -> None:
@@ -219,6 +224,28 @@ class Unruly:
         self._note()
         return resp  # closed before the reply
 
+    async def _orphan(
+        self, request: web.Request, msg: Message, args: Message
+    ) -> web.StreamResponse:
+        resp = await self._stream(request)
+        self._orphaned.append(msg)
+        await resp.write(event(None, f"o{next(self._events)}-0", args.get("retry", 50)))
+        self.closed_at.append(anyio.current_time())
+        self._note()
+        return resp  # closed before the reply
+
+    async def _standing(self, request: web.Request, last: str | None) -> web.StreamResponse:
+        """A GET while a reply is orphaned: without `Last-Event-ID` it carries the reply; a
+        resuming one gets only a priming event, held open (closed when the client goes)."""
+        resp = await self._stream(request)
+        if last is None:
+            held = self._orphaned.pop(0)
+            await resp.write(event(result(held["id"], {"on": "the standing stream"}), "g-1"))
+            return resp
+        await resp.write(event(None, f"{last}-again", 50))
+        await asyncio.sleep(30)  # cut short when the gateway closes the stream
+        return resp
+
     def _progress_note(self, msg: Message, n: int) -> Message:
         token = msg["params"].get("_meta", {}).get("progressToken", "none")
         params = {"progressToken": token, "progress": n}
@@ -229,6 +256,8 @@ class Unruly:
         self.resumes.append(last)
         self.resumed_at.append(anyio.current_time())
         self._note()
+        if self._orphaned:
+            return await self._standing(request, last)
         if self.watch:
             return await self._listen(request, last)
         if last is None:
