@@ -243,3 +243,23 @@ async def test_a_reply_sent_on_the_standing_stream_instead_is_taken() -> None:
     assert got[0]["id"] == 5 and got[0]["result"]["on"] == "the standing stream"
     assert posts(server) == 1
     assert delivered == []  # a reply is no notification
+
+
+async def test_a_legacy_sessions_requests_wait_for_its_standing_stream() -> None:
+    """2025-11-25 transports, Listening for Messages from the Server: the session's standing GET
+    stream is answered before any request of the session goes (bounded: era.py
+    STREAM_READY_WAIT), so a server that sends an owed reply on whichever GET comes next never
+    sends it on the standing stream of a session whose call it does not know yet."""
+    async with unruly_http.serving(legacy=True, watch=True) as (server, url):
+        text = yaml.safe_dump(
+            {
+                "listen": {"http": {"host": "127.0.0.1", "port": 0}},
+                "backends": {"unruly": {"http": {"url": url}, "era": "legacy"}},
+            }
+        )
+        async with Gateway(gateway_config.parse(text)) as gw:
+            with anyio.fail_after(BOUND):
+                await gw.catalogs_loaded.wait()
+    opening = ["POST initialize", "POST notifications/initialized"]
+    assert server.order[:2] == opening
+    assert server.order[2] == "GET", server.order

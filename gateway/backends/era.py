@@ -83,6 +83,10 @@ log = logging.getLogger("gateway.backend")
 FIRST_RETRY = 0.1
 MAX_RETRY = 10.0
 STABLE_AFTER = 30.0
+# HTTP: how long a new legacy session's first requests wait for its standing GET stream to be
+# answered. Some servers send a reply owed on a closed request stream on whatever GET stream
+# connects next; with the standing stream there first, the reply comes on the resumed one.
+STREAM_READY_WAIT = 1.0
 
 
 class EraBackend:
@@ -298,6 +302,10 @@ class EraBackend:
         self.session = session
         self.ended.clear()
         self.opened.set()
+        ready = getattr(self.inner, "stream_ready", None)
+        if isinstance(ready, asyncio.Event):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ready.wait(), STREAM_READY_WAIT)
         log.info(
             "backend %s: legacy session open (version %s, server %s)",
             self.name,

@@ -122,6 +122,10 @@ class HttpBackend:
         # a 2025-11-25 server may send the reply of a request whose stream it closed on the
         # session's standing GET stream instead of the resumed one (`_reply_elsewhere`).
         self._awaited: dict[str, asyncio.Future[Message]] = {}
+        # Set once the legacy session's standing GET stream has its answer's head (or none:
+        # refused, failed): the era layer lets the session's requests go after it, so a server
+        # sees the stream before any call whose reply it might send there (era.py).
+        self.stream_ready = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
         # The gateway's login to this backend (its `auth:`), shared with its session views.
         self._authorizer: Authorizer | None = oauth_setup.authorizer(config)
@@ -189,6 +193,7 @@ class HttpBackend:
     def begin_session(self) -> None:
         """Legacy from now on, with no session yet (before `initialize`)."""
         self._legacy = _LegacyHeaders(self._fixed, self._custom)
+        self.stream_ready.clear()
 
     def forget_session(self) -> None:
         """Modern after all (its answer to `initialize` was a modern error): no session."""
@@ -278,6 +283,8 @@ class HttpBackend:
             if not self._replicas.several:
                 raise
             raise self._session_lost(legacy, exc, True) from None
+        finally:
+            self.stream_ready.set()
         try:
             if resp.status == 405:
                 return False

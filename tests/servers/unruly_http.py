@@ -71,6 +71,7 @@ class Unruly:
         self.legacy = legacy
         self.watch = watch
         self.received: list[Message] = []
+        self.order: list[str] = []  # "POST <method>" and "GET" as they arrived
         self.resumes: list[str | None] = []
         self.closed_at: list[float] = []
         self.resumed_at: list[float] = []
@@ -101,6 +102,7 @@ class Unruly:
             return web.Response(status=405)
         msg: Message = orjson.loads(await request.read())
         self.received.append(msg)
+        self.order.append(f"POST {msg.get('method')}")
         self._note()
         if "method" not in msg or "id" not in msg:
             return web.Response(status=202)
@@ -254,6 +256,7 @@ class Unruly:
     async def _get(self, request: web.Request) -> web.StreamResponse:
         last = request.headers.get("Last-Event-ID")
         self.resumes.append(last)
+        self.order.append("GET")
         self.resumed_at.append(anyio.current_time())
         self._note()
         if self._orphaned:
