@@ -37,17 +37,12 @@ from tests.support import (
     stdio_backend,
     write_config,
 )
-from tests.test_drain import stdio_gateway
+from tests.test_drain import interrupt, stdio_gateway, text_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 # A stdio child is stopped within its exit and TERM graces (backends/stdio.py), 2 s each.
 CHILD_STOP = 4.0
-
-
-def interrupt(proc: Proc) -> None:
-    """A terminal's Ctrl-C: SIGINT to the gateway's process group (its children have their own)."""
-    os.killpg(os.getpgid(proc.popen.pid), signal.SIGINT)
 
 
 def assert_stopped_at_once(proc: Proc, child: int, second: float) -> None:
@@ -58,12 +53,6 @@ def assert_stopped_at_once(proc: Proc, child: int, second: float) -> None:
     assert any("during the shutdown: stopping at once" in line for line in proc.lines["stderr"])
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)
-
-
-def text_of(reply: Message) -> str:
-    assert "result" in reply, reply
-    text: str = reply["result"]["content"][0]["text"]
-    return text
 
 
 async def test_a_second_sigint_over_http_answers_the_call_in_flight(tmp_path: Path) -> None:
