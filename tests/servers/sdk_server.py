@@ -475,7 +475,10 @@ def build_server(
 def refuse_discover_on_stdin(silent: bool) -> None:
     """A legacy server's stdin: `server/discover` is an unknown method (or, `silent`, never
     answered) before the SDK sees it. The SDK commits a stdio connection to the modern era on
-    its first modern request, so the refusal must happen before the SDK reads it."""
+    its first modern request, so the refusal must happen before the SDK reads it. The refusal
+    goes to a copy of the real stdout taken now: once serving, the SDK diverts fd 1 to stderr
+    (so stray prints cannot corrupt the wire), and a refusal written there would be lost."""
+    wire_out = os.dup(1)
     read_end, write_end = os.pipe()
     real_stdin = os.dup(0)
     os.dup2(read_end, 0)
@@ -492,7 +495,7 @@ def refuse_discover_on_stdin(silent: bool) -> None:
                     if not silent and "id" in msg:
                         error = {"code": METHOD_NOT_FOUND, "message": "Method not found"}
                         reply = {"jsonrpc": "2.0", "id": msg["id"], "error": error}
-                        os.write(1, orjson.dumps(reply) + b"\n")
+                        os.write(wire_out, orjson.dumps(reply) + b"\n")
                     continue
                 sink.write(line)
                 sink.flush()
