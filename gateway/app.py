@@ -453,6 +453,7 @@ class Gateway:
             cursor_keys=config.cluster.keys(cursors.PURPOSE) if config.cluster else (),
             bound=Bound(OVERALL, "", overload.max_in_flight, overload, stats.overloaded),
             grace=config.fan_out_grace,
+            start_wait=config.fan_out_start_wait,
         )
         for wired in self.wired:
             self._attach(wired)

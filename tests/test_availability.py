@@ -247,6 +247,74 @@ async def test_a_list_at_start_up_waits_for_a_backend_still_starting(
     assert d.catalogs.starting("late") is False
 
 
+async def test_a_list_at_start_up_waits_for_a_starting_backend_only_until_start_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A backend silent at its start (a child that never answers its opening) holds a list
+    made at start-up for `start_wait` from its start, not for its load's 15 s; past that, a
+    list does not wait for it at all, though its load is still under way."""
+    monkeypatch.setattr(catalog, "LOAD_TIMEOUT", 15.0)
+    d = dispatcher(MemoryBackend("mem"), Silent("silent"), grace=0.01, start_wait=0.2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(d.catalogs.load_all)
+        for rid in (1, 2):
+            assert tools_of(await answer(d, modern(rid, "tools/list")))[0] == "mem_echo"
+            assert d.catalogs.starting("silent")  # (its load goes on)
+        assert d.catalogs.start_left("silent") == 0
+        tg.cancel_scope.cancel()
+
+
+class Gated(Listening):
+    """A Listening backend that answers nothing but listens until `gate` is set: a backend
+    that is still starting (its catalog loads once it has)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.gate = anyio.Event()
+
+    async def request(
+        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+    ) -> Message:
+        if msg["method"] != "subscriptions/listen":
+            await self.gate.wait()
+        return await super().request(msg, sink, long_lived=long_lived)
+
+
+async def test_a_listen_is_told_of_the_lists_a_backend_brings_once_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past start_wait a client's lists left the starting backend out: when its first catalog
+    comes in, the client's open listen is told its tool list changed (basic/patterns/
+    subscriptions), under the client's subscription id, so it lists again and sees it."""
+    monkeypatch.setattr(catalog, "LOAD_TIMEOUT", 15.0)
+    late = Gated("late")
+    d = dispatcher(Listening("mem"), late, grace=0.01, start_wait=0.1)
+    seen: list[Message] = []
+    news = anyio.Event()
+
+    async def sink(note: Message) -> None:
+        seen.append(note)
+        if note["method"] == "notifications/tools/list_changed":
+            news.set()
+
+    msg = modern(7, "subscriptions/listen", notifications={"toolsListChanged": True})
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(d.catalogs.load_all)
+        tg.start_soon(d.handle, msg, sink)
+        with anyio.fail_after(PROMPT):
+            assert "late_echo" not in tools_of(await answer(d, modern(1, "tools/list")))
+        assert not news.is_set()
+        late.gate.set()
+        with anyio.fail_after(PROMPT):
+            await news.wait()
+        assert "late_echo" in tools_of(await answer(d, modern(2, "tools/list")))
+        tg.cancel_scope.cancel()
+    assert seen[0]["method"] == meta.ACKNOWLEDGED
+    told = [n for n in seen if n["method"] == "notifications/tools/list_changed"]
+    assert len(told) == 1
+    assert told[0]["params"]["_meta"][meta.SUBSCRIPTION_ID] == 7
+
+
 async def test_a_list_waits_for_the_first_answer_however_late() -> None:
     """With nothing in yet there is nothing to show: the grace counts from the first answer,
     so a list whose only live backend is slow still gets its tools."""

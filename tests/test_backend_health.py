@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import anyio
+import orjson
 import pytest
 import yaml
 from aiohttp import web
@@ -35,6 +36,8 @@ from tests.support import (
     Message,
     call,
     dead_url,
+    messages,
+    mirrored_headers,
     request,
     serve_http,
     stdio_backend,
@@ -257,6 +260,39 @@ async def test_slow_and_silent_backends_delay_neither_start_up_nor_the_others() 
             with anyio.fail_after(START_BOUND):
                 assert text_of(await post(url, call(1, "demo_echo", text="now"))) == "now"
             assert not gw.catalogs_loaded.is_set()  # the other two are still being waited for
+
+
+async def test_a_slow_starter_is_waited_for_only_until_start_wait_then_announced() -> None:
+    """fan_out.start_wait: a list made while a child is still starting waits that long for it,
+    then answers with the others (not the load's 15 s); once the child has started, an open
+    listen is told the tool list changed and the next list shows its tool
+    (basic/patterns/subscriptions)."""
+    backends = {
+        "demo": stdio_backend(DEMO),
+        "slow": stdio_backend(starting("serve", "--delay", "4"), connect_timeout=10),
+    }
+    listen = request(9, "subscriptions/listen", {"notifications": {"toolsListChanged": True}})
+    async with gateway(backends, fan_out={"start_wait": 0.3}) as (gw, url):
+        with anyio.fail_after(START_BOUND):
+            first = await post(url, request(1, "tools/list"))
+        names = [t["name"] for t in first["result"]["tools"]]
+        assert "demo_echo" in names and "slow_hello" not in names
+        assert not gw.catalogs_loaded.is_set()  # the slow one is still starting
+        # Only the slow one can honour the listen (the demo announces no list changes): its
+        # acknowledgement waits for the slow one's, and the news follows it.
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(url, data=orjson.dumps(listen), headers=mirrored_headers(listen)) as stream,
+        ):
+            notes = messages(stream)
+            with anyio.fail_after(START_BOUND):
+                ack = await anext(notes)
+                note = await anext(notes)
+        assert ack["method"] == "notifications/subscriptions/acknowledged"
+        assert note["method"] == "notifications/tools/list_changed"
+        assert note["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == 9
+        later = await post(url, request(2, "tools/list"))
+        assert "slow_hello" in [t["name"] for t in later["result"]["tools"]]
 
 
 async def test_a_slow_modern_starter_past_connect_timeout_is_modern_after_initialize(

@@ -269,7 +269,7 @@ def parse(
         reader.problem(("backends",), "name at least one backend")
     _check_backend_names(reader, backends)
     namespacing = _namespacing(check, top.get("namespacing"))
-    on_failure, grace = _fan_out(check, top.get("fan_out"))
+    on_failure, grace, start_wait = _fan_out(check, top.get("fan_out"))
     config = Config(
         listen=listen,
         backends=tuple(backends),
@@ -277,6 +277,7 @@ def parse(
         namespacing=namespacing,
         on_backend_failure=on_failure,
         fan_out_grace=grace,
+        fan_out_start_wait=start_wait,
         tap=_tap(check, top.get("tap"), source),
         telemetry=_telemetry(check, top.get("telemetry"), source),
         policy=policy_sections.policy(check, top.get("policy"), [b.name for b in backends]),
@@ -410,13 +411,14 @@ def _namespacing(c: _Check, raw: Any) -> Namespacing:
     return Namespacing(prefix=prefix, separator=separator, max_name_length=int(length))
 
 
-def _fan_out(c: _Check, raw: Any) -> tuple[str, float]:
+def _fan_out(c: _Check, raw: Any) -> tuple[str, float, float]:
     body = c.mapping(raw, ("fan_out",), keys.names("fan_out"))
     policy = c.field(body, ("fan_out",), "on_failure", keys.table("fan_out")["on_failure"])
     if policy not in FAILURE_POLICIES:
         c.r.problem(("fan_out", "on_failure"), f"must be one of {', '.join(FAILURE_POLICIES)}")
     grace = c.field(body, ("fan_out",), "grace", keys.table("fan_out")["grace"])
-    return policy or "fail_open", grace
+    start_wait = c.field(body, ("fan_out",), "start_wait", keys.table("fan_out")["start_wait"])
+    return policy or "fail_open", grace, start_wait
 
 
 def load(

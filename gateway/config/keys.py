@@ -36,6 +36,7 @@ from gateway.config.model import (
     DEFAULT_CHILD_IDLE_TIMEOUT,
     DEFAULT_EJECT_FOR,
     DEFAULT_FAN_OUT_GRACE,
+    DEFAULT_FAN_OUT_START_WAIT,
     DEFAULT_HTTP_HOST,
     DEFAULT_HTTP_PATH,
     DEFAULT_HTTP_PORT,
@@ -441,6 +442,14 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "Under fail_open, seconds a merged list waits for the backends still out once "
             "another has answered.",
             DEFAULT_FAN_OUT_GRACE,
+        ),
+        "start_wait": Key(
+            "number",
+            "Seconds after a backend began starting that a merged list or listen waits for its "
+            "first catalog; past it (or once the backend is down) it is left out, and open "
+            "listens are told of the change when it arrives.",
+            DEFAULT_FAN_OUT_START_WAIT,
+            minimum=0,
         ),
     },
     "tap": {

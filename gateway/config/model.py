@@ -61,6 +61,9 @@ DEFAULT_START_TIMEOUT = 60.0
 # Under fail_open, how long a merged list, discovery or listen acknowledgement waits for the
 # backends still out once another has answered (fan_out.grace): a silent one costs this much.
 DEFAULT_FAN_OUT_GRACE = 0.1
+# How long after a backend began starting a merged list or listen waits for its first catalog
+# (fan_out.start_wait): a list made at start-up shows every backend that starts this quickly.
+DEFAULT_FAN_OUT_START_WAIT = 5.0
 # Whole-request bound; long tool calls are normal in MCP, so this is generous.
 DEFAULT_REQUEST_TIMEOUT = 300.0
 # An HTTP backend's replica that failed (cannot connect, 502/503/504) is skipped this long while
@@ -677,6 +680,7 @@ class Config:
     namespacing: Namespacing = Namespacing()
     on_backend_failure: str = "fail_open"
     fan_out_grace: float = DEFAULT_FAN_OUT_GRACE
+    fan_out_start_wait: float = DEFAULT_FAN_OUT_START_WAIT
     tap: TapConfig | None = None
     telemetry: TelemetryConfig = TelemetryConfig()
     policy: PolicyConfig | None = None  # None: every caller may see and call everything

@@ -14,6 +14,7 @@ import anyio
 
 from gateway import errors
 from gateway.backends.base import Backend
+from gateway.config.model import DEFAULT_FAN_OUT_START_WAIT
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.routing import names
@@ -57,6 +58,8 @@ class _Entry:
     failures: int = 0
     reloading: bool = False  # a background reload is scheduled
     settled: bool = False  # a load has ended (loaded or failed): the backend is past its start
+    began: float | None = None  # when its first load began (or a list first asked after it)
+    loaded_once: bool = False  # a load has succeeded
 
     def fresh(self, now: float) -> bool:
         return now < self.fetched_at + max(self.ttl, MIN_REFRESH_INTERVAL)
@@ -69,8 +72,13 @@ class Catalogs:
         exposures: Sequence[Exposure],
         naming: Naming,
         client_info: dict[str, Any],
+        start_wait: float = DEFAULT_FAN_OUT_START_WAIT,
     ) -> None:
         self.naming = naming
+        self.start_wait = start_wait
+        # Told of a backend's first successful load when merged lists went without it until
+        # then (a failed first load, or past start_wait): core/listen.py tells open listens.
+        self.on_late_arrival: list[Callable[[str], None]] = []
         self._exposures = tuple(exposures)
         self._entries = {e.backend: _Entry(b, e) for b, e in zip(backends, exposures, strict=True)}
         self._client_info = client_info
@@ -131,6 +139,18 @@ class Catalogs:
         load has ended, however it ended."""
         entry = self._entries.get(backend)
         return entry is not None and not entry.settled
+
+    def start_left(self, backend: str) -> float:
+        """How much longer a merged list waits for the backend's first catalog: the rest of
+        `start_wait` since its first load began while that load is under way, else 0 (a
+        backend past its start, however it ended, or starting for longer, is not waited for)."""
+        entry = self._entries.get(backend)
+        if entry is None or entry.settled:
+            return 0.0
+        now = anyio.current_time()
+        if entry.began is None:
+            entry.began = now
+        return max(0.0, entry.began + self.start_wait - now)
 
     @property
     def changed(self) -> anyio.Event:
@@ -227,6 +247,8 @@ class Catalogs:
         entry = self._entries.get(backend)
         if entry is None:
             return  # a reload removed it
+        if entry.began is None:
+            entry.began = anyio.current_time()
         async with entry.lock:
             if entry.fresh(anyio.current_time()) or self._entries.get(backend) is not entry:
                 return  # another task refreshed it while this one waited, or a reload left it
@@ -265,7 +287,16 @@ class Catalogs:
         if problem is None:
             if entry.problem is not None:
                 log.info("catalog of %s loaded again", backend)
+            # Lists went without it if an earlier load failed or it took past start_wait.
+            late = entry.failures > 0 or (
+                entry.began is not None and anyio.current_time() >= entry.began + self.start_wait
+            )
             entry.problem, entry.failures = None, 0
+            if not entry.loaded_once:
+                entry.loaded_once = True
+                if late:
+                    for hook in self.on_late_arrival:
+                        hook(backend)
             return
         entry.problem = problem
         entry.failures += 1

@@ -17,7 +17,7 @@ import anyio
 from gateway import errors
 from gateway.auth.identity import Identity
 from gateway.backends.base import Backend, NotificationSink
-from gateway.config.model import DEFAULT_FAN_OUT_GRACE
+from gateway.config.model import DEFAULT_FAN_OUT_GRACE, DEFAULT_FAN_OUT_START_WAIT
 from gateway.core import unknown
 from gateway.core.catalog import Catalogs
 from gateway.core.listen import Subscriptions, first_of
@@ -101,6 +101,7 @@ class Dispatcher:
         cursor_keys: Sequence[bytes] = (),
         bound: Bound | None = None,
         grace: float = DEFAULT_FAN_OUT_GRACE,
+        start_wait: float = DEFAULT_FAN_OUT_START_WAIT,
     ) -> None:
         self.telemetry: Telemetry = telemetry or NoTelemetry()
         self._policy = policy  # None: every caller may see and call everything
@@ -115,7 +116,7 @@ class Dispatcher:
         self._naming = naming
         self._info = info
         self._fail_open = on_failure == FAIL_OPEN
-        self.catalogs = Catalogs(backends, exposures, naming, info.as_implementation())
+        self.catalogs = Catalogs(backends, exposures, naming, info.as_implementation(), start_wait)
         # Cursors are signed so a forged one is refused. `cursor_keys` (from cluster.secrets:
         # the signing key first, then older ones still accepted) let a page from one replica
         # continue on another; without them the key is this process's own, and a cursor from
@@ -551,17 +552,20 @@ class Dispatcher:
         """Until every call is answered, or `grace` has passed since the last answer once one
         backend has answered with a result (before that, the wait is the backends' own: with
         nothing to show, a list waits for the first backend able to answer it), and no backend
-        still out is starting."""
+        still out is starting (within fan_out.start_wait of its start)."""
         catalogs = self.catalogs
         while len(replies) < len(calls):
             changed = progress[0]
             if not answered():
                 await changed.wait()
                 continue
-            if any(catalogs.starting(b) for b, _ in calls if b not in replies):
-                # A backend still starting (its first catalog load under way, bounded by the
-                # load's timeout) is waited for: a list made at start-up shows every backend.
-                await first_of(changed, catalogs.changed)
+            left = max((catalogs.start_left(b) for b, _ in calls if b not in replies), default=0)
+            if left > 0:
+                # A backend still starting (its first catalog load under way) is waited for,
+                # up to fan_out.start_wait from its start: a list made at start-up shows every
+                # backend that starts that quickly (a later one is announced by list changes).
+                with anyio.move_on_after(left):
+                    await first_of(changed, catalogs.changed)
                 continue
             with anyio.move_on_after(self._grace) as scope:
                 await changed.wait()

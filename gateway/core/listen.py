@@ -111,6 +111,7 @@ class Subscriptions:
         self.on_reconfigure: Callable[[list[str]], None] | None = None
         # Set by core/interest.py with a cluster bus: a listen opened, closed or was extended.
         self.on_listens_changed: Callable[[], None] | None = None
+        catalogs.on_late_arrival.append(self._late_arrival)
 
     @property
     def backends(self) -> Mapping[str, Backend]:
@@ -149,6 +150,25 @@ class Subscriptions:
             listening.tg.start_soon(
                 self._keep_listening, backend, plan, listening.msg, listening.relay
             )
+
+    def _late_arrival(self, backend: str) -> None:
+        """A backend's first catalog has come in after merged lists went without it (it was
+        down, or starting past fan_out.start_wait): each open listen is told the lists it
+        asked about, and the backend has, changed (a client that listed with it already, its
+        own list having found it up, refetches once more)."""
+        caps = self._catalogs.capabilities(backend) or {}
+        for listening in list(self._open):
+            stream = listening.stream
+            plan = stream.plans.get(backend)
+            if plan is None:
+                continue
+            notes: list[Message] = [
+                {"jsonrpc": "2.0", "method": method, "params": {}}
+                for flag, (capability, method) in LIST_FLAGS.items()
+                if plan.flags.get(flag) and capability in caps
+            ]
+            if notes:
+                listening.tg.start_soon(stream.announce, backend, notes)
 
     def heard(self, backend: str, note: Message) -> None:
         """A notification from a backend (on a listen stream, or outside any request)."""
@@ -379,6 +399,18 @@ class _Stream:
             return
         await self._sink(shown)
 
+    async def announce(self, backend: str, notes: list[Message]) -> None:
+        """The gateway's own notices of the backend's lists (not the backend's: its catalog,
+        just loaded, stays as it is)."""
+        for note in notes:
+            shown = self._for_client(backend, note)
+            if shown is None:
+                continue
+            if not self._acknowledged:
+                self._held.append(shown)  # nothing may precede the acknowledgement
+                continue
+            await self._sink(shown)
+
     def _for_client(self, backend: str, note: Message) -> Message | None:
         plan = self.plans[backend]
         method = note.get("method")
@@ -413,15 +445,18 @@ class _Stream:
     async def settled(self, grace: float, catalogs: Catalogs) -> None:
         """Until every backend has acknowledged or failed, or, once one has acknowledged,
         `grace` seconds have passed with no news from the others (a backend still starting,
-        its first catalog load under way, is waited for, as merged lists wait for it)."""
+        its first catalog load under way, is waited for as merged lists wait for it: within
+        fan_out.start_wait of its start)."""
         while not self.all_acked.is_set():
             progress = self._progress
             if not self._acks:
                 await progress.wait()
                 continue
             outstanding = self.plans.keys() - self._acks.keys() - self._failed
-            if any(catalogs.starting(b) for b in outstanding):
-                await first_of(progress, catalogs.changed)
+            left = max((catalogs.start_left(b) for b in outstanding), default=0)
+            if left > 0:
+                with anyio.move_on_after(left):
+                    await first_of(progress, catalogs.changed)
                 continue
             with anyio.move_on_after(grace) as timer:
                 await progress.wait()
