@@ -33,10 +33,11 @@ from gateway.routing.names import Naming
 from gateway.routing.table import Exposure
 from gateway.telemetry import procfs
 from gateway.telemetry.api import GATEWAY_ORIGIN, NO_OBSERVATION, SERVING, STDIO_ORIGIN, Origin
+from tests.conformance_support import npm_server
 from tests.support import PYTHON, ROOT, START_BOUND, gone, sdk_stdio_command
 from tests.test_http_transport_rules import call, post, send
 from tests.test_legacy_clients import model, user
-from tests.test_legacy_sessions import SESSION, legacy, open_session, result_of
+from tests.test_legacy_sessions import SESSION, in_session, legacy, open_session, result_of
 from tests.test_parity import text_of
 
 pytestmark = pytest.mark.anyio
@@ -369,36 +370,96 @@ async def test_catalog_loads_use_the_catalog_child_not_a_clients(tmp_path: Path)
         assert await count_as(url, "Bearer c") == (pid, 2)
 
 
-async def test_a_list_change_in_a_sessions_child_reaches_the_session() -> None:
-    """server/tools, List Changed (legacy): the session's watch is a listen on its own child, so
-    a change there reaches the session's GET stream, and the catalog is marked stale."""
-    command = sdk_stdio_command()
-    sdk = {"stdio": {"command": command[0], "args": command[1:]}, "era": "modern"}
-    text = yaml.safe_dump(
+# A list change must reach the client within this long of what made it (the child's start, a
+# call), however the session's watch and the child's start interleave.
+CHANGE_BOUND = 5.0
+
+
+def per_session(name: str, command: list[str], **backend: object) -> str:
+    stdio = {"command": command[0], "args": command[1:]}
+    return yaml.safe_dump(
         {
             "listen": {"http": {"host": "127.0.0.1", "port": 0}},
-            "backends": {"sdk": {**sdk, "isolation": "per_session"}},
+            "backends": {name: {"stdio": stdio, "isolation": "per_session", **backend}},
         }
     )
+
+
+async def notification(stream: aiohttp.ClientResponse, method: str) -> Message:
+    """The next message of `method` on a session's GET stream (the caller bounds the wait)."""
+    async for line in stream.content:
+        if line.startswith(b"data:"):
+            event: Message = orjson.loads(line[5:])
+            if event.get("method") == method:
+                return event
+    raise AssertionError(f"the GET stream ended without {method}")
+
+
+async def session_tools(url: str, session_id: str) -> set[str]:
+    """The names of the session's tools (one page: the servers here do not paginate)."""
+    reply = await in_session(url, session_id, legacy("tools/list", {}, 2))
+    result = result_of(reply, 2)
+    assert "nextCursor" not in result
+    return {tool["name"] for tool in result["tools"]}
+
+
+@pytest.mark.parametrize(
+    ("era", "args"),
+    [("modern", ()), ("auto", ()), ("auto", ("--legacy-only",))],
+    ids=["modern-child", "legacy-child-of-a-dual-server", "legacy-only-server"],
+)
+async def test_a_list_change_in_a_sessions_child_reaches_the_session(
+    era: str, args: tuple[str, ...]
+) -> None:
+    """server/tools, List Changed (legacy): the session's watch is a listen on its own child, so
+    a change made there by a call of the session (the SDK server's `change_tools` adds the tool
+    `dummy`) reaches the session's GET stream, and the catalog is marked stale; whether the
+    child speaks the modern era (a listen of its own) or, opened with `initialize`, the legacy
+    one (the listen served from the child's session notifications, backends/legacy_listen.py)."""
+    text = per_session("sdk", sdk_stdio_command("--page-size", "0", *args), era=era)
     async with Gateway(parse(text)) as gw:
         url = gw.http_url
         assert url is not None
         session_id = await open_session(url)
         headers = [(SESSION, session_id), ("Accept", "text/event-stream")]
-        change = legacy("tools/call", {"name": "change_tools", "arguments": {}}, 3)
-        with anyio.fail_after(START_BOUND):
-            async with (
-                aiohttp.ClientSession() as http,
-                http.get(url, headers=headers) as stream,
-            ):
-                reply = await post(url, change, mirror=False, extra=headers[:1], bound=START_BOUND)
-                assert result_of(reply, 3)
-                async for line in stream.content:
-                    if line.startswith(b"data:"):
-                        event = orjson.loads(line[5:])
-                        break
-        assert event["method"] == "notifications/tools/list_changed"
+        change = legacy("tools/call", {"name": "change_tools", "arguments": {"toggle": True}}, 3)
+        async with aiohttp.ClientSession() as http, http.get(url, headers=headers) as stream:
+            assert stream.status == 200
+            reply = await post(url, change, mirror=False, extra=headers[:1], bound=START_BOUND)
+            assert result_of(reply, 3)["structuredContent"] == {"result": "dummy present"}
+            with anyio.fail_after(CHANGE_BOUND):
+                await notification(stream, "notifications/tools/list_changed")
         assert gw.dispatcher.catalogs._entries["sdk"].fetched_at == -math.inf
+        # The change is the session's child's: its list has `dummy`, another session's not.
+        assert "dummy" in await session_tools(url, session_id)
+        assert "dummy" not in await session_tools(url, await open_session(url))
+
+
+async def test_list_changes_a_legacy_child_sends_as_it_starts_reach_the_session() -> None:
+    """server-everything registers the tools it offers by the client's capabilities once it has
+    `notifications/initialized`, and announces each with `notifications/tools/list_changed` at
+    once: on a session's own child, while the request that started it (the session's watch,
+    from `initialize` on) still waits for the handshake to end. Those announcements reach the
+    session too: the watch's listen is registered on the child as soon as the handshake is
+    done, ahead of what the child sends on `notifications/initialized` (by the time the child
+    takes to handle it: a watch attached any later would lose them)."""
+    command = [*npm_server("server-everything"), "stdio"]
+    async with Gateway(parse(per_session("everything", command))) as gw:
+        url = gw.http_url
+        assert url is not None
+        # The catalog child announces its own tools as it starts too: over before its catalog
+        # is loaded, so that what follows can only be the session's child's.
+        with anyio.fail_after(START_BOUND):
+            await gw.catalogs_loaded.wait()
+        session_id = await open_session(url)
+        headers = [(SESSION, session_id), ("Accept", "text/event-stream")]
+        async with aiohttp.ClientSession() as http, http.get(url, headers=headers) as stream:
+            assert stream.status == 200
+            # The session's child is up (and has announced its tools) once it answers a list.
+            names = await session_tools(url, session_id)
+            assert "simulate-research-query" in names  # registered after `initialized`
+            with anyio.fail_after(CHANGE_BOUND):
+                await notification(stream, "notifications/tools/list_changed")
 
 
 async def test_a_legacy_sessions_child_carries_the_servers_own_requests() -> None:
