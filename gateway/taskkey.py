@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger("gateway")
@@ -48,14 +49,19 @@ def _read_or_make(where: Path) -> bytes:
     except FileNotFoundError:
         pass
     where.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Written whole under another name, then linked into place (link fails if the name exists):
+    # of two gateways starting at once, one makes it and the other reads it, never half written.
+    fd, temporary = tempfile.mkstemp(dir=where.parent, prefix=f".{FILE_NAME}.")
     try:
-        # O_EXCL: of two gateways starting at once, one makes it and the other reads it.
-        fd = os.open(where, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return _read(where)
-    with os.fdopen(fd, "w") as file:
-        file.write(secrets.token_hex(KEY_BYTES) + "\n")
-    log.info("task key made: %s", where)
+        with os.fdopen(fd, "w") as file:  # (mkstemp makes it owner-only: 0600)
+            file.write(secrets.token_hex(KEY_BYTES) + "\n")
+        try:
+            os.link(temporary, where)
+            log.info("task key made: %s", where)
+        except FileExistsError:
+            pass
+    finally:
+        os.unlink(temporary)
     return _read(where)
 
 

@@ -15,6 +15,7 @@ import anyio
 import orjson
 import pytest
 
+from gateway import taskkey
 from gateway.auth.identity import Identity
 from gateway.backends.base import NotificationSink
 from gateway.config import AuditConfig, Rate, RateLimits
@@ -95,7 +96,7 @@ class TaskBackend:
             }
         elif method == "subscriptions/listen":
             self.sink = sink
-            ack = {"notifications": {"taskIds": params["notifications"].get("taskIds", [])}}
+            ack = {"notifications": params["notifications"]}  # all of it honoured
             await sink(note("notifications/subscriptions/acknowledged", ack))
             self.listening.set()
             await anyio.sleep_forever()
@@ -350,6 +351,7 @@ async def test_a_listen_asks_each_backend_for_its_own_task_ids_and_relays_the_se
     ack = got[0]
     assert ack["method"] == "notifications/subscriptions/acknowledged"
     assert sorted(ack["params"]["notifications"]["taskIds"]) == sorted([sealed_a, sealed_b])
+    assert ack["params"]["notifications"]["x-ext"] is True  # an extension's field, acknowledged
     tasks = [m for m in got if m["method"] == "notifications/tasks"]
     assert len(tasks) == 1 and tasks[0]["params"]["taskId"] == sealed_a
     assert tasks[0]["params"]["result"]["content"][0]["uri"] == "mcp-gateway://a/mem://a/out"
@@ -364,3 +366,34 @@ def test_a_legacy_clients_capabilities_never_declare_the_tasks_extension() -> No
     assert without_tasks(caps) == {"elicitation": {}, "extensions": {"io.example/other": {"v": 1}}}
     plain: dict[str, Any] = {"roots": {}}
     assert without_tasks(plain) is plain
+
+
+# --- the key file ---------------------------------------------------------------------------
+
+
+def test_the_key_file_is_made_once_owner_only_and_read_again(tmp_path: Path) -> None:
+    where = tmp_path / "state" / "task-key"
+    first = taskkey.load(str(where))
+    assert where.stat().st_mode & 0o777 == 0o600
+    assert taskkey.load(str(where)) == first and len(first) == taskkey.KEY_BYTES
+    assert [p.name for p in where.parent.iterdir()] == ["task-key"]  # no temporary left
+
+
+def test_an_unusable_key_file_falls_back_to_a_key_of_the_process_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    where = tmp_path / "task-key"
+    where.write_text("not hex\n")
+    where.chmod(0o600)
+    with caplog.at_level(logging.DEBUG, logger="gateway"):
+        one, two = taskkey.load(str(where)), taskkey.load(str(where))
+    assert one != two and len(one) == taskkey.KEY_BYTES
+    warned = [r for r in caplog.records if "task key" in r.getMessage()]
+    assert len(warned) == 2 and all(r.exc_info is None for r in warned)  # one per load
+
+
+def test_the_default_key_file_is_under_xdg_state_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", "/var/lib/x")
+    assert taskkey.default_path() == Path("/var/lib/x/mcp-gateway/task-key")
+    monkeypatch.setenv("XDG_STATE_HOME", "relative")
+    assert taskkey.default_path() == Path.home() / ".local/state/mcp-gateway/task-key"
