@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -28,7 +29,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 
-from gateway import __version__
+from gateway import __version__, taskkey
 from gateway.auth.authenticator import Authenticator
 from gateway.auth.identity import CONFIGURED, Identity
 from gateway.auth.outage import Unavailable
@@ -72,6 +73,7 @@ from gateway.oauth.shared import PURPOSE as LOGINS_PURPOSE
 from gateway.oauth.shared import LoginBook
 from gateway.protocol import codes
 from gateway.routing import cursor as cursors
+from gateway.routing import taskids
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
 from gateway.shared.buckets import RedisBuckets
@@ -454,6 +456,11 @@ class Gateway:
             bound=Bound(OVERALL, "", overload.max_in_flight, overload, stats.overloaded),
             grace=config.fan_out_grace,
             start_wait=config.fan_out_start_wait,
+            task_keys=(
+                config.cluster.keys(taskids.PURPOSE)
+                if config.cluster
+                else functools.partial(taskkey.load, config.task_key_file)
+            ),
         )
         for wired in self.wired:
             self._attach(wired)

@@ -287,6 +287,7 @@ def parse(
         audit=limit_sections.audit(check, top.get("audit"), lambda p: _beside(source, p)),
         auth=auth_section.auth(check, top.get("auth"), listen.http),
         cluster=cluster_section.cluster(check, top.get("cluster"), lambda p: _beside(source, p)),
+        task_key_file=_task_key_file(check, top.get("tasks"), source),
     )
     unserved = config.auth is None or config.listen.http is None
     unchecked = config.auth is None or not (config.auth.issuer and config.auth.login_client_id)
@@ -409,6 +410,12 @@ def _namespacing(c: _Check, raw: Any) -> Namespacing:
     if not 16 <= length <= 128:
         c.r.problem(path + ("max_name_length",), "must be from 16 to 128")
     return Namespacing(prefix=prefix, separator=separator, max_name_length=int(length))
+
+
+def _task_key_file(c: _Check, raw: Any, source: str) -> str | None:
+    body = c.mapping(raw, ("tasks",), keys.names("tasks"))
+    file = c.field(body, ("tasks",), "key_file", keys.table("tasks")["key_file"])
+    return str(_beside(source, file)) if file else None
 
 
 def _fan_out(c: _Check, raw: Any) -> tuple[str, float, float]:

@@ -222,6 +222,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "Identical replicas behind a load balancer: the secrets they sign with.",
             section="cluster",
         ),
+        "tasks": Key("section", "Task ids of the Tasks extension.", section="tasks"),
     },
     "listen": {
         "http": Key("section", "The Streamable HTTP front end.", section="listen_http"),
@@ -782,6 +783,13 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "number",
             "Seconds Redis is not asked after a failure (own rate limits, legacy sessions 503).",
             DEFAULT_REDIS_RETRY_INTERVAL,
+        ),
+    },
+    "tasks": {
+        "key_file": Key(
+            "string",
+            "The key signing task ids without cluster.secrets, made once (mode 0600); relative "
+            "to the config file. Default: $XDG_STATE_HOME/mcp-gateway/task-key.",
         ),
     },
     "api_key": {

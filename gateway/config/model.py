@@ -690,3 +690,6 @@ class Config:
     audit: AuditConfig | None = None
     auth: AuthConfig | None = None  # None: no authentication (today's behaviour)
     cluster: ClusterConfig | None = None  # None: every key is the process's own (one replica)
+    # The key file signing task ids without cluster.secrets (tasks.key_file, absolute); None:
+    # the default path (gateway/taskkey.py).
+    task_key_file: str | None = None

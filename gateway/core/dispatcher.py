@@ -18,7 +18,7 @@ from gateway import errors
 from gateway.auth.identity import Identity
 from gateway.backends.base import Backend, NotificationSink
 from gateway.config.model import DEFAULT_FAN_OUT_GRACE, DEFAULT_FAN_OUT_START_WAIT
-from gateway.core import unknown
+from gateway.core import tasks, unknown
 from gateway.core.catalog import Catalogs
 from gateway.core.listen import Subscriptions, first_of
 from gateway.core.overload import Bound
@@ -102,6 +102,7 @@ class Dispatcher:
         bound: Bound | None = None,
         grace: float = DEFAULT_FAN_OUT_GRACE,
         start_wait: float = DEFAULT_FAN_OUT_START_WAIT,
+        task_keys: Sequence[bytes] | Callable[[], bytes] = (),
     ) -> None:
         self.telemetry: Telemetry = telemetry or NoTelemetry()
         self._policy = policy  # None: every caller may see and call everything
@@ -131,6 +132,9 @@ class Dispatcher:
             self.backends, self.catalogs, self._exposures, naming, grace
         )
         self._notes = unknown.NotificationGate(self.telemetry.stats.rejections)
+        # Task ids are sealed (core/tasks.py): keys from cluster.secrets or a key file (app.py).
+        self.tasks = tasks.TaskRouter(self, task_keys or (os.urandom(32),))
+        self.tasks.attach(limiter, shared_limiter)
 
     def reconfigure(
         self,
@@ -154,6 +158,7 @@ class Dispatcher:
         self._policy = policy
         self.limiter = limiter
         self.shared_limiter = shared_limiter
+        self.tasks.attach(limiter, shared_limiter)
         loads = self.catalogs.reconfigure(backends, exposures, naming)
         # After the table: open listens are extended to the added backends by its routes.
         self.subscriptions.reconfigure(self.backends, self._exposures, naming)
@@ -299,7 +304,10 @@ class Dispatcher:
             found = self.catalogs.table.tool(name) if isinstance(name, str) else None
             route = found or await self._route_name(RouteTable.tool, TOOL, name, view)
             self._permit(view, TOOL, route, name)
-            return await self._forward(msg, params, sink, route, "name")
+            reply = await self._forward(msg, params, sink, route, "name")
+            return self.tasks.created(reply, route, name, origin.identity)
+        if method in tasks.METHODS:
+            return await self.tasks.forward(msg, sink, origin.identity, view)
         if method == "server/discover":
             return await self._discover(msg, view)
         if method in merge.LIST_KEYS:
@@ -319,7 +327,8 @@ class Dispatcher:
         if method == "subscriptions/listen":
             # Judged by the policy in force when its parts are planned (a reload may add some).
             judge = functools.partial(self._judge, origin.identity)
-            return await self.subscriptions.listen(msg, sink, judge)
+            locate = self.tasks.locator(origin.identity, view)
+            return await self.subscriptions.listen(msg, sink, judge, locate)
         only = self._only_backend()
         if only is None or method in meta.LEGACY_METHODS:
             raise Refused(codes.METHOD_NOT_FOUND, f"Method not found: {method}")

@@ -59,6 +59,7 @@ WATCH_FLAGS = {"toolsListChanged": True, "promptsListChanged": True, "resourcesL
 LEGACY_CAPABILITIES = frozenset(
     {"tools", "prompts", "resources", "logging", "completions", "experimental"}
 )
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 
@@ -369,7 +370,7 @@ class LegacyFront:
         caps = params.get("capabilities")
         session.version = negotiate(params.get("protocolVersion"))
         session.client_info = info if isinstance(info, dict) else {}
-        session.client_capabilities = caps if isinstance(caps, dict) else {}
+        session.client_capabilities = without_tasks(caps) if isinstance(caps, dict) else {}
         discover: Message = {
             "jsonrpc": "2.0",
             "id": id_,
@@ -430,6 +431,17 @@ async def _drop(_: Message) -> None:
 
 def _failed(code: int, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
+
+
+def without_tasks(caps: dict[str, Any]) -> dict[str, Any]:
+    """A legacy client's capabilities as backends are told them: never the Tasks extension,
+    whose task handles, polling and ids a 2025-11-25 client does not know (its own tasks are
+    another design), whatever it declares; other extensions pass."""
+    extensions = caps.get("extensions")
+    if not isinstance(extensions, dict) or TASKS_EXTENSION not in extensions:
+        return caps
+    kept = {k: v for k, v in extensions.items() if k != TASKS_EXTENSION}
+    return {**caps, "extensions": kept}
 
 
 def legacy_capabilities(modern: object) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from gateway import errors
 from gateway.backends.base import Backend, NotificationSink
 from gateway.config.model import DEFAULT_FAN_OUT_GRACE
+from gateway.core import tasks
 from gateway.core.catalog import Catalogs
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
@@ -40,6 +41,9 @@ log = logging.getLogger("gateway.listen")
 ACKNOWLEDGED = meta.ACKNOWLEDGED
 UPDATED = meta.RESOURCE_UPDATED
 LIST_FLAGS = meta.LIST_FLAGS
+# The notifications the gateway knows on a listen; with an extension's filter field, any other
+# a backend sends there is that extension's, and relayed.
+KNOWN = frozenset({ACKNOWLEDGED, UPDATED, *(m for _, m in LIST_FLAGS.values())})
 # How long the client's acknowledgement waits for the backends' own at most. It is sent sooner:
 # once every backend has acknowledged or failed (one that is down fails at once), or `grace`
 # (fan_out.grace) after the last acknowledgement, so a silent backend delays it that much only.
@@ -58,6 +62,10 @@ Hidden = Callable[[str], frozenset[str]]
 # have been reloaded too): (readable, hidden), either None for "no rule".
 Judge = Callable[[], tuple[Readable | None, Hidden | None]]
 Relay = Callable[[str, Message], Awaitable[None]]
+# The filter fields the gateway splits per backend; any other (an extension's) goes to each.
+RESOURCES = "resourceSubscriptions"
+TASK_IDS = "taskIds"
+SPLIT = frozenset({*LIST_FLAGS, RESOURCES, TASK_IDS})
 
 
 @dataclass
@@ -66,12 +74,19 @@ class _Plan:
 
     flags: dict[str, bool] = field(default_factory=dict)
     uris: dict[str, str] = field(default_factory=dict)  # backend URI -> client URI
+    tasks: dict[str, str] = field(default_factory=dict)  # backend task id -> client task id
+    extra: dict[str, Any] = field(default_factory=dict)  # extension fields, as the client's
 
     def filter(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(self.flags)
+        out: dict[str, Any] = {**self.extra, **self.flags}
         if self.uris:
-            out["resourceSubscriptions"] = list(self.uris)
+            out[RESOURCES] = list(self.uris)
+        if self.tasks:
+            out[TASK_IDS] = list(self.tasks)
         return out
+
+    def __bool__(self) -> bool:
+        return bool(self.flags or self.uris or self.tasks or self.extra)
 
 
 @dataclass(eq=False)
@@ -85,6 +100,7 @@ class _Listening:
     relay: Relay
     tg: anyio.abc.TaskGroup
     remote: MemoryObjectSendStream[tuple[str, Message]]
+    locate: tasks.Locate | None = None
 
 
 class Subscriptions:
@@ -145,7 +161,8 @@ class Subscriptions:
         stream = listening.stream
         asked = stream.honoured if stream.honoured is not None else listening.wanted
         readable, hidden = listening.judge() if listening.judge is not None else (None, None)
-        for backend, plan in self._plan(asked, readable, hidden, only=added).items():
+        plans = self._plan(asked, readable, hidden, only=added, locate=listening.locate)
+        for backend, plan in plans.items():
             stream.add(backend, plan)
             listening.tg.start_soon(
                 self._keep_listening, backend, plan, listening.msg, listening.relay
@@ -229,12 +246,16 @@ class Subscriptions:
         readable: Readable | None = None,
         hidden: Hidden | None = None,
         only: Collection[str] | None = None,
+        locate: tasks.Locate | None = None,
     ) -> dict[str, _Plan]:
+        """`locate`: where each of the client's task ids is (core/tasks.py); without it task
+        ids are not asked for."""
         plans: dict[str, _Plan] = {}
+        extra = {k: v for k, v in wanted.items() if k not in SPLIT}
         for backend in self._backends if only is None else only:
             caps = self._catalogs.capabilities(backend)
             unseen = hidden(backend) if hidden is not None else frozenset()
-            plan = _Plan()
+            plan = _Plan(extra=dict(extra))
             for flag, (capability, _) in LIST_FLAGS.items():
                 if capability in unseen:
                     continue  # changes to a list the caller sees nothing of are not its business
@@ -251,10 +272,19 @@ class Subscriptions:
                 continue  # a URI the caller may not read is left out like an unknown one
             if _can_subscribe(self._catalogs.capabilities(route.backend)):
                 plans[route.backend].uris[route.name] = uri
-        return {b: p for b, p in plans.items() if p.flags or p.uris}
+        asked = wanted.get(TASK_IDS)
+        for task_id in asked if isinstance(asked, list) else ():
+            found = locate(task_id) if locate is not None and isinstance(task_id, str) else None
+            if found is not None and found[0] in plans:
+                plans[found[0]].tasks[found[1]] = task_id
+        return {b: p for b, p in plans.items() if p}
 
     async def listen(
-        self, msg: Message, sink: NotificationSink, judge: Judge | None = None
+        self,
+        msg: Message,
+        sink: NotificationSink,
+        judge: Judge | None = None,
+        locate: tasks.Locate | None = None,
     ) -> Message:
         """`judge`, the policy's say when there is one: `readable(backend, uri)`, whether the
         caller may read a resource, so be told of its updates; `hidden(backend)`, the
@@ -263,8 +293,8 @@ class Subscriptions:
         found = jsonrpc.params(msg).get("notifications")
         wanted: Mapping[str, Any] = found if isinstance(found, dict) else {}
         readable, hidden = judge() if judge is not None else (None, None)
-        plans = self._plan(wanted, readable, hidden)
-        stream = _Stream(client_id, plans, sink, self._catalogs.invalidate)
+        plans = self._plan(wanted, readable, hidden, locate=locate)
+        stream = _Stream(client_id, plans, sink, self._catalogs.invalidate, self._show_task)
 
         async def relay(backend: str, note: Message) -> None:
             if note.get("method") != ACKNOWLEDGED:
@@ -277,7 +307,7 @@ class Subscriptions:
         try:
             with send, receive:
                 async with anyio.create_task_group() as tg:
-                    listening = _Listening(msg, wanted, judge, stream, relay, tg, send)
+                    listening = _Listening(msg, wanted, judge, stream, relay, tg, send, locate)
                     self._open.add(listening)
                     self._listens_changed()
                     for backend, plan in plans.items():
@@ -298,6 +328,11 @@ class Subscriptions:
         return jsonrpc.result(
             client_id, {"resultType": "complete", "_meta": {meta.SUBSCRIPTION_ID: client_id}}
         )
+
+    def _show_task(self, backend: str, task: dict[str, Any], client_id: str) -> None:
+        exposure = self._exposures.get(backend)
+        if exposure is not None:
+            tasks.show(task, client_id, self._naming, exposure)
 
     def _listens_changed(self) -> None:
         if self.on_listens_changed is not None:
@@ -357,8 +392,10 @@ class _Stream:
         plans: dict[str, _Plan],
         sink: NotificationSink,
         invalidate: Callable[[str], None],
+        show_task: Callable[[str, dict[str, Any], str], None] | None = None,
     ) -> None:
         self._id = client_id
+        self._show_task = show_task
         self.plans = plans
         self._sink = sink
         self._invalidate = invalidate
@@ -420,6 +457,15 @@ class _Stream:
             if not isinstance(uri, str) or uri not in plan.uris:
                 return None
             params["uri"] = plan.uris[uri]
+        elif method == tasks.NOTIFICATION:
+            own = params.get("taskId")
+            if not isinstance(own, str) or own not in plan.tasks:
+                return None
+            params["taskId"] = plan.tasks[own]
+            if self._show_task is not None:
+                self._show_task(backend, params, plan.tasks[own])
+        elif plan.extra and method not in KNOWN:
+            pass  # an extension's notification, asked for by its filter field
         elif not any(plan.flags.get(f) and m == method for f, (_, m) in LIST_FLAGS.items()):
             return None
         note_meta = params.get("_meta")
@@ -466,14 +512,21 @@ class _Stream:
     async def acknowledge(self) -> None:
         honoured: dict[str, Any] = {}
         uris: list[str] = []
+        task_ids: list[str] = []
         for backend, ack in self._acks.items():
             plan = self.plans[backend]
             for flag in LIST_FLAGS:
                 if ack.get(flag) is True:
                     honoured[flag] = True
-            uris += [plan.uris[u] for u in ack.get("resourceSubscriptions") or () if u in plan.uris]
+            uris += [plan.uris[u] for u in ack.get(RESOURCES) or () if u in plan.uris]
+            task_ids += [plan.tasks[t] for t in ack.get(TASK_IDS) or () if t in plan.tasks]
+            for name, value in ack.items():
+                if name in plan.extra and name not in SPLIT:
+                    honoured.setdefault(name, value)
         if uris:
-            honoured["resourceSubscriptions"] = uris
+            honoured[RESOURCES] = uris
+        if task_ids:
+            honoured[TASK_IDS] = task_ids
         self.honoured = honoured
         params = {"_meta": {meta.SUBSCRIPTION_ID: self._id}, "notifications": honoured}
         await self._sink({"jsonrpc": "2.0", "method": ACKNOWLEDGED, "params": params})

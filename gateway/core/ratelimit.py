@@ -41,6 +41,8 @@ OVERALL = "overall"
 # Requests no bucket applies to. A listen stream is opened once per client and lives on (a
 # legacy session's change watch is one, started by the gateway in the session's name).
 EXEMPT = frozenset({"subscriptions/listen"})
+# Requests about a task, counted as calls of the tool that created it (core/tasks.py).
+TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 # Idle buckets looked at per new bucket, so forgetting full ones costs a bounded amount.
 SWEEP = 2
 
@@ -138,6 +140,8 @@ class RateLimiter:
         self.folded_tools: dict[str, set[str]] = {}
         for name in config.tools:
             self.folded_tools.setdefault(fold(name), set()).add(name)
+        # The tool a task method's task was created by (set by core/tasks.py; None: no tasks).
+        self.task_tool: Callable[[Message], str | None] | None = None
 
     def carry_over(self, before: RateLimiter) -> None:
         """A reload: each limit whose rate, burst and bound did not change keeps its buckets,
@@ -156,12 +160,11 @@ class RateLimiter:
         found: list[tuple[Buckets, list[float]]] = []
         if self.identity is not None:
             found.append((self.identity, self.identity.level(caller, now)))
-        if method == "tools/call":
-            name = _params(msg).get("name")
-            if isinstance(name, str):
-                per_tool = self.tools.get(name, self.tool)
-                if per_tool is not None:
-                    found.append((per_tool, per_tool.level((caller, name), now)))
+        name = self._tool(method, msg)
+        if name is not None:
+            per_tool = self.tools.get(name, self.tool)
+            if per_tool is not None:
+                found.append((per_tool, per_tool.level((caller, name), now)))
         if self.overall is not None:
             found.append((self.overall, self.overall.level(None, now)))
         self.refuse([(buckets.wait(bucket), buckets.name) for buckets, bucket in found])
@@ -177,16 +180,24 @@ class RateLimiter:
         found: list[Want] = []
         if self.identity is not None:
             found.append(_want(self.identity, caller))
-        if method == "tools/call":
-            name = _params(msg).get("name")
-            if isinstance(name, str):
-                per_tool = self.tools.get(name, self.tool)
-                if per_tool is not None:
-                    # A NUL cannot occur in a caller key or a tool name: no two pairs meet.
-                    found.append(_want(per_tool, f"{caller}\0{name}"))
+        name = self._tool(method, msg)
+        if name is not None:
+            per_tool = self.tools.get(name, self.tool)
+            if per_tool is not None:
+                # A NUL cannot occur in a caller key or a tool name: no two pairs meet.
+                found.append(_want(per_tool, f"{caller}\0{name}"))
         if self.overall is not None:
             found.append(_want(self.overall, ""))
         return found
+
+    def _tool(self, method: str, msg: Message) -> str | None:
+        """The tool a request is a call of: a tools/call's, or a task method's creator's."""
+        if method == "tools/call":
+            name = _params(msg).get("name")
+            return name if isinstance(name, str) else None
+        if method in TASK_METHODS and self.task_tool is not None:
+            return self.task_tool(msg)
+        return None
 
     def refuse(self, waits: Sequence[tuple[float, str]]) -> None:
         """Raise RateLimited for the longest of (wait, limit), if any is not 0."""

@@ -29,6 +29,10 @@ NAME_SOURCE: Mapping[str, str] = {
     "tools/call": "name",
     "prompts/get": "name",
     "resources/read": "uri",
+    # Tasks extension, Streamable HTTP: Routing Headers (a load balancer routes on the task).
+    "tasks/get": "taskId",
+    "tasks/update": "taskId",
+    "tasks/cancel": "taskId",
 }
 
 _SENTINEL_PREFIX = "=?base64?"

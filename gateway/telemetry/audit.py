@@ -28,6 +28,9 @@ log = logging.getLogger("gateway.telemetry")
 # Requests whose arguments the audit line can carry (`include_arguments`).
 WITH_ARGUMENTS = ("tools/call", "prompts/get")
 NAMED = ("tools/call", "prompts/get")
+# Requests about a task (Tasks extension): their name is the tool that created the task, which
+# only the dispatcher knows (from the sealed task id: core/tasks.py).
+TASK_METHODS = ("tasks/get", "tasks/update", "tasks/cancel")
 
 
 def _outcome(reply: Message | None) -> tuple[str, int | None]:
@@ -68,11 +71,15 @@ def entry(
     trace_id: str,
     arguments: Rule | None = None,
     max_arguments: int = 0,
+    target: str | None = None,
 ) -> dict[str, Any]:
     """One audit record (pure but for the clock); `arguments`: the redaction rules when the
-    request's arguments are to be included, and `max_arguments` their longest encoding."""
+    request's arguments are to be included, and `max_arguments` their longest encoding;
+    `target`: the tool the dispatcher routed a task method as."""
     identity = origin.identity
     name, uri = _subject(msg)
+    if name is None and msg.get("method") in TASK_METHODS:
+        name = target
     outcome, code = _outcome(reply)
     out: dict[str, Any] = {
         "time": utc_now(),  # e.g. 2026-08-01T12:00:00.123Z, as the log
@@ -135,9 +142,18 @@ class AuditLog:
         backend: str | None,
         seconds: float,
         trace_id: str,
+        target: str | None = None,
     ) -> None:
         record = entry(
-            msg, origin, reply, backend, seconds, trace_id, self._rules, self._max_arguments
+            msg,
+            origin,
+            reply,
+            backend,
+            seconds,
+            trace_id,
+            self._rules,
+            self._max_arguments,
+            target,
         )
         line = jsonrpc.dumps(record) + b"\n"
         if self._file is not None:

@@ -330,7 +330,9 @@ class GatewayTelemetry:
             self._access.info("%s", orjson.dumps(line).decode())
         if self._audit is not None:
             try:
-                self._audit.record(msg, origin, reply, observed.backend, seconds, trace_id)
+                self._audit.record(
+                    msg, origin, reply, observed.backend, seconds, trace_id, observed.target
+                )
             except Exception as exc:
                 # An observer: it must never fail the request it watches (one line, no trace).
                 log.warning("audit log: a request could not be recorded: %r", exc)
