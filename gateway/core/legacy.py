@@ -55,9 +55,11 @@ WATCH_ID = "mcp-gateway-watch"
 WATCH_SETTLE = 10.0
 # Change notifications a legacy session gets without asking (it subscribes to resources).
 WATCH_FLAGS = {"toolsListChanged": True, "promptsListChanged": True, "resourcesListChanged": True}
-# Capabilities both eras share; `extensions` is modern only.
+# Capabilities a legacy client is shown. `extensions` came with 2026-07-28, but hosts of the
+# initialize era negotiate extensions there (MCP Apps: Client<>Server Capability Negotiation),
+# and a client that knows no such member ignores it.
 LEGACY_CAPABILITIES = frozenset(
-    {"tools", "prompts", "resources", "logging", "completions", "experimental"}
+    {"tools", "prompts", "resources", "logging", "completions", "experimental", "extensions"}
 )
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
@@ -433,7 +435,7 @@ def _failed(code: int, message: str) -> dict[str, Any]:
 
 
 def legacy_capabilities(modern: object) -> dict[str, Any]:
-    """Server capabilities as a legacy client reads them (extensions are a modern notion)."""
+    """Server capabilities as a legacy client reads them."""
     if not isinstance(modern, dict):
         return {}
     return {k: v for k, v in modern.items() if k in LEGACY_CAPABILITIES and isinstance(v, dict)}
