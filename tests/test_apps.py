@@ -24,7 +24,7 @@ from gateway.routing import table as routes
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import CatalogData, Exposure
 from gateway.telemetry.api import Origin
-from tests.test_policy_dispatch import caller, policy
+from tests.test_policy_dispatch import FakeBackend, _listen, caller, gateway, policy
 
 pytestmark = pytest.mark.anyio
 
@@ -482,3 +482,18 @@ async def test_a_denied_ui_resource_stays_denied_in_every_spelling(uri: str) -> 
     assert [m for m in alpha.received if m["method"] == "resources/read"] == []
     ok = await serve(d, ask("resources/read", uri="ui://alpha/alpha/view.html"), caller())
     assert ok["result"]["contents"][0]["text"] == "alpha:ui://alpha/view.html"
+
+
+async def test_a_listen_relays_updates_of_ui_resources_under_their_namespaced_uri() -> None:
+    """basic/patterns/subscriptions: a subscription to the listed ui:// URI is asked of the
+    backend under its own, and its updates come back under the listed one; a denied view's never
+    do."""
+    rules = "  default: allow\n  rules:\n    - deny: {resources: ['ui://gh/secret*']}\n"
+    gh = FakeBackend("gh", resources=["ui://gh/secret.html", "ui://gh/view.html"])
+    d = await gateway([gh, FakeBackend("hr", tools=["x"])], rules)
+    secret, view = "ui://gh/gh/secret.html", "ui://gh/gh/view.html"
+    ack, *updates = await _listen(d, caller("ann"), [secret, view], view)
+    assert ack["params"]["notifications"] == {"resourceSubscriptions": [view]}
+    assert [u["params"]["uri"] for u in updates] == [view]
+    asked = gh.asked("subscriptions/listen")[0]["params"]["notifications"]
+    assert asked == {"resourceSubscriptions": ["ui://gh/view.html"]}
