@@ -108,7 +108,7 @@ def expose_tool(naming: Naming, exp: Exposure, tool: Item) -> Item | None:
         return None
     visible = names.client_name(naming, exp.namespace, exp.rename.get(name, name))
     shown = tool if visible == name else {**tool, "name": visible}
-    if naming.prefixed:
+    if naming.prefixed and "_meta" in shown:
         # The UI it names, as resources/list shows it and resources/read routes it back.
         namespace = exp.namespace
         shown = apps.with_resource_uris(shown, lambda u: names.client_uri(naming, namespace, u))
