@@ -216,8 +216,8 @@ def run(
     `reload`) reads the config again: README "Reloading the config".
 
     Several backends are merged into one server: their tools, prompts and resources are
-    namespaced (`{backend}_{name}`, URIs as `mcp-gateway://{backend}/{uri}`) per the config's
-    `namespacing` section.
+    namespaced (`{backend}_{name}`, URIs as `mcp-gateway://{backend}/{uri}`, `ui://` ones as
+    `ui://{backend}/{rest}`) per the config's `namespacing` section.
     """
     _setup_logging(log_level, log_format.lower())
     path, extra = _inputs(config_path, mcp_json)

@@ -324,7 +324,7 @@ def test_capabilities_union_ors_booleans_and_merges_nested_dicts() -> None:
         "prompts": {},
         "logging": {},
     }
-    merged = merge.capabilities([first, second], keep_extensions=False)
+    merged = merge.capabilities([first, second], keep_experimental=False)
     assert merged == {
         "tools": {"listChanged": True},
         "resources": {"subscribe": True, "listChanged": True},
@@ -338,14 +338,15 @@ def test_capabilities_union_ors_booleans_and_merges_nested_dicts() -> None:
 def test_capabilities_merge_deeply_nested_dicts() -> None:
     a = {"x": {"deep": {"one": True, "flag": False}}}
     b = {"x": {"deep": {"two": 2, "flag": True}}}
-    merged = merge.capabilities([a, b], keep_extensions=False)
+    merged = merge.capabilities([a, b], keep_experimental=False)
     assert merged == {"x": {"deep": {"one": True, "two": 2, "flag": True}}}
 
 
-def test_capabilities_drop_extensions_and_experimental_unless_kept() -> None:
+def test_capabilities_keep_experimental_only_for_a_lone_backend() -> None:
     caps: dict[str, Any] = {"tools": {}, "extensions": {"io.x/y": {}}, "experimental": {"z": {}}}
-    assert merge.capabilities([caps], keep_extensions=False) == {"tools": {}}
-    kept = merge.capabilities([caps], keep_extensions=True)
+    merged = merge.capabilities([caps], keep_experimental=False)
+    assert merged == {"tools": {}, "extensions": {"io.x/y": {}}}
+    kept = merge.capabilities([caps], keep_experimental=True)
     assert kept == {"tools": {}, "extensions": {"io.x/y": {}}, "experimental": {"z": {}}}
 
 
@@ -366,7 +367,8 @@ def test_discover_result_advertises_the_gateway_versions_and_merged_caps() -> No
     ]
     result = merge.discover_result(parts, prefixed=True, server=SERVER)
     assert result["supportedVersions"] == list(meta.SUPPORTED_VERSIONS)
-    assert result["capabilities"] == {"tools": {}, "prompts": {}}
+    # (extensions are merged like the other capabilities: tests/test_apps.py)
+    assert result["capabilities"] == {"tools": {}, "prompts": {}, "extensions": {"e": {}}}
     assert result["ttlMs"] == 20
     assert result["cacheScope"] == "private"
     assert result["_meta"] == {meta.SERVER_INFO: SERVER}

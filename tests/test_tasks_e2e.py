@@ -125,6 +125,15 @@ async def create(http: aiohttp.ClientSession, url: str, tool: str) -> str:
     return task_id
 
 
+async def test_the_merged_discovery_offers_the_extension(
+    gateway: str, http: aiohttp.ClientSession
+) -> None:
+    """Tasks, Capability Negotiation: several backends offering the extension, the merged
+    server offers it too, so a client learns it may get task handles."""
+    reply = await post(http, gateway, request("d", "server/discover"))
+    assert EXTENSION in reply["result"]["capabilities"]["extensions"]
+
+
 async def test_a_task_on_each_backend_goes_from_working_to_completed(
     gateway: str, http: aiohttp.ClientSession
 ) -> None:
@@ -227,7 +236,9 @@ async def test_a_client_without_the_extension_gets_no_task(
 async def test_a_legacy_client_declaring_the_extension_gets_no_task(
     gateway: str, http: aiohttp.ClientSession
 ) -> None:
-    """A 2025-11-25 session: its capabilities reach backends without the tasks extension."""
+    """A 2025-11-25 session: its capabilities reach backends without the tasks extension, and
+    its `initialize` result does not offer the extension (kept off for that era), though the
+    modern discovery does."""
     init = {
         "jsonrpc": "2.0",
         "id": 1,
@@ -241,8 +252,8 @@ async def test_a_legacy_client_declaring_the_extension_gets_no_task(
     accept = {"Accept": "application/json, text/event-stream"}
     async with http.post(gateway, json=init, headers=accept) as resp:
         session = resp.headers["Mcp-Session-Id"]
-        async for _ in messages(resp):
-            pass
+        initialized = [m async for m in messages(resp) if m.get("id") == 1]
+    assert EXTENSION not in initialized[0]["result"]["capabilities"].get("extensions", {})
     legacy = {**accept, "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
     done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
     async with http.post(gateway, json=done, headers=legacy) as resp:

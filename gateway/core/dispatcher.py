@@ -18,7 +18,7 @@ from gateway import errors
 from gateway.auth.identity import Identity
 from gateway.backends.base import Backend, NotificationSink
 from gateway.config.model import DEFAULT_FAN_OUT_GRACE, DEFAULT_FAN_OUT_START_WAIT
-from gateway.core import tasks, unknown
+from gateway.core import apps, tasks, unknown
 from gateway.core.catalog import Catalogs
 from gateway.core.listen import Subscriptions, first_of
 from gateway.core.overload import Bound
@@ -40,6 +40,7 @@ from gateway.protocol.jsonrpc import Message
 from gateway.routing import cursor as cursors
 from gateway.routing import merge, uris
 from gateway.routing import table as routes
+from gateway.routing.apps import app_only
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure, Route, RouteTable
 from gateway.telemetry.api import (
@@ -203,6 +204,11 @@ class Dispatcher:
                 telemetry.stats.rejections[_rejection_reason(reply)] += 1
             else:
                 try:
+                    if msg["method"] == "tools/call":
+                        # An app view's call by its server's own tool name (core/apps.py).
+                        msg = apps.by_visible_name(
+                            self.catalogs.table, msg, self._policy, origin.identity
+                        )
                     if self.limiter is not None:
                         self.limiter.admit(msg, origin)
                     elif self.shared_limiter is not None:
@@ -273,7 +279,7 @@ class Dispatcher:
         """The `x-mcp-header` annotations of a client-visible tool, if the tool is known (after
         refreshing stale catalogs: callers look in `catalogs.table` first, without a coroutine)
         and the policy shows it to the caller."""
-        route = await self._lookup(RouteTable.tool, tool)
+        route = await self._lookup(RouteTable.tool, tool) or self.catalogs.table.own_tool(tool)
         if route is None or not self.shows_tool(route, identity):
             return None
         return route.param_headers
@@ -644,10 +650,11 @@ class Dispatcher:
         # item is lost to lateness. One late on the first page is shown from its catalog.
         kept: dict[str, str | None] = {b: p for b, p in positions if b in late and p is not None}
         kind, field = LIST_KINDS[key]
+        hide_app_only = key == "tools" and apps.hides_app_only(msg, alone and not naming.prefixed)
         for backend, result in parts:
             exposure = exposures[backend]
             for item in result.get(key) or ():
-                if not isinstance(item, dict):
+                if not isinstance(item, dict) or (hide_app_only and app_only(item)):
                     continue
                 if view is not None:
                     own = item.get(field)

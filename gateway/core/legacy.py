@@ -55,9 +55,11 @@ WATCH_ID = "mcp-gateway-watch"
 WATCH_SETTLE = 10.0
 # Change notifications a legacy session gets without asking (it subscribes to resources).
 WATCH_FLAGS = {"toolsListChanged": True, "promptsListChanged": True, "resourcesListChanged": True}
-# Capabilities both eras share; `extensions` is modern only.
+# Capabilities a legacy client is shown. `extensions` came with 2026-07-28, but hosts of the
+# initialize era negotiate extensions there (MCP Apps: Client<>Server Capability Negotiation),
+# and a client that knows no such member ignores it.
 LEGACY_CAPABILITIES = frozenset(
-    {"tools", "prompts", "resources", "logging", "completions", "experimental"}
+    {"tools", "prompts", "resources", "logging", "completions", "experimental", "extensions"}
 )
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
@@ -445,7 +447,9 @@ def without_tasks(caps: dict[str, Any]) -> dict[str, Any]:
 
 
 def legacy_capabilities(modern: object) -> dict[str, Any]:
-    """Server capabilities as a legacy client reads them (extensions are a modern notion)."""
+    """Server capabilities as a legacy client reads them: never the Tasks extension, which is
+    kept off for that era (`without_tasks`)."""
     if not isinstance(modern, dict):
         return {}
-    return {k: v for k, v in modern.items() if k in LEGACY_CAPABILITIES and isinstance(v, dict)}
+    shown = {k: v for k, v in modern.items() if k in LEGACY_CAPABILITIES and isinstance(v, dict)}
+    return without_tasks(shown)

@@ -50,12 +50,19 @@ def list_result(
     return result
 
 
-def capabilities(parts: Sequence[Result], *, keep_extensions: bool) -> Result:
-    """The union of backend capabilities: each is advertised if some backend has it."""
+def capabilities(parts: Sequence[Result], *, keep_experimental: bool) -> Result:
+    """The union of backend capabilities: each is advertised if some backend has it.
+
+    `extensions` are merged like the rest (README, Extensions and MCP Apps): every extension some
+    backend declares, its settings merged key by key where they are objects, lists unioned
+    (in order, without repeats), a flag true if any backend's is, and any other disagreement
+    settled by the first backend in config order. `experimental` is kept only for a lone
+    backend: its shape is unspecified, and what it offers may be methods the gateway routes
+    to no backend of several."""
     merged: Result = {}
     for caps in parts:
         for name, value in caps.items():
-            if name in ("extensions", "experimental") and not keep_extensions:
+            if name == "experimental" and not keep_experimental:
                 continue
             if isinstance(value, dict) and isinstance(merged.get(name), dict):
                 merged[name] = _union(merged[name], value)
@@ -72,8 +79,10 @@ def _union(a: Result, b: Result) -> Result:
             out[key] = held or value
         elif isinstance(held, dict) and isinstance(value, dict):
             out[key] = _union(held, value)
+        elif isinstance(held, list) and isinstance(value, list):
+            out[key] = held + [v for v in value if v not in held]
         elif key not in out:
-            out[key] = value
+            out[key] = _union({}, value) if isinstance(value, dict) else value
     return out
 
 
@@ -91,7 +100,7 @@ def discover_result(
     result: Result = {
         "resultType": "complete",
         "supportedVersions": list(meta.SUPPORTED_VERSIONS),
-        "capabilities": capabilities(caps, keep_extensions=len(parts) == 1),
+        "capabilities": capabilities(caps, keep_experimental=len(parts) == 1),
         **cache_hints(results),
         "_meta": {meta.SERVER_INFO: (transparent and _server_info(results[0])) or server},
     }

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 URI_SCHEME = "mcp-gateway"
 _URI_PREFIX = f"{URI_SCHEME}://"
+# MCP Apps UI resources (io.modelcontextprotocol/ui): namespaced inside their own scheme.
+UI_PREFIX = "ui://"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 # Hex digits of the hash that keeps a shortened or sanitised name unique.
 HASH_LENGTH = 8
@@ -60,11 +62,22 @@ def client_prefix(naming: Naming, namespace: str) -> str:
 
 def client_uri(naming: Naming, namespace: str, uri: str) -> str:
     """A backend's resource URI (or URI template) as clients see it."""
-    return f"{_URI_PREFIX}{namespace}/{uri}" if naming.prefixed else uri
+    if not naming.prefixed:
+        return uri
+    if uri.startswith(UI_PREFIX):
+        return f"{UI_PREFIX}{namespace}/{uri[len(UI_PREFIX) :]}"
+    return f"{_URI_PREFIX}{namespace}/{uri}"
 
 
 def split_client_uri(uri: str) -> tuple[str, str] | None:
-    """(namespace, backend URI) of a prefixed client URI; None for any other URI."""
+    """(namespace, backend URI) of a prefixed client URI; None for any other URI.
+
+    Both wrappers are exact (case and all): a URI in any other spelling names no namespace and
+    is unknown, never another backend's. `mcp-gateway://{ns}/ui://...` still splits (to the
+    same backend URI the `ui://{ns}/...` form names), so both are judged alike."""
+    if uri.startswith(UI_PREFIX):
+        namespace, slash, rest = uri[len(UI_PREFIX) :].partition("/")
+        return (namespace, UI_PREFIX + rest) if slash and namespace else None
     if not uri.startswith(_URI_PREFIX):
         return None
     namespace, slash, rest = uri[len(_URI_PREFIX) :].partition("/")

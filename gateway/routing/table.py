@@ -16,7 +16,7 @@ from typing import Any
 from gateway.protocol import headers, jsonrpc
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
-from gateway.routing import names
+from gateway.routing import apps, names
 from gateway.routing.fold import fold, folded_pattern
 from gateway.routing.names import Naming
 
@@ -107,7 +107,12 @@ def expose_tool(naming: Naming, exp: Exposure, tool: Item) -> Item | None:
     if exp.strict_headers and isinstance(headers.param_headers(tool.get("inputSchema")), str):
         return None
     visible = names.client_name(naming, exp.namespace, exp.rename.get(name, name))
-    return tool if visible == name else {**tool, "name": visible}
+    shown = tool if visible == name else {**tool, "name": visible}
+    if naming.prefixed and "_meta" in shown:
+        # The UI it names, as resources/list shows it and resources/read routes it back.
+        namespace = exp.namespace
+        shown = apps.with_resource_uris(shown, lambda u: names.client_uri(naming, namespace, u))
+    return shown
 
 
 def expose_prompt(naming: Naming, exp: Exposure, prompt: Item) -> Item | None:
@@ -184,6 +189,9 @@ class RouteTable:
         self.resources: dict[str, Route] = {}
         self.templates: list[tuple[re.Pattern[str], str]] = []  # unprefixed only
         self.backend_templates: dict[str, list[re.Pattern[str]]] = {}  # by backend, any mode
+        # Under prefixing, a backend's own tool name -> the client-visible names it is offered
+        # under, for the tools an app view of that backend may call by their own names (build).
+        self.own_tools: dict[str, tuple[str, ...]] = {}
         self.collisions: list[str] = []
         self.shortened: list[str] = []  # names changed to fit the spec's characters and length
 
@@ -203,6 +211,12 @@ class RouteTable:
 
     def tool(self, visible: str) -> Route | None:
         return self.tools.get(visible)
+
+    def own_tool(self, own: str) -> Route | None:
+        """Where an app view's call by its server's own tool name goes, when it is the own name
+        of one offered tool only (core/apps.py)."""
+        shown = self.own_tools.get(own)
+        return self.tools[shown[0]] if shown is not None and len(shown) == 1 else None
 
     def prompt(self, visible: str) -> Route | None:
         return self.prompts.get(visible)
@@ -235,6 +249,10 @@ class RouteTable:
             exp = self.namespaces.get(split[0]) if split is not None else None
             if split is None or exp is None:
                 return None
+            # (the other wrapper's spelling of a listed ui:// URI: the same resource)
+            exact = self.resources.get(names.client_uri(self.naming, split[0], split[1]))
+            if exact is not None:
+                return exact
             patterns = self.backend_templates.get(exp.backend, ())
             return Route(exp.backend, split[1]) if _any_match(patterns, split[1]) else None
         for pattern, backend in self.templates:
@@ -281,7 +299,36 @@ def build(
         table.backend_templates[exp.backend] = patterns
         if not naming.prefixed:
             table.templates.extend((p, exp.backend) for p in patterns)
+    if naming.prefixed:
+        table.own_tools = _own_tools(naming, exposures, catalogs, table.tools)
     return table
+
+
+def _own_tools(
+    naming: Naming,
+    exposures: Sequence[Exposure],
+    catalogs: Mapping[str, CatalogData],
+    visible: Mapping[str, Route],
+) -> dict[str, tuple[str, ...]]:
+    """The own names an app view may call its server's tools by: only of backends with a UI
+    (an offered tool naming a UI resource), only tools offered to clients whose visibility lets
+    the app call them, and never a name that is a client-visible name (which always wins)."""
+    found: dict[str, list[str]] = {}
+    for exp in exposures:
+        offered = [
+            (tool, shown)
+            for tool in catalogs.get(exp.backend, CatalogData()).tools
+            if (shown := expose_tool(naming, exp, tool)) is not None
+        ]
+        if not any(apps.resource_uris(tool) for tool, _ in offered):
+            continue
+        for tool, shown in offered:
+            own, name = tool["name"], shown["name"]
+            route = visible.get(name)
+            if route is None or route.backend != exp.backend or not apps.app_callable(tool):
+                continue  # (a collision's loser is not offered under that name)
+            found.setdefault(own, []).append(name)
+    return {own: tuple(shown) for own, shown in found.items() if own not in visible}
 
 
 def _any_match(patterns: Sequence[re.Pattern[str]], uri: str) -> bool:
