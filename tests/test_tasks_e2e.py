@@ -92,7 +92,7 @@ def request(rid: int | str, method: str, **params: Any) -> Message:
 def headers(msg: Message, name: str | None = None) -> dict[str, str]:
     """A conforming client's headers; `name`: an Mcp-Name other than the body's."""
     params = msg["params"]
-    source = params.get("taskId", params.get("name"))
+    source = params.get("taskId", params.get("name", params.get("uri")))
     out = {
         "Accept": "application/json, text/event-stream",
         "MCP-Protocol-Version": VERSION,

@@ -1,8 +1,9 @@
 """A hand-written modern MCP server with the Tasks extension (stdlib + orjson + aiohttp).
 
 Usage:
-    python tests/servers/tasks_server.py stdio [--label L]
-    python tests/servers/tasks_server.py http [--port P] [--label L]   (prints "READY <port>")
+    python tests/servers/tasks_server.py stdio [--label L] [--apps yes]
+    python tests/servers/tasks_server.py http [--port P] [--label L] [--apps yes]
+    (http prints "READY <port>")
 
 (The SDK in the venv knows extension methods but not the 2026-07-28 task lifecycle.)
 
@@ -16,6 +17,9 @@ It declares `capabilities.extensions["io.modelcontextprotocol/tasks"]` and serve
     a request not declaring the extension: -32021.
   - `subscriptions/listen` with `notifications.taskIds`: acknowledged with the ids it knows,
     then each such task's state at once and at every change, as `notifications/tasks`.
+With `--apps yes` it is an MCP Apps server too: it declares `io.modelcontextprotocol/ui`, lists
+the app resource `ui://<label>/view.html` (text/html;profile=mcp-app), reads it, and `slow_job`
+names it in `_meta.ui.resourceUri`.
 Over HTTP a task method's Mcp-Name must equal its `params.taskId` (Routing Headers): 400
 -32020 otherwise, so a gateway mirroring its own id instead of the backend's is caught.
 """
@@ -39,6 +43,8 @@ TOOLS = [
     {"name": "slow_job", "description": "Works as a task.", "inputSchema": {"type": "object"}},
     {"name": "link", "description": "Links the report.", "inputSchema": {"type": "object"}},
 ]
+UI = "io.modelcontextprotocol/ui"
+APP_MIME = "text/html;profile=mcp-app"
 Message = dict[str, Any]
 Emit = Callable[[Message], None]
 
@@ -61,12 +67,27 @@ def declares(msg: Message) -> bool:
 
 
 class Server:
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, apps: bool = False) -> None:
         self.label = label
+        self.apps = apps
+        self.view = f"ui://{label}/view.html"
         self.tasks: dict[str, Message] = {}  # id -> its DetailedTask (without resultType)
         self.polls: dict[str, int] = {}
         self.listeners: list[tuple[set[str], Emit]] = []
         self.count = 0
+
+    def capabilities(self) -> Message:
+        if not self.apps:
+            return {"tools": {}, "extensions": {EXTENSION: {}}}
+        extensions = {EXTENSION: {}, UI: {"mimeTypes": [APP_MIME]}}
+        return {"tools": {}, "resources": {}, "extensions": extensions}
+
+    def tools(self) -> list[Message]:
+        if not self.apps:
+            return TOOLS
+        shown = [dict(t) for t in TOOLS]
+        shown[0]["_meta"] = {"ui": {"resourceUri": self.view}}
+        return shown
 
     def link(self) -> Message:
         uri = f"file:///{self.label}/report.txt"
@@ -80,7 +101,7 @@ class Server:
                 id_,
                 {
                     "supportedVersions": [VERSION],
-                    "capabilities": {"tools": {}, "extensions": {EXTENSION: {}}},
+                    "capabilities": self.capabilities(),
                     "_meta": {
                         "io.modelcontextprotocol/serverInfo": {
                             "name": f"tasks-{self.label}",
@@ -92,7 +113,16 @@ class Server:
         if method == "initialize":
             return error(id_, -32022, "Unsupported protocol version", {"supported": [VERSION]})
         if method == "tools/list":
-            return result(id_, {"tools": TOOLS})
+            return result(id_, {"tools": self.tools()})
+        if method == "resources/list" and self.apps:
+            view = {"uri": self.view, "name": "view", "mimeType": APP_MIME}
+            return result(id_, {"resources": [view]})
+        if method == "resources/read" and self.apps:
+            if params.get("uri") != self.view:
+                return error(id_, -32602, "Unknown resource")
+            html = f"<html><body>{self.label}</body></html>"
+            content = {"uri": self.view, "mimeType": APP_MIME, "text": html}
+            return result(id_, {"contents": [content]})
         if method == "tools/call":
             return self.call(msg)
         if method in ("tasks/get", "tasks/update", "tasks/cancel"):
@@ -262,14 +292,16 @@ async def serve_http(server: Server, port: int) -> None:
 
 def main(argv: list[str]) -> None:
     mode, rest = argv[1], argv[2:]
-    label, port = "a", 0
+    label, port, apps = "a", 0, False
     while rest:
         flag, value, *rest = rest
         if flag == "--label":
             label = value
+        elif flag == "--apps":
+            apps = value == "yes"
         elif flag == "--port":
             port = int(value)
-    server = Server(label)
+    server = Server(label, apps)
     if mode == "stdio":
         serve_stdio(server)
     else:
