@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from tests.support import BOUND, PYTHON, ROOT, Proc, http_backend, start_gateway_http, stdio_backend
-from tests.test_legacy_sessions import in_session, legacy, open_session, result_of
+from tests.test_http_transport_rules import post as rules_post
+from tests.test_legacy_sessions import in_session, initialize, legacy, open_session, result_of
 from tests.test_tasks_e2e import post, request
 
 pytestmark = pytest.mark.anyio
@@ -93,7 +94,7 @@ async def test_a_modern_client_uses_tasks_and_apps_of_both_backends(
         answer = {"name": {"action": "accept", "content": {"name": "Ada"}}}
         update = request("u", "tasks/update", taskId=task, inputResponses=answer)
         assert "error" not in await post(http, gateway, update)
-        statuses = []
+        statuses: list[str] = []
         while not statuses or statuses[-1] == "working":
             got = await post(http, gateway, request("g", "tasks/get", taskId=task))
             statuses.append(got["result"]["status"])
@@ -120,10 +121,7 @@ async def test_a_legacy_client_reads_the_apps_and_gets_no_tasks(gateway: str) ->
 
 
 async def test_a_legacy_initialize_offers_apps_but_not_tasks(gateway: str) -> None:
-    from tests.test_legacy_sessions import initialize
-    from tests.test_legacy_sessions import post as legacy_post
-
     with anyio.fail_after(4 * BOUND):
-        reply = await legacy_post(gateway, initialize(), mirror=False, bound=None)
+        reply = await rules_post(gateway, initialize(), mirror=False, bound=None)
     extensions = result_of(reply, 0)["capabilities"]["extensions"]
     assert UI in extensions and TASKS not in extensions
