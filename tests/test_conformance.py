@@ -93,33 +93,8 @@ TASKS_SCENARIOS = (
 )
 TASKS_REVISION = "2026-07-28"
 
-# Through HTTP->HTTP the gateway sends no `Mcp-Name: <taskId>` on tasks/get, tasks/update
-# and tasks/cancel, so the backend refuses each with -32020: every scenario that sends one
-# fails (tasks-request-headers too, below). tasks-required-task-error sends none and
-# tasks-status-notifications is skipped by the suite itself: both pass.
-_TASKS_HTTP_HTTP = at(f"http->http@{TASKS_REVISION}")
-_TASKS_FAIL_HTTP_HTTP = (
-    "tasks-lifecycle",
-    "tasks-capability-negotiation",
-    "tasks-wire-fields",
-    "tasks-request-state-removal",
-    "tasks-mrtr-input",
-    "tasks-dispatch-and-envelope",
-    "tasks-mrtr-composition",
-)
-
 # (leg, scenario) -> why it fails through the gateway, and where. Empty it as fixes land.
 EXPECTED_FAILURES: dict[tuple[str, str], Known] = {
-    **{
-        ("server", name): Known("tasks routing not merged yet", _TASKS_HTTP_HTTP)
-        for name in _TASKS_FAIL_HTTP_HTTP
-    },
-    # HTTP->HTTP as above; HTTP->stdio passes tasks/* through to its one backend but does not
-    # check the client's Mcp-Name against params.taskId, so a mismatched one gets a result
-    # where -32020 is due.
-    ("server", "tasks-request-headers"): Known(
-        "tasks routing not merged yet", _TASKS_HTTP_HTTP | at(f"http->stdio@{TASKS_REVISION}")
-    ),
     ("client", "auth/dpop"): Known("no DPoP in the gateway's OAuth client", _NO_EXTENSION),
     ("client", "auth/dpop-nonce"): Known("no DPoP in the gateway's OAuth client", _NO_EXTENSION),
     ("client", "auth/wif-jwt-bearer"): Known(
