@@ -111,7 +111,7 @@ class Task:
     task_id: str
     plan: Plan
     created: float
-    # When the last input arrived (or creation, when none was asked for): work starts then.
+    # When the last answer arrived (creation, before any): work starts once none is pending.
     started: float
     pending: dict[str, dict[str, Any]]
     answers: Answers = field(default_factory=dict)
@@ -370,7 +370,8 @@ class TasksExtension(Extension):
         for key in answered:
             task.answers[key] = params.input_responses[key]
             del task.pending[key]
-        if answered and not task.pending:
+        if answered:
+            # An answer is the task's last change; once none is pending, work starts.
             task.started = now
         return {}
 
