@@ -2,8 +2,10 @@
 
 Server leg: every server scenario of both requirement sets (2025-11-25 at the initialize
 handshake, 2026-07-28 stateless) against tests/servers/conformance_server.py, a dual-era SDK
-server, directly and through the gateway HTTP->HTTP and HTTP->stdio. Client leg: every
-client scenario against the suite's mock servers, the SDK client of
+server, directly and through the gateway HTTP->HTTP and HTTP->stdio. The 2026-07-28 set
+runs the Tasks extension's `tasks-*` scenarios without scoring them; they are scored here
+(TASKS_SCENARIOS), as that server serves the extension. Client leg: every client scenario
+against the suite's mock servers, the SDK client of
 tests/servers/conformance_client.py reaching each mock directly, through an HTTP gateway
 (HTTP->HTTP) and through `mcp-transparent-gateway connect` (stdio->HTTP); the `auth/`
 scenarios (`-k auth`) are a test of their own: through the gateway, the gateway is the OAuth
@@ -73,6 +75,23 @@ _NO_EXTENSION = at(
         for revision in suite.REVISIONS
     )
 )
+
+# The Tasks extension's server scenarios: the requirement set runs them without scoring them
+# (`reason: extension`); here they are scored, as the conformance server serves the
+# extension (tests/servers/conformance_tasks.py).
+TASKS_SCENARIOS = (
+    "tasks-lifecycle",
+    "tasks-capability-negotiation",
+    "tasks-wire-fields",
+    "tasks-request-state-removal",
+    "tasks-mrtr-input",
+    "tasks-request-headers",
+    "tasks-dispatch-and-envelope",
+    "tasks-status-notifications",
+    "tasks-required-task-error",
+    "tasks-mrtr-composition",
+)
+TASKS_REVISION = "2026-07-28"
 
 # (leg, scenario) -> why it fails through the gateway, and where. Empty it as fixes land.
 EXPECTED_FAILURES: dict[tuple[str, str], Known] = {
@@ -158,6 +177,11 @@ def run_clients(pairing: str, revision: str, names: list[str], out: Path) -> dic
         return dict(zip(names, outcomes, strict=True))
 
 
+def also_scored(leg: str, revision: str) -> tuple[str, ...]:
+    """Scenarios scored here that the requirement set runs without scoring."""
+    return TASKS_SCENARIOS if (leg, revision) == ("server", TASKS_REVISION) else ()
+
+
 def judge(
     leg: str, pairing: str, revision: str, results: dict[str, Outcome], asked: list[str]
 ) -> list[str]:
@@ -166,7 +190,7 @@ def judge(
     req = suite.requirements(revision)
     baseline = BASELINE.get((leg, revision), {})
     problems = []
-    required = [n for n in req.scored(leg) if n in asked]
+    required = [n for n in [*req.scored(leg), *also_scored(leg, revision)] if n in asked]
     names = list(dict.fromkeys([*required, *results]))
     for name in names:
         outcome = results.get(name, Outcome(failures=["not-run"]))
@@ -239,6 +263,14 @@ def test_expected_failures_name_real_scenarios() -> None:
             for r in revisions
         ), name
         assert {place.split("@")[0] for place in known.where} <= pairings, name
+
+
+def test_tasks_scenarios_are_the_suites() -> None:
+    """TASKS_SCENARIOS is every Tasks-extension server scenario the 2026-07-28 set runs
+    (Tasks extension, the io.modelcontextprotocol/tasks identifier): a suite that adds one
+    makes it scored here only once the conformance server is checked against it."""
+    runs = [n for n in suite.server_scenarios(TASKS_REVISION) if n.startswith("tasks-")]
+    assert sorted(runs) == sorted(TASKS_SCENARIOS)
 
 
 def test_suite_installed_is_the_pinned_one() -> None:

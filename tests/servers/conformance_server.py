@@ -28,6 +28,7 @@ import signal
 import socket
 import sys
 import warnings
+from pathlib import Path
 from typing import Annotated, Any, TypeGuard
 
 import anyio
@@ -62,6 +63,11 @@ from mcp_types import (
     UnsubscribeRequestParams,
 )
 from pydantic import Field
+
+if not __package__:
+    # Run as a script (the suite's fixture): import the tasks fixtures as a package module.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.servers.conformance_tasks import TasksExtension
 
 warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
 
@@ -592,6 +598,7 @@ def build_server() -> MCPServer:
             "resources/templates/list": hint,
             "resources/read": hint,
         },
+        extensions=[TasksExtension()],
     )
     add_content_tools(mcp)
     add_notifying_tools(mcp)
