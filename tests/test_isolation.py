@@ -279,7 +279,7 @@ async def test_shared_is_the_default_one_child_for_everyone() -> None:
         pid, n = await count_in(url, first)
         assert await count_in(url, second) == (pid, n + 1)  # legacy sessions share one child
         # Modern callers share one too; the server speaks both eras, so the legacy sessions'
-        # child is its second, legacy-era one (ARCHITECTURE: how both eras share one backend).
+        # child is its second, legacy-era one (docs/decisions/0042).
         modern, m = await count_as(url, "Bearer someone")
         assert await count_as(url, "Bearer other") == (modern, m + 1)
         assert not isinstance(gw.transports[0], IsolatedBackend)

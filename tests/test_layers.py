@@ -109,7 +109,7 @@ def test_only_the_shared_state_package_uses_redis(name: str) -> None:
 
 
 # The composition root, and the span exporter: a span processor of the SDK's that reads its
-# finished spans (ARCHITECTURE.md, "The gateway's own span exporter").
+# finished spans (docs/decisions/0050-own-span-exporter.md).
 SDK_MODULES = {"gateway.app", "gateway.telemetry.otlp", "gateway.telemetry.otlp_wire"}
 
 

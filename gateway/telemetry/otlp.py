@@ -4,7 +4,7 @@ posts them in batches with aiohttp.
 
 Why not the SDK's BatchSpanProcessor with its OTLP exporter: that encoder builds protobuf objects
 per span and attribute (~40 us a span, against ~8 here), in a thread of its own that takes the
-GIL from the event loop; and aiohttp is the gateway's HTTP. ARCHITECTURE.md has the decision.
+GIL from the event loop; and aiohttp is the gateway's HTTP. docs/decisions/0050 has the decision.
 """
 
 from __future__ import annotations
