@@ -95,7 +95,7 @@ def test_shared_state_implements_cores_protocol_and_nothing_more(name: str) -> N
         "gateway.shared",
         "gateway.core.ratelimit",
         "gateway.core.bus",
-        "gateway.core.sessions",
+        "gateway.frontends.legacy.records",
         "gateway.oauth.shared",
         "gateway.telemetry.api",
     }

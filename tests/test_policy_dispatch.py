@@ -19,8 +19,8 @@ from gateway.auth.identity import Identity
 from gateway.backends.base import NotificationSink
 from gateway.config import parse
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
-from gateway.core.legacy import LegacyFront, Session
 from gateway.core.policy import Policy
+from gateway.frontends.legacy.front import LegacyFront, Session
 from gateway.protocol import codes, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.routing.names import Naming, PrefixMode

@@ -25,22 +25,27 @@ from gateway.auth.identity import Identity
 from gateway.config import HttpListen
 from gateway.core.bus import Bus
 from gateway.core.dispatcher import Dispatcher
-from gateway.core.legacy import LEGACY_VERSIONS, LegacyFront, is_legacy_opening, is_modern
 from gateway.core.ratelimit import retry_after_header
-from gateway.core.sessions import SessionRecords, SessionsUnavailable
 from gateway.frontends import guard
 from gateway.frontends import logins as login_routes
 from gateway.frontends.bearer import Bearer, identity_of
 from gateway.frontends.bodies import BodyError
-from gateway.frontends.listener import CLOSE, CUT, Handler, read_body, start_stream
-from gateway.frontends.ops import Operations, operation_routes
-from gateway.frontends.sessions import (
+from gateway.frontends.legacy.front import (
+    LEGACY_VERSIONS,
+    LegacyFront,
+    is_legacy_opening,
+    is_modern,
+)
+from gateway.frontends.legacy.records import SessionRecords, SessionsUnavailable
+from gateway.frontends.legacy.stores import (
     HttpSession,
     SessionsFull,
     SessionStore,
     SharedSessionStore,
     owner_of,
 )
+from gateway.frontends.listener import CLOSE, CUT, Handler, read_body, start_stream
+from gateway.frontends.ops import Operations, operation_routes
 from gateway.oauth.desk import LoginDesk
 from gateway.protocol import codes, headers, jsonrpc, sse
 from gateway.protocol.headers import ParamHeader

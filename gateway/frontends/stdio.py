@@ -27,7 +27,7 @@ from anyio.streams.file import FileReadStream
 
 from gateway.config import DEFAULT_STDOUT_STALL_TIMEOUT
 from gateway.core.dispatcher import Dispatcher
-from gateway.core.legacy import LegacyFront, Session, is_legacy_opening, is_modern
+from gateway.frontends.legacy.front import LegacyFront, Session, is_legacy_opening, is_modern
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.protocol.lines import LineSplitter

@@ -22,7 +22,7 @@ import anyio
 import orjson
 from redis.exceptions import RedisError
 
-from gateway.core.sessions import Record, SessionsUnavailable, valid
+from gateway.frontends.legacy.records import Record, SessionsUnavailable, valid
 from gateway.shared.connection import connect
 from gateway.telemetry.api import Stats
 

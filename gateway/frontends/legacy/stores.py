@@ -20,8 +20,8 @@ from typing import Any
 
 from gateway.auth.identity import Identity
 from gateway.core.bus import Bus
-from gateway.core.legacy import LegacyFront, Session
-from gateway.core.sessions import (
+from gateway.frontends.legacy.front import LegacyFront, Session
+from gateway.frontends.legacy.records import (
     SessionRecords,
     SessionsUnavailable,
     apply,

@@ -19,8 +19,8 @@ import hashlib
 import logging
 from typing import Any, Protocol
 
-from gateway.core.legacy import LEGACY_VERSIONS, LOG_LEVELS, Session
 from gateway.errors import Refused
+from gateway.frontends.legacy.front import LEGACY_VERSIONS, LOG_LEVELS, Session
 from gateway.protocol import codes
 
 log = logging.getLogger("gateway.http")

@@ -26,7 +26,6 @@ from typing import Any
 
 import anyio
 
-from gateway.backends.base import NotificationSink
 from gateway.core.dispatcher import Dispatcher
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.jsonrpc import Message, RequestId
@@ -35,6 +34,9 @@ from gateway.telemetry.api import STDIO_ORIGIN, LegacyClient, Origin, tapped
 log = logging.getLogger("gateway.legacy")
 
 Deliver = Callable[[Message], Awaitable[None]]
+# The dispatcher's sink (backends.base.NotificationSink), named here: front ends do not import
+# the backends' package.
+NotificationSink = Callable[[Message], Awaitable[None]]
 
 # Legacy revisions we serve, newest first (basic/lifecycle, Version Negotiation: a server that
 # does not support the requested version answers with the latest it supports).
