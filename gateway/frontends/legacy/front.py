@@ -128,15 +128,6 @@ def negotiate(requested: object) -> str:
     return requested if requested in LEGACY_VERSIONS else LEGACY_VERSIONS[0]
 
 
-def is_modern(msg: Message) -> bool:
-    """A request that carries the modern per-request `_meta` (its version field)."""
-    return meta.PROTOCOL_VERSION in jsonrpc.meta(msg)
-
-
-def is_legacy_opening(msg: Message) -> bool:
-    return msg.get("method") == "initialize" and not is_modern(msg)
-
-
 class LegacyFront:
     """Answers a legacy session's requests; transports hand over each message with its session."""
 
