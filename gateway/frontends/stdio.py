@@ -4,7 +4,7 @@ stdout carries protocol messages only; the gateway logs to stderr. Each request 
 task so a slow call never holds up the next line, and `notifications/cancelled` cancels it.
 
 A client that opens with `initialize` is a legacy client: the process then holds its session
-(core/legacy.py) and its requests are served through it; requests with modern `_meta` are
+(frontends/legacy/front.py) and its requests are served through it; requests with modern `_meta` are
 served statelessly either way.
 """
 

@@ -1,4 +1,4 @@
-"""`core.sessions.SessionRecords` in Redis: one JSON string per legacy session, under
+"""`frontends.legacy.records.SessionRecords` in Redis: one JSON string per legacy session, under
 `mcp-gateway:session:<digest of the id>`, expiring after the session's idle timeout (every
 read renews it: GETEX; every write sets it: SET ... XX PX).
 

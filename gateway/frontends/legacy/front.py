@@ -83,7 +83,7 @@ class Session:
     asked: dict[RequestId, asyncio.Future[Message]] = field(default_factory=dict)
     _ask_ids: itertools.count[int] = field(default_factory=itertools.count)
     # What the ids of those requests start with; replicas sharing sessions put their own id in
-    # it, so an answer names the one replica whose question it is (frontends/sessions.py).
+    # it, so an answer names the one replica whose question it is (stores.py).
     ask_prefix: str = "mcp-gateway-"
     # Where the gateway sends the session messages it starts (list changes, resource updates):
     # stdout on stdio, the session's GET stream on HTTP. None: nowhere (nothing is watched).
