@@ -6,7 +6,7 @@
     │   ├── RateLimited          the caller is over a rate limit (HTTP 429)
     │   ├── Overloaded           too many requests in flight, and the queue full or waited out
     │   │                        (HTTP 503)
-    │   └── SessionsUnavailable  (core/sessions.py) the replicas' shared store of legacy
+    │   └── SessionsUnavailable  (frontends/legacy/records.py) the replicas' shared store of legacy
     │                            sessions does not answer (HTTP 503)
     └── BackendError             a backend could not answer a request
         ├── BackendUnavailable   not running, crashed mid-call, connection refused

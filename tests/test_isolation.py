@@ -27,7 +27,7 @@ from gateway.backends.isolated import CATALOG, IsolatedBackend, _key
 from gateway.config import ConfigInvalid, describe, parse
 from gateway.config.model import DEFAULT_CHILD_IDLE_TIMEOUT, DEFAULT_MAX_CHILDREN
 from gateway.core.catalog import Catalogs
-from gateway.core.legacy import Session
+from gateway.frontends.legacy.front import Session
 from gateway.protocol.jsonrpc import Message
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure

@@ -84,10 +84,36 @@ def test_core_sees_backends_only_through_the_protocol_class(name: str) -> None:
     assert all(i == "gateway.backends.base" for i in ours(name) if i.startswith("gateway.backends"))
 
 
+def test_core_speaks_one_era() -> None:
+    """What serves legacy clients (`initialize`, sessions and their records) lives in the
+    front ends' legacy wing, so the engine has no module of that era to grow back into."""
+    names = {m.rsplit(".", 1)[-1] for m in in_layer("core")}
+    assert not names & {"legacy", "sessions"}
+
+
+@pytest.mark.parametrize("name", in_layer("core"))
+def test_core_imports_nothing_of_the_legacy_wing(name: str) -> None:
+    assert not any(i.startswith("gateway.frontends.legacy") for i in ours(name))
+
+
+# Who may import the legacy clients' wing: the front ends that hand a legacy client over to it,
+# and the Redis adapter of its session records. Removing legacy clients is deleting the wing and
+# these callers' legacy branches.
+LEGACY_WING_USERS = {"gateway.frontends.http", "gateway.frontends.stdio", "gateway.shared.sessions"}
+
+
+@pytest.mark.parametrize(
+    "name", [m for m in MODULES if not m.startswith("gateway.frontends.legacy")]
+)
+def test_the_legacy_wing_is_entered_from_the_transports_only(name: str) -> None:
+    if name not in LEGACY_WING_USERS:
+        assert not any(i.startswith("gateway.frontends.legacy") for i in ours(name))
+
+
 @pytest.mark.parametrize("name", in_layer("shared"))
 def test_shared_state_implements_cores_protocol_and_nothing_more(name: str) -> None:
     """The Redis side of shared state sees the protocols it implements (core's
-    `SharedBuckets` and its `Want`, the bus, the session records; the OAuth client's
+    `SharedBuckets` and its `Want`, the bus; the legacy wing's session records; the OAuth client's
     `SharedStore` in oauth/shared.py) and the stats, and nothing of the data path or of the
     OAuth client's workings: core, the front ends and the OAuth client call it through those
     protocols, app.py wires it."""
@@ -95,7 +121,7 @@ def test_shared_state_implements_cores_protocol_and_nothing_more(name: str) -> N
         "gateway.shared",
         "gateway.core.ratelimit",
         "gateway.core.bus",
-        "gateway.core.sessions",
+        "gateway.frontends.legacy.records",
         "gateway.oauth.shared",
         "gateway.telemetry.api",
     }

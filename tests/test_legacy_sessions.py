@@ -16,7 +16,7 @@ import yaml
 
 from gateway.app import Gateway
 from gateway.config import parse
-from gateway.frontends import sessions
+from gateway.frontends.legacy import stores as sessions
 from tests.support import BOUND, START_BOUND, sdk_stdio_command
 from tests.test_http_transport_rules import (
     ACCEPT,

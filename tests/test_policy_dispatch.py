@@ -3,7 +3,7 @@ call it never sees in a list (server/tools, Listing Tools; server/prompts; serve
 in discovery (server/discover) or a subscription (basic/patterns/subscriptions); calling it
 looks exactly like an unknown name (server/tools, Error Handling); a name that needs a scope
 the caller lacks gets the step-up error (basic/authorization, Scope Challenge Handling). Legacy
-clients (core/legacy.py) go through the same dispatcher and are filtered the same."""
+clients (frontends/legacy/front.py) go through the same dispatcher and are filtered the same."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from gateway.auth.identity import Identity
 from gateway.backends.base import NotificationSink
 from gateway.config import parse
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
-from gateway.core.legacy import LegacyFront, Session
 from gateway.core.policy import Policy
+from gateway.frontends.legacy.front import LegacyFront, Session
 from gateway.protocol import codes, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.routing.names import Naming, PrefixMode
@@ -391,7 +391,7 @@ async def test_the_denials_metric_counts_refused_requests_by_reason() -> None:
     assert 'mcp_gateway_policy_denials_total{reason="insufficient_scope"} 1.0' in text
 
 
-# --- legacy clients (core/legacy.py) --------------------------------------------------------
+# --- legacy clients (frontends/legacy/front.py) ----------------------------------------------
 
 
 async def legacy(

@@ -427,9 +427,9 @@ async def test_per_tool_refuses_one_tool_and_serves_the_next() -> None:
 
 @pytest.mark.slow
 async def test_a_legacy_session_is_limited_as_its_caller() -> None:
-    """A legacy client's requests go through the same engine (core/legacy.py -> serve): its
-    `initialize` (the discovery it asks for) and its calls take tokens, and past the burst a
-    request in its session gets 429 with Retry-After too."""
+    """A legacy client's requests go through the same engine (frontends/legacy/front.py ->
+    serve): its `initialize` (the discovery it asks for) and its calls take tokens, and past the
+    burst a request in its session gets 429 with Retry-After too."""
     accept = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
     opening = {
         "jsonrpc": "2.0",

@@ -775,3 +775,18 @@ def test_a_backend_without_a_usable_server_info_leaves_the_gateways() -> None:
     parts = [("only", {"capabilities": {}, "_meta": {meta.SERVER_INFO: {"version": "1"}}})]
     result = merge.discover_result(parts, prefixed=False, server=SERVER)
     assert result["_meta"] == {meta.SERVER_INFO: SERVER}
+
+
+def test_a_request_is_modern_by_the_version_in_its_meta_alone() -> None:
+    """basic/versioning, Backward Compatibility with Initialization-Based Versions: a modern
+    request carries its version in `_meta`; a legacy `initialize` does not, and only that one
+    opens a legacy session (the transports ask this without importing the legacy wing)."""
+    modern_meta = {meta.PROTOCOL_VERSION: meta.MODERN_VERSION}
+    legacy_open = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+    modern_init = {**legacy_open, "params": {"_meta": modern_meta}}
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "x"}}
+    assert meta.is_legacy_opening(legacy_open)
+    assert not meta.is_modern(legacy_open)
+    assert meta.is_modern(modern_init) and not meta.is_legacy_opening(modern_init)
+    assert not meta.is_modern(call) and not meta.is_legacy_opening(call)
+    assert meta.is_modern({**call, "params": {"name": "x", "_meta": modern_meta}})

@@ -20,8 +20,8 @@ from gateway.auth.identity import Identity
 from gateway.backends.base import NotificationSink
 from gateway.config import AuditConfig, Rate, RateLimits
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
-from gateway.core.legacy import without_tasks
 from gateway.core.ratelimit import RateLimiter
+from gateway.frontends.legacy.front import without_tasks
 from gateway.protocol import codes
 from gateway.protocol.jsonrpc import Message
 from gateway.routing import taskids

@@ -1,10 +1,11 @@
 """How both eras share one backend: the era follows the client where the server speaks both.
 
 A modern backend is asked in the modern era. A legacy client's requests (marked by
-core/legacy.py on their `Origin`) go to it in the legacy era instead when the server speaks
-that too, because only a legacy connection carries the server's own requests during a call
-(sampling, elicitation by `ctx.elicit`, roots); the held-call machinery (held.py) turns those
-into `input_required`, which core/legacy.py puts to the client as requests of its session.
+frontends/legacy/front.py on their `Origin`) go to it in the legacy era instead when the server
+speaks that too, because only a legacy connection carries the server's own requests during a
+call (sampling, elicitation by `ctx.elicit`, roots); the held-call machinery (held.py) turns
+those into `input_required`, which frontends/legacy/front.py puts to the client as requests of
+its session.
 
 A lane is a legacy session on the server: over HTTP one per legacy client session, opened on
 that session's first request and ended (DELETE) with it; over stdio, where a child keeps the

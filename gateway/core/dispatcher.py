@@ -176,8 +176,9 @@ class Dispatcher:
     ) -> Coroutine[Any, Any, Message]:
         """The reply to one client request as it came in; never raises except for
         cancellation. The traffic tap records the request, its notifications and its reply
-        here (a legacy client's are recorded by `core/legacy.py`, which then calls `serve`).
-        A plain function handing back a coroutine: no frame more while the tap is off."""
+        here (a legacy client's are recorded by `frontends/legacy/front.py`, which then calls
+        `serve`). A plain function handing back a coroutine: no frame more while the tap is
+        off."""
         if not self.telemetry.tapping:
             return self.serve(msg, sink, origin)
         return self._tapped(msg, sink, origin)

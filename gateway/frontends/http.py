@@ -25,24 +25,27 @@ from gateway.auth.identity import Identity
 from gateway.config import HttpListen
 from gateway.core.bus import Bus
 from gateway.core.dispatcher import Dispatcher
-from gateway.core.legacy import LEGACY_VERSIONS, LegacyFront, is_legacy_opening, is_modern
 from gateway.core.ratelimit import retry_after_header
-from gateway.core.sessions import SessionRecords, SessionsUnavailable
 from gateway.frontends import guard
 from gateway.frontends import logins as login_routes
 from gateway.frontends.bearer import Bearer, identity_of
 from gateway.frontends.bodies import BodyError
-from gateway.frontends.listener import CLOSE, CUT, Handler, read_body, start_stream
-from gateway.frontends.ops import Operations, operation_routes
-from gateway.frontends.sessions import (
+from gateway.frontends.legacy.front import (
+    LEGACY_VERSIONS,
+    LegacyFront,
+)
+from gateway.frontends.legacy.records import SessionRecords, SessionsUnavailable
+from gateway.frontends.legacy.stores import (
     HttpSession,
     SessionsFull,
     SessionStore,
     SharedSessionStore,
     owner_of,
 )
+from gateway.frontends.listener import CLOSE, CUT, Handler, read_body, start_stream
+from gateway.frontends.ops import Operations, operation_routes
 from gateway.oauth.desk import LoginDesk
-from gateway.protocol import codes, headers, jsonrpc, sse
+from gateway.protocol import codes, headers, jsonrpc, meta, sse
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Origin, Stats
@@ -296,14 +299,14 @@ class Endpoint:
         if isinstance(msg, jsonrpc.Invalid):
             return self._reject("invalid_request", 400, msg.code, msg.message, msg.id)
         kind = jsonrpc.kind(msg)
-        if session_id is not None and not is_modern(msg):
+        if session_id is not None and not meta.is_modern(msg):
             # (a request with modern `_meta` is served statelessly, whatever it sends along)
             return await self._in_session(request, session_id, msg, kind)
         fields = request.headers
         dispatcher = self.dispatcher
         if kind is not jsonrpc.Kind.REQUEST:
             return await self._not_a_request(msg, kind, fields)
-        if is_legacy_opening(msg):
+        if meta.is_legacy_opening(msg):
             return await self._open_session(request, msg)
         # (the caller matters here only when a policy may hide tools from it)
         identity = _origin(request).identity if dispatcher.policed else None

@@ -4,7 +4,7 @@ stdout carries protocol messages only; the gateway logs to stderr. Each request 
 task so a slow call never holds up the next line, and `notifications/cancelled` cancels it.
 
 A client that opens with `initialize` is a legacy client: the process then holds its session
-(core/legacy.py) and its requests are served through it; requests with modern `_meta` are
+(frontends/legacy/front.py) and its requests are served through it; requests with modern `_meta` are
 served statelessly either way.
 """
 
@@ -27,8 +27,8 @@ from anyio.streams.file import FileReadStream
 
 from gateway.config import DEFAULT_STDOUT_STALL_TIMEOUT
 from gateway.core.dispatcher import Dispatcher
-from gateway.core.legacy import LegacyFront, Session, is_legacy_opening, is_modern
-from gateway.protocol import codes, jsonrpc
+from gateway.frontends.legacy.front import LegacyFront, Session
+from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.protocol.lines import LineSplitter
 from gateway.telemetry.api import STDIO_ORIGIN, Origin
@@ -222,7 +222,7 @@ class StdioFrontend:
                     jsonrpc.error(msg["id"], codes.INVALID_REQUEST, "This id is already in flight")
                 )
                 return
-            if self._session is None and is_legacy_opening(msg):
+            if self._session is None and meta.is_legacy_opening(msg):
                 self._session = Session(deliver=self._write)
             if not self._in_flight:
                 self._idle = anyio.Event()
@@ -238,7 +238,7 @@ class StdioFrontend:
                 session = self._session
                 notified = (
                     self._dispatcher.notify(msg)
-                    if session is None or is_modern(msg)
+                    if session is None or meta.is_modern(msg)
                     else self._legacy.notify(session, msg)
                 )
                 # In its own task: a backend slow to take a notification must not stop the reading.
@@ -256,7 +256,7 @@ class StdioFrontend:
         request_id = msg["id"]
         try:
             session = self._session
-            if session is None or is_modern(msg):
+            if session is None or meta.is_modern(msg):
                 reply = await self._dispatcher.handle(msg, self._write, self._origin)
             else:
                 reply = await self._legacy.handle(session, msg, self._write, self._origin)

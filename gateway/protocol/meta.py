@@ -63,6 +63,16 @@ def check_request(msg: Message) -> Message | None:
     return None
 
 
+def is_modern(msg: Message) -> bool:
+    """A request that carries the modern per-request `_meta` (its version field)."""
+    return PROTOCOL_VERSION in jsonrpc.meta(msg)
+
+
+def is_legacy_opening(msg: Message) -> bool:
+    """A legacy client's `initialize`: where a transport hands over to the legacy wing."""
+    return msg.get("method") == "initialize" and not is_modern(msg)
+
+
 def gateway_meta(client_info: dict[str, Any]) -> dict[str, Any]:
     """The `_meta` the gateway puts on requests it makes on its own behalf."""
     return {

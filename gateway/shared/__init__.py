@@ -3,7 +3,8 @@ replicas' messages to each other (the bus), the legacy sessions' records and the
 logins.
 
 Core, the front ends and the OAuth client see this package only through the protocols it
-implements (`core.ratelimit.SharedBuckets`, `core.bus.Bus`, `core.sessions.SessionRecords`,
-`oauth.shared.SharedStore`); `app.py` wires it. Only this package imports redis
-(tests/test_layers.py), and every client it makes comes from `connection.connect`.
+implements (`core.ratelimit.SharedBuckets`, `core.bus.Bus`,
+`frontends.legacy.records.SessionRecords`, `oauth.shared.SharedStore`); `app.py` wires it. Only
+this package imports redis (tests/test_layers.py), and every client it makes comes from
+`connection.connect`.
 """

@@ -1,4 +1,4 @@
-"""`core.sessions.SessionRecords` in Redis: one JSON string per legacy session, under
+"""`frontends.legacy.records.SessionRecords` in Redis: one JSON string per legacy session, under
 `mcp-gateway:session:<digest of the id>`, expiring after the session's idle timeout (every
 read renews it: GETEX; every write sets it: SET ... XX PX).
 
@@ -22,7 +22,7 @@ import anyio
 import orjson
 from redis.exceptions import RedisError
 
-from gateway.core.sessions import Record, SessionsUnavailable, valid
+from gateway.frontends.legacy.records import Record, SessionsUnavailable, valid
 from gateway.shared.connection import connect
 from gateway.telemetry.api import Stats
 

@@ -81,8 +81,8 @@ class Origin:
         # The legacy session the request belongs to, for backends that keep a child per
         # client (None: a modern, stateless request).
         self.session = session
-        # The same session as a backend speaking both eras sees it (core/legacy.py marks the
-        # requests it forwards); None: a modern client, or the gateway's own request.
+        # The same session as a backend speaking both eras sees it (frontends/legacy/front.py
+        # marks the requests it forwards); None: a modern client, or the gateway's own request.
         self.legacy = legacy
         # Who is calling, when the front end established it (auth on HTTP, a configured
         # identity on stdio); None: no authentication configured.

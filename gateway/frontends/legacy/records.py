@@ -6,7 +6,7 @@ it subscribed to), and who owns it (a digest: never a token). `SessionRecords` k
 under a digest of the session id, each expiring after the session's idle timeout, which every
 use renews; `gateway/shared/sessions.py` implements it in Redis and `app.py` wires it. Each
 replica keeps its own runtime copy of a session it serves (requests in flight, questions asked
-of the client, the GET stream), made from the record on demand (frontends/sessions.py).
+of the client, the GET stream), made from the record on demand (stores.py).
 
 What cannot be read is refused, never guessed: a store that does not answer raises
 `SessionsUnavailable` (HTTP 503 with Retry-After), and a record of the wrong shape is as good
@@ -19,8 +19,8 @@ import hashlib
 import logging
 from typing import Any, Protocol
 
-from gateway.core.legacy import LEGACY_VERSIONS, LOG_LEVELS, Session
 from gateway.errors import Refused
+from gateway.frontends.legacy.front import LEGACY_VERSIONS, LOG_LEVELS, Session
 from gateway.protocol import codes
 
 log = logging.getLogger("gateway.http")

@@ -26,7 +26,6 @@ from typing import Any
 
 import anyio
 
-from gateway.backends.base import NotificationSink
 from gateway.core.dispatcher import Dispatcher
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.jsonrpc import Message, RequestId
@@ -35,6 +34,9 @@ from gateway.telemetry.api import STDIO_ORIGIN, LegacyClient, Origin, tapped
 log = logging.getLogger("gateway.legacy")
 
 Deliver = Callable[[Message], Awaitable[None]]
+# The dispatcher's sink (backends.base.NotificationSink), named here: front ends do not import
+# the backends' package.
+NotificationSink = Callable[[Message], Awaitable[None]]
 
 # Legacy revisions we serve, newest first (basic/lifecycle, Version Negotiation: a server that
 # does not support the requested version answers with the latest it supports).
@@ -81,7 +83,7 @@ class Session:
     asked: dict[RequestId, asyncio.Future[Message]] = field(default_factory=dict)
     _ask_ids: itertools.count[int] = field(default_factory=itertools.count)
     # What the ids of those requests start with; replicas sharing sessions put their own id in
-    # it, so an answer names the one replica whose question it is (frontends/sessions.py).
+    # it, so an answer names the one replica whose question it is (stores.py).
     ask_prefix: str = "mcp-gateway-"
     # Where the gateway sends the session messages it starts (list changes, resource updates):
     # stdout on stdio, the session's GET stream on HTTP. None: nowhere (nothing is watched).
@@ -124,15 +126,6 @@ class Session:
 
 def negotiate(requested: object) -> str:
     return requested if requested in LEGACY_VERSIONS else LEGACY_VERSIONS[0]
-
-
-def is_modern(msg: Message) -> bool:
-    """A request that carries the modern per-request `_meta` (its version field)."""
-    return meta.PROTOCOL_VERSION in jsonrpc.meta(msg)
-
-
-def is_legacy_opening(msg: Message) -> bool:
-    return msg.get("method") == "initialize" and not is_modern(msg)
 
 
 class LegacyFront:

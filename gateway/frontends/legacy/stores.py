@@ -3,7 +3,7 @@ named by an unguessable `Mcp-Session-Id`, bound to the caller that opened them, 
 DELETE or after a while without requests; an unknown or ended id gets 404.
 
 `SessionStore` keeps them in this process. With `cluster.redis`, `SharedSessionStore` keeps
-each session's record in Redis (core/sessions.py) and, on every replica that serves it, a
+each session's record in Redis (records.py) and, on every replica that serves it, a
 runtime copy made from the record on demand: what only that replica can hold (requests in
 flight, questions asked on their streams, the GET stream and its watch). What reaches another
 replica than the one holding it (an answer, `notifications/cancelled`, the session's end, a
@@ -20,8 +20,8 @@ from typing import Any
 
 from gateway.auth.identity import Identity
 from gateway.core.bus import Bus
-from gateway.core.legacy import LegacyFront, Session
-from gateway.core.sessions import (
+from gateway.frontends.legacy.front import LegacyFront, Session
+from gateway.frontends.legacy.records import (
     SessionRecords,
     SessionsUnavailable,
     apply,
