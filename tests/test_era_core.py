@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gateway.backends import held, probe
 from gateway.backends.base import NotificationSink
-from gateway.backends.era import EraBackend
+from gateway.backends.era import held, probe
+from gateway.backends.era.layer import EraBackend
 from gateway.config.model import BackendConfig, HttpTarget
 from gateway.errors import BackendTimeout, Refused
 from gateway.protocol import codes, meta

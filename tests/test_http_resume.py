@@ -19,7 +19,7 @@ import yaml
 from gateway import config as gateway_config
 from gateway import errors
 from gateway.app import Gateway
-from gateway.backends import resume
+from gateway.backends.era import resume
 from gateway.backends.http import HttpBackend
 from gateway.protocol import codes, sse
 from gateway.protocol.jsonrpc import Message

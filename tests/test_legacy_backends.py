@@ -25,7 +25,8 @@ from aiohttp import web
 
 from gateway import config as gateway_config
 from gateway.app import Gateway
-from gateway.backends import era, held
+from gateway.backends.era import held
+from gateway.backends.era import layer as era
 from gateway.protocol import codes, sse
 from tests.support import (
     BOUND,

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from gateway import __version__
-from gateway.backends import discovery
-from gateway.backends.link import Link
-from gateway.backends.translate import LegacySession, session_from
+from gateway.backends.era import discovery
+from gateway.backends.era.link import Link
+from gateway.backends.era.translate import LegacySession, session_from
 from gateway.errors import (
     BackendLoginNeeded,
     BackendProtocolError,

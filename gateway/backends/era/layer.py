@@ -8,7 +8,7 @@ no `server/discover` (discovery.py). A legacy backend gets an `initialize` hands
 child restart; again when an HTTP backend has forgotten the session) and each request is
 translated on the way (`translate.py`); a call the backend interrupts with a question of its
 own is held for the client's answer (`held.py`); `subscriptions/listen` is emulated from the
-session's notifications (`legacy_listen.py`). A modern backend that speaks the legacy era
+session's notifications (`listen.py`). A modern backend that speaks the legacy era
 too serves legacy clients' requests in that era, on legacy sessions of its own (`dual.py`).
 This module composes them, and follows an HTTP session's GET stream. A modern backend costs
 two comparisons per request here.
@@ -28,14 +28,14 @@ from typing import Any
 
 import anyio
 
-from gateway.backends import discovery, questions
 from gateway.backends.base import NotificationSink
 from gateway.backends.channel import Channel
-from gateway.backends.dual import Lanes
-from gateway.backends.held import HOLD_TTL, HeldCall, HeldCalls, Sealer
-from gateway.backends.legacy_listen import LISTEN_QUEUE, Listens, _Listener
-from gateway.backends.link import Link
-from gateway.backends.probe import (
+from gateway.backends.era import discovery, questions
+from gateway.backends.era.dual import Lanes
+from gateway.backends.era.held import HOLD_TTL, HeldCall, HeldCalls, Sealer
+from gateway.backends.era.link import Link
+from gateway.backends.era.listen import LISTEN_QUEUE, Listens, _Listener
+from gateway.backends.era.probe import (
     GATEWAY_CAPABILITIES,
     GATEWAY_INFO,
     ProvenModern,
@@ -44,7 +44,7 @@ from gateway.backends.probe import (
     is_modern_answer,
     probe,
 )
-from gateway.backends.translate import (
+from gateway.backends.era.translate import (
     INPUT_METHODS,
     LOG_LEVELS,
     LegacySession,
