@@ -29,6 +29,7 @@ from multidict import CIMultiDict
 from gateway.backends import deadline, hop, ids, safety, web
 from gateway.backends.base import NotificationSink
 from gateway.backends.era import questions, resume
+from gateway.backends.era.link import SessionLink
 from gateway.backends.replicas import Replica, Replicas
 from gateway.config import BackendConfig, ConfigInvalid, HttpTarget
 from gateway.errors import (
@@ -70,7 +71,7 @@ _SESSION_ID = re.compile(r"[\x21-\x7e]+")
 FAILED_STATUSES = frozenset({502, 503, 504})
 
 
-class HttpBackend:
+class HttpBackend(SessionLink):
     transport = "http"
 
     def __init__(self, config: BackendConfig, stats: Stats | None = None) -> None:
