@@ -32,24 +32,14 @@ from gateway.backends.base import NotificationSink
 from gateway.backends.channel import Channel
 from gateway.backends.era import discovery, questions
 from gateway.backends.era.dual import Lanes
-from gateway.backends.era.held import HOLD_TTL, HeldCall, HeldCalls, Sealer
+from gateway.backends.era.held import HeldCall, HeldCalls
 from gateway.backends.era.link import Link, SessionLink
-from gateway.backends.era.listen import LISTEN_QUEUE, Listens, _Listener
-from gateway.backends.era.probe import (
-    GATEWAY_CAPABILITIES,
-    GATEWAY_INFO,
-    ProvenModern,
-    handshake,
-    ignore,
-    is_modern_answer,
-    probe,
-)
+from gateway.backends.era.listen import Listens
+from gateway.backends.era.probe import GATEWAY_INFO, ProvenModern, handshake, ignore, probe
 from gateway.backends.era.translate import (
-    INPUT_METHODS,
     LOG_LEVELS,
     LegacySession,
     discover_result,
-    required_capability,
     to_legacy,
 )
 from gateway.config import BackendConfig
@@ -57,24 +47,6 @@ from gateway.errors import BackendError, BackendUnavailable, SessionExpired
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import SERVING
-
-# Re-exported: the names the era layer was known by before it was split.
-__all__ = [
-    "GATEWAY_CAPABILITIES",
-    "GATEWAY_INFO",
-    "HOLD_TTL",
-    "INPUT_METHODS",
-    "LISTEN_QUEUE",
-    "EraBackend",
-    "LegacySession",
-    "Link",
-    "Sealer",
-    "_Listener",
-    "discover_result",
-    "is_modern_answer",
-    "required_capability",
-    "to_legacy",
-]
 
 log = logging.getLogger("gateway.backend")
 
