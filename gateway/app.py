@@ -36,7 +36,7 @@ from gateway.auth.outage import Unavailable
 from gateway.auth.tokens import Rejected
 from gateway.backends.base import Backend
 from gateway.backends.breaker import Breaker
-from gateway.backends.era import EraBackend
+from gateway.backends.era.layer import EraBackend
 from gateway.backends.health import Guarded, Health
 from gateway.backends.http import HttpBackend
 from gateway.backends.isolated import IsolatedBackend
@@ -158,7 +158,7 @@ def legacy_lane(
     transport: StdioBackend | HttpBackend | SseBackend, config: BackendConfig, stats: Stats
 ) -> Callable[[], StdioBackend | HttpBackend] | None:
     """How to reach the server again for legacy sessions of legacy clients, should it speak
-    both eras (backends/dual.py): HTTP, a session on the same pools; stdio, a second child."""
+    both eras (backends/era/dual.py): HTTP, a session on the same pools; stdio, a second child."""
     if isinstance(transport, HttpBackend):
         return transport.session_view
     if isinstance(transport, StdioBackend):

@@ -197,7 +197,7 @@ async def test_a_legacy_session_sees_the_same(url: str) -> None:
     assert shared["error"]["data"] == {"candidates": ["alpha_refresh", "beta_refresh"]}
     # (Not asserted: the session's extensions as a backend sees them. These dual-era servers are
     # asked in the legacy era for a legacy client, on a session the gateway opened with its own
-    # capabilities: backends/dual.py.)
+    # capabilities: backends/era/dual.py.)
 
     plain_id, _ = await open_legacy(url, {})
     listed = result_of(await in_session(url, plain_id, legacy("tools/list")))

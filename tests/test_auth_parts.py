@@ -27,7 +27,7 @@ from gateway.auth.tokens import (
     jwt_header,
     scopes_of,
 )
-from gateway.backends.era import EraBackend
+from gateway.backends.era.layer import EraBackend
 from gateway.config import AuthConfig, ConfigInvalid, Introspection, describe, parse
 from gateway.errors import Refused
 from gateway.protocol import codes

@@ -25,7 +25,8 @@ from aiohttp import web
 
 from gateway import config as gateway_config
 from gateway.app import Gateway
-from gateway.backends import discovery, health
+from gateway.backends import health
+from gateway.backends.era import discovery
 from gateway.protocol import codes
 from tests.servers.nodiscover_server import handler as nodiscover_handler
 from tests.support import (

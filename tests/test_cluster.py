@@ -25,7 +25,7 @@ import yaml
 from aiohttp import web
 
 from gateway.app import Gateway
-from gateway.backends.held import UNKNOWN_STATE
+from gateway.backends.era.held import UNKNOWN_STATE
 from gateway.config import ClusterConfig, ConfigInvalid, describe, load, parse
 from gateway.config.model import MIN_CLUSTER_SECRET_LENGTH
 from gateway.protocol import codes

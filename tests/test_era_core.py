@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from gateway.backends import held, probe
 from gateway.backends.base import NotificationSink
-from gateway.backends.era import EraBackend
+from gateway.backends.era import held, probe
+from gateway.backends.era.layer import EraBackend
+from gateway.backends.era.link import SessionLink
 from gateway.config.model import BackendConfig, HttpTarget
 from gateway.errors import BackendTimeout, Refused
 from gateway.protocol import codes, meta
@@ -34,9 +35,10 @@ def initialize_result(version: str = "2025-11-25") -> dict[str, Any]:
     }
 
 
-class FakeLink:
+class FakeLink(SessionLink):
     """A transport in memory: each request goes to `handler`; what the era layer sends outside
-    requests (answers to the server's questions, notifications) is kept in `sent`."""
+    requests (answers to the server's questions, notifications) is kept in `sent`. Like HTTP,
+    it keeps a legacy session of its own, with no GET stream (so none to wait for)."""
 
     def __init__(self, handler: Handler) -> None:
         self.name = "fake"
@@ -48,6 +50,8 @@ class FakeLink:
         self.sent: list[Message] = []
         self.answers: dict[object, asyncio.Future[Message]] = {}
         self.ended = asyncio.Event()
+        self.stream_ready = asyncio.Event()
+        self.stream_ready.set()
 
     @property
     def up(self) -> bool:
@@ -81,8 +85,20 @@ class FakeLink:
     async def notify(self, msg: Message) -> None:
         self.sent.append(msg)
 
+    def begin_session(self) -> None:
+        return None
+
+    def agreed(self, version: str) -> None:
+        return None
+
+    def forget_session(self) -> None:
+        return None
+
     async def end_session(self) -> None:
         self.ended.set()
+
+    async def watch(self, deliver: Callable[[str, Message], None]) -> bool:
+        return False
 
     async def send(self, msg: Message) -> None:
         self.sent.append(msg)

@@ -19,7 +19,7 @@ import yaml
 from gateway import config as gateway_config
 from gateway import errors
 from gateway.app import Gateway
-from gateway.backends import resume
+from gateway.backends.era import resume
 from gateway.backends.http import HttpBackend
 from gateway.protocol import codes, sse
 from gateway.protocol.jsonrpc import Message
@@ -247,7 +247,7 @@ async def test_a_reply_sent_on_the_standing_stream_instead_is_taken() -> None:
 
 async def test_a_legacy_sessions_requests_wait_for_its_standing_stream() -> None:
     """2025-11-25 transports, Listening for Messages from the Server: the session's standing GET
-    stream is answered before any request of the session goes (bounded: era.py
+    stream is answered before any request of the session goes (bounded: era/layer.py
     STREAM_READY_WAIT), so a server that sends an owed reply on whichever GET comes next never
     sends it on the standing stream of a session whose call it does not know yet."""
     async with unruly_http.serving(legacy=True, watch=True) as (server, url):

@@ -415,7 +415,7 @@ async def test_a_list_change_in_a_sessions_child_reaches_the_session(
     a change made there by a call of the session (the SDK server's `change_tools` adds the tool
     `dummy`) reaches the session's GET stream, and the catalog is marked stale; whether the
     child speaks the modern era (a listen of its own) or, opened with `initialize`, the legacy
-    one (the listen served from the child's session notifications, backends/legacy_listen.py)."""
+    one (the listen served from the child's session notifications, backends/era/listen.py)."""
     text = per_session("sdk", sdk_stdio_command("--page-size", "0", *args), era=era)
     async with Gateway(parse(text)) as gw:
         url = gw.http_url

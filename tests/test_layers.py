@@ -210,3 +210,63 @@ def test_nothing_frames_http_by_hand(name: str) -> None:
     ]
     allowed = [b"HTTP/1.1 100 Continue\r\n\r\n"] if name == "gateway.frontends.listener" else []
     assert framed == allowed
+
+
+# --- the legacy servers' wing ---------------------------------------------------------------
+
+ERA = "gateway.backends.era"
+
+
+def era_modules(name: str) -> set[str]:
+    """The modules of the era wing that `name` imports, however it names them (`from
+    gateway.backends.era import probe` imports `gateway.backends.era.probe`)."""
+    found: set[str] = set()
+    for node in ast.walk(MODULES[name]):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith(ERA))
+        elif isinstance(node, ast.ImportFrom) and node.module == ERA:
+            found.update(f"{ERA}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module == "gateway.backends":
+            found.update(ERA for a in node.names if a.name == "era")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(f"{ERA}."):
+            found.add(str(node.module))
+    return found
+
+
+def in_the_composition_root(name: str) -> bool:
+    return name == "gateway.app" or name.startswith("gateway.app.")
+
+
+@pytest.mark.parametrize("name", in_layer("core"))
+def test_core_imports_nothing_of_the_era_wing(name: str) -> None:
+    """The engine speaks the modern era only: a legacy server is shown to it as a modern one
+    by the era layer, below the Backend seam (basic/versioning, Backward Compatibility)."""
+    assert not era_modules(name)
+
+
+OUTSIDE_THE_BACKENDS = [
+    m for m in MODULES if not m.startswith("gateway.backends.") and not in_the_composition_root(m)
+]
+
+
+@pytest.mark.parametrize("name", OUTSIDE_THE_BACKENDS)
+def test_only_the_backends_and_the_composition_root_import_the_era_wing(name: str) -> None:
+    """Removing legacy servers' support is deleting `backends/era/` and the few lines that
+    wire it, not a search through the package."""
+    assert not era_modules(name)
+
+
+# The era-neutral backend modules that still reach into the wing, and for what: the transports
+# answer a legacy server's own questions, and HTTP keeps a legacy session (SessionLink) whose
+# streams it resumes (the HTTP split is to confine that); per-client children each get an era
+# layer. Shrink it.
+ERA_TIES = {
+    "gateway.backends.channel": {f"{ERA}.questions"},
+    "gateway.backends.http": {f"{ERA}.questions", f"{ERA}.resume", f"{ERA}.link"},
+    "gateway.backends.isolated": {f"{ERA}.layer"},
+}
+
+
+@pytest.mark.parametrize("name", [m for m in in_layer("backends") if not m.startswith(ERA)])
+def test_the_other_backend_modules_reach_into_the_era_wing_only_where_listed(name: str) -> None:
+    assert era_modules(name) <= ERA_TIES.get(name, set())

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from gateway import config as gateway_config
 from gateway.app import Gateway
-from gateway.backends import era, held
+from gateway.backends.era import held, listen, probe, translate
 from gateway.protocol import codes, sse
 from tests.support import (
     BOUND,
@@ -474,40 +474,42 @@ async def test_an_sse_stream_that_keeps_failing_is_logged_once_until_it_is_back(
 def test_to_legacy_drops_only_the_modern_fields() -> None:
     msg = request(7, "tools/call", {"name": "t", "requestState": "s", "inputResponses": {}}, 9)
     msg["params"]["_meta"]["traceparent"] = "00-abc"
-    out = era.to_legacy(msg)
+    out = translate.to_legacy(msg)
     assert out["params"] == {"name": "t", "_meta": {"progressToken": 9, "traceparent": "00-abc"}}
     assert out["id"] == 7 and msg["params"]["requestState"] == "s"  # the input is untouched
-    bare = era.to_legacy(request(8, "tools/list"))
+    bare = translate.to_legacy(request(8, "tools/list"))
     assert bare["params"] == {}
 
 
 def test_only_a_discover_result_or_a_modern_version_error_is_modern() -> None:
-    assert era.is_modern_answer({"id": 1, "result": {"supportedVersions": ["2026-07-28"]}})
+    assert probe.is_modern_answer({"id": 1, "result": {"supportedVersions": ["2026-07-28"]}})
     version_error = {
         "code": codes.UNSUPPORTED_PROTOCOL_VERSION,
         "message": "no",
         "data": {"supported": ["2026-07-28"], "requested": "x"},
     }
-    assert era.is_modern_answer({"id": 1, "error": version_error})
-    assert not era.is_modern_answer({"id": 1, "error": {"code": -32601, "message": "no"}})
-    assert not era.is_modern_answer({"id": 1, "error": {"code": -32602, "message": "no"}})
-    assert not era.is_modern_answer({"id": 1, "result": {"content": []}})
+    assert probe.is_modern_answer({"id": 1, "error": version_error})
+    assert not probe.is_modern_answer({"id": 1, "error": {"code": -32601, "message": "no"}})
+    assert not probe.is_modern_answer({"id": 1, "error": {"code": -32602, "message": "no"}})
+    assert not probe.is_modern_answer({"id": 1, "result": {"content": []}})
 
 
 def test_a_seal_opens_only_for_its_caller_before_expiry() -> None:
-    sealer = era.Sealer()
+    sealer = held.Sealer()
     token = sealer.seal("h", "alice", expires=100.0)
     assert sealer.open(token, "alice", now=99.0) == "h"
     assert sealer.open(token, "bob", now=99.0) is None
     assert sealer.open(token, "alice", now=100.0) is None
-    assert era.Sealer().open(token, "alice", now=99.0) is None  # another gateway's key
+    assert held.Sealer().open(token, "alice", now=99.0) is None  # another gateway's key
     assert sealer.open("garbage", "alice", now=0.0) is None
 
 
 def test_required_capability_names_the_elicitation_mode() -> None:
-    assert era.required_capability("elicitation", {}) == {"elicitation": {"form": {}}}
-    assert era.required_capability("elicitation", {"mode": "url"}) == {"elicitation": {"url": {}}}
-    assert era.required_capability("sampling", {}) == {"sampling": {}}
+    assert translate.required_capability("elicitation", {}) == {"elicitation": {"form": {}}}
+    assert translate.required_capability("elicitation", {"mode": "url"}) == {
+        "elicitation": {"url": {}}
+    }
+    assert translate.required_capability("sampling", {}) == {"sampling": {}}
 
 
 def test_sse_events_keep_their_type_across_chunks() -> None:
@@ -524,11 +526,11 @@ def test_sse_events_keep_their_type_across_chunks() -> None:
 def test_the_end_of_a_session_reaches_a_listen_that_fell_behind() -> None:
     """A listen whose client stopped reading loses notifications, never the end of its
     session (it would otherwise wait on a dead session forever)."""
-    listener = era._Listener({}, set())
+    listener = listen._Listener({}, set())
     note: Message = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
-    for _ in range(era.LISTEN_QUEUE + 5):
+    for _ in range(listen.LISTEN_QUEUE + 5):
         listener.offer(note)
     listener.offer(None)
     drained = [listener.queue.get_nowait() for _ in range(listener.queue.qsize())]
-    assert len(drained) == era.LISTEN_QUEUE
+    assert len(drained) == listen.LISTEN_QUEUE
     assert drained[-1] is None

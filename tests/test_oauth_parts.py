@@ -17,7 +17,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from gateway.backends import probe
+from gateway.backends.era import probe
 from gateway.config import BackendAuth, ConfigInvalid, parse
 from gateway.errors import BackendLoginNeeded
 from gateway.oauth import grants, store, tokens, wire

@@ -26,7 +26,7 @@ from mcp.client.context import ClientRequestContext
 from mcp_types import ErrorData, ListRootsResult, Root, TextContent
 
 from gateway import config as gateway_config
-from gateway.backends import questions
+from gateway.backends.era import questions
 from gateway.protocol import codes
 from tests.support import (
     BOUND,

@@ -15,8 +15,9 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from gateway.backends import deadline, questions
+from gateway.backends import deadline
 from gateway.backends.base import NotificationSink
+from gateway.backends.era import questions
 from gateway.config import Root
 from gateway.errors import BackendError, BackendProtocolError, BackendTimeout, BackendUnavailable
 from gateway.protocol import codes, jsonrpc, meta
@@ -128,8 +129,8 @@ class Channel:
         # Set for a legacy server: its requests to the client (elicitation, sampling, roots) go
         # to the one request in flight, as messages of that request; a modern one sends none.
         self.takes_requests = False
-        # What `roots/list` is answered with when no client's request takes it (set by era.py
-        # from the backend's `roots:`).
+        # What `roots/list` is answered with when no client's request takes it (set by
+        # era/layer.py from the backend's `roots:`).
         self.roots: tuple[Root, ...] = ()
         # Run on every new connection (child, stream) before it takes requests: the legacy
         # era's handshake. A BackendError from it drops the connection, to be made again.

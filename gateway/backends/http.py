@@ -8,7 +8,7 @@ also sent `notifications/cancelled` (2025-11-25 transports: a disconnection is n
 
 Every request goes out under an id (and progress token) of the gateway's (ids.py), and only
 the response with that id ends it. A legacy server's stream that ends before its response is
-resumed when it can be (resume.py).
+resumed when it can be (era/resume.py).
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ import aiohttp
 import anyio
 from multidict import CIMultiDict
 
-from gateway.backends import deadline, hop, ids, questions, resume, safety, web
+from gateway.backends import deadline, hop, ids, safety, web
 from gateway.backends.base import NotificationSink
+from gateway.backends.era import questions, resume
+from gateway.backends.era.link import SessionLink
 from gateway.backends.replicas import Replica, Replicas
 from gateway.config import BackendConfig, ConfigInvalid, HttpTarget
 from gateway.errors import (
@@ -69,7 +71,7 @@ _SESSION_ID = re.compile(r"[\x21-\x7e]+")
 FAILED_STATUSES = frozenset({502, 503, 504})
 
 
-class HttpBackend:
+class HttpBackend(SessionLink):
     transport = "http"
 
     def __init__(self, config: BackendConfig, stats: Stats | None = None) -> None:
@@ -102,8 +104,8 @@ class HttpBackend:
         # listens begin with the gateway) waits for it rather than finding the backend down.
         self._started = asyncio.Event()
         self._streams: aiohttp.ClientSession | None = None
-        # The legacy era (set by era.py): a session id the server gives at `initialize`, sent on
-        # every request with the agreed version; None while the backend is modern.
+        # The legacy era (set by era/layer.py): a session id the server gives at `initialize`,
+        # sent on every request with the agreed version; None while the backend is modern.
         self._legacy: _LegacyHeaders | None = None
         # Other legacy sessions on this server, on these pools (session_view), ended with it.
         self._views: set[HttpBackend] = set()
@@ -124,7 +126,7 @@ class HttpBackend:
         self._awaited: dict[str, asyncio.Future[Message]] = {}
         # Set once the legacy session's standing GET stream has its answer's head (or none:
         # refused, failed): the era layer lets the session's requests go after it, so a server
-        # sees the stream before any call whose reply it might send there (era.py).
+        # sees the stream before any call whose reply it might send there (era/layer.py).
         self.stream_ready = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
         # The gateway's login to this backend (its `auth:`), shared with its session views.
@@ -206,7 +208,7 @@ class HttpBackend:
 
     def session_view(self) -> HttpBackend:
         """The same server for another legacy session, on this backend's connection pools: a
-        server speaking both eras gets one per legacy client session (dual.py)."""
+        server speaking both eras gets one per legacy client session (era/dual.py)."""
         view = HttpBackend(self._config, self._stats)
         view._calls, view._streams = self._calls, self._streams
         view._started = self._started
@@ -244,7 +246,7 @@ class HttpBackend:
     async def watch(self, deliver: Callable[[str, Message], None]) -> bool:
         """The legacy session's GET stream, until it ends: its notifications to `deliver`.
         False if the server offers none (405). A stream that had event ids is taken up again
-        with `Last-Event-ID` after the server's `retry` (resume.py's bounds), so nothing sent
+        with `Last-Event-ID` after the server's `retry` (era/resume.py's bounds), so nothing sent
         meanwhile is lost; it returns once that fails."""
         session, legacy = self._streams, self._legacy
         if session is None or legacy is None:

@@ -33,7 +33,7 @@ import anyio
 import anyio.abc
 
 from gateway.backends.base import NotificationSink
-from gateway.backends.era import EraBackend
+from gateway.backends.era.layer import EraBackend
 from gateway.backends.stdio import StdioBackend
 from gateway.config import BackendConfig, StdioTarget
 from gateway.errors import BackendError, BackendOverloaded, BackendUnavailable

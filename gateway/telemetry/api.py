@@ -35,7 +35,7 @@ class ClientSession(Protocol):
 class LegacyClient:
     """A legacy (initialize-based) client session, as the backends see it: who to keep a
     backend session for, and when it ends. A backend that speaks both eras serves a legacy
-    client's requests in the legacy era, on a session of its own (backends/dual.py), so that
+    client's requests in the legacy era, on a session of its own (backends/era/dual.py), so that
     the server's requests during a call reach that client."""
 
     __slots__ = ("_closers", "closed")

@@ -201,7 +201,8 @@ class LegacyFront:
         if session.deliver is None:
             return None
         loop = asyncio.get_running_loop()
-        # The session's own (dual.py: over stdio its changes come from where its calls go).
+        # The session's own (backends/era/dual.py: over stdio its changes come from where its
+        # calls go).
         origin = origin.for_legacy(session.client)
         settled = asyncio.Event()
         session.watcher = loop.create_task(

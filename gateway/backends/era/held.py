@@ -20,11 +20,11 @@ from typing import Any
 
 import orjson
 
-from gateway.backends import questions
 from gateway.backends.base import NotificationSink
 from gateway.backends.channel import Wakeup
-from gateway.backends.link import Link
-from gateway.backends.translate import INPUT_METHODS, required_capability, to_modern
+from gateway.backends.era import questions
+from gateway.backends.era.link import Link
+from gateway.backends.era.translate import INPUT_METHODS, required_capability, to_modern
 from gateway.config import Root
 from gateway.errors import BackendError, Refused
 from gateway.protocol import codes, jsonrpc, meta

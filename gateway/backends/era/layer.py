@@ -8,7 +8,7 @@ no `server/discover` (discovery.py). A legacy backend gets an `initialize` hands
 child restart; again when an HTTP backend has forgotten the session) and each request is
 translated on the way (`translate.py`); a call the backend interrupts with a question of its
 own is held for the client's answer (`held.py`); `subscriptions/listen` is emulated from the
-session's notifications (`legacy_listen.py`). A modern backend that speaks the legacy era
+session's notifications (`listen.py`). A modern backend that speaks the legacy era
 too serves legacy clients' requests in that era, on legacy sessions of its own (`dual.py`).
 This module composes them, and follows an HTTP session's GET stream. A modern backend costs
 two comparisons per request here.
@@ -28,28 +28,18 @@ from typing import Any
 
 import anyio
 
-from gateway.backends import discovery, questions
 from gateway.backends.base import NotificationSink
 from gateway.backends.channel import Channel
-from gateway.backends.dual import Lanes
-from gateway.backends.held import HOLD_TTL, HeldCall, HeldCalls, Sealer
-from gateway.backends.legacy_listen import LISTEN_QUEUE, Listens, _Listener
-from gateway.backends.link import Link
-from gateway.backends.probe import (
-    GATEWAY_CAPABILITIES,
-    GATEWAY_INFO,
-    ProvenModern,
-    handshake,
-    ignore,
-    is_modern_answer,
-    probe,
-)
-from gateway.backends.translate import (
-    INPUT_METHODS,
+from gateway.backends.era import discovery, questions
+from gateway.backends.era.dual import Lanes
+from gateway.backends.era.held import HeldCall, HeldCalls
+from gateway.backends.era.link import Link, SessionLink
+from gateway.backends.era.listen import Listens
+from gateway.backends.era.probe import GATEWAY_INFO, ProvenModern, handshake, ignore, probe
+from gateway.backends.era.translate import (
     LOG_LEVELS,
     LegacySession,
     discover_result,
-    required_capability,
     to_legacy,
 )
 from gateway.config import BackendConfig
@@ -57,24 +47,6 @@ from gateway.errors import BackendError, BackendUnavailable, SessionExpired
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import SERVING
-
-# Re-exported: the names the era layer was known by before it was split.
-__all__ = [
-    "GATEWAY_CAPABILITIES",
-    "GATEWAY_INFO",
-    "HOLD_TTL",
-    "INPUT_METHODS",
-    "LISTEN_QUEUE",
-    "EraBackend",
-    "LegacySession",
-    "Link",
-    "Sealer",
-    "_Listener",
-    "discover_result",
-    "is_modern_answer",
-    "required_capability",
-    "to_legacy",
-]
 
 log = logging.getLogger("gateway.backend")
 
@@ -115,6 +87,9 @@ class EraBackend:
         self.era: str | None = None if config.era == "auto" else config.era
         # stdio and HTTP+SSE open once per connection (on_start); HTTP on first use.
         self._channel = isinstance(inner, Channel)
+        # HTTP keeps the legacy session in the transport: begun, agreed, forgotten and ended
+        # there, with a GET stream of its own to follow (link.py).
+        self._session_link = inner if isinstance(inner, SessionLink) else None
         self._open_timeout = config.connect_timeout + config.request_timeout
         # A legacy server may stay silent on a method it does not know (transports/stdio,
         # Backward Compatibility); a slow starter is silent too until it has started. The
@@ -155,25 +130,25 @@ class EraBackend:
 
     async def run(self) -> None:
         try:
-            if self._channel:
+            if self._session_link is None:
                 await self.inner.run()
                 return
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.inner.run())
-                tg.create_task(self._watch())
+                tg.create_task(self._watch(self._session_link))
         finally:
             if self._lanes is not None:
                 with anyio.CancelScope(shield=True):
                     await self._lanes.close()
 
-    async def _watch(self) -> None:
+    async def _watch(self, link: SessionLink) -> None:
         """HTTP: a legacy session's GET stream, where its change notifications come."""
         delay = FIRST_RETRY
         while True:
             await self.opened.wait()
             started = time.monotonic()
             try:
-                offered = await self.inner.watch(self.unsolicited)  # type: ignore[attr-defined]
+                offered = await link.watch(self.unsolicited)
             except SessionExpired:
                 if self.session is not None:
                     self._session_ended()
@@ -226,9 +201,8 @@ class EraBackend:
 
     async def close(self) -> None:
         """A lane's end: its HTTP session is deleted (a channel's ends with its transport)."""
-        end = getattr(self.inner, "end_session", None)
-        if end is not None:
-            await end()
+        if self._session_link is not None:
+            await self._session_link.end_session()
 
     async def _open_channel(self) -> None:
         """Before a (re)started stdio child or SSE connection takes requests."""
@@ -281,9 +255,8 @@ class EraBackend:
         self.era = "modern"
         self._no_discover = discovery.supported_versions(reply) or []
         self._made_discover = None
-        forget = getattr(self.inner, "forget_session", None)
-        if forget is not None:
-            forget()
+        if self._session_link is not None:
+            self._session_link.forget_session()
         log.info(
             "backend %s: speaks the modern era (its answer to initialize: %s)",
             self.name,
@@ -302,10 +275,9 @@ class EraBackend:
         self.session = session
         self.ended.clear()
         self.opened.set()
-        ready = getattr(self.inner, "stream_ready", None)
-        if isinstance(ready, asyncio.Event):
+        if self._session_link is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ready.wait(), STREAM_READY_WAIT)
+                await asyncio.wait_for(self._session_link.stream_ready.wait(), STREAM_READY_WAIT)
         log.info(
             "backend %s: legacy session open (version %s, server %s)",
             self.name,

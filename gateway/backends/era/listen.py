@@ -8,9 +8,9 @@ import contextlib
 from typing import Any
 
 from gateway.backends.base import NotificationSink
-from gateway.backends.link import Link
-from gateway.backends.probe import ignore
-from gateway.backends.translate import LegacySession, capability
+from gateway.backends.era.link import Link
+from gateway.backends.era.probe import ignore
+from gateway.backends.era.translate import LegacySession, capability
 from gateway.errors import BackendError, BackendUnavailable
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from gateway import __version__
-from gateway.backends import discovery
-from gateway.backends.link import Link
-from gateway.backends.translate import LegacySession, session_from
+from gateway.backends.era import discovery
+from gateway.backends.era.link import Link, SessionLink
+from gateway.backends.era.translate import LegacySession, session_from
 from gateway.errors import (
     BackendLoginNeeded,
     BackendProtocolError,
@@ -81,9 +81,10 @@ async def probe(link: Link, channel: bool, within: float) -> tuple[str, list[str
 
 async def handshake(link: Link, within: float) -> LegacySession:
     """`initialize` and `notifications/initialized`: the link then takes the server's requests."""
-    begin = getattr(link, "begin_session", None)
-    if begin is not None:
-        begin()
+    # (HTTP: the session is the transport's, begun before `initialize` and told the version.)
+    session_link = link if isinstance(link, SessionLink) else None
+    if session_link is not None:
+        session_link.begin_session()
     init: Message = {
         "jsonrpc": "2.0",
         "id": "gateway-initialize",
@@ -104,9 +105,8 @@ async def handshake(link: Link, within: float) -> LegacySession:
     if version not in meta.LEGACY_VERSIONS:
         raise BackendProtocolError(link.name, f"initialize answered version {version!r}")
     session = session_from(result)
-    agreed = getattr(link, "agreed", None)
-    if agreed is not None:
-        agreed(session.version)
+    if session_link is not None:
+        session_link.agreed(session.version)
     await link.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
     link.takes_requests = True
     return session

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gateway.backends.base import NotificationSink
-from gateway.backends.link import Link
+from gateway.backends.era.link import Link
 from gateway.errors import BackendError, BackendUnavailable
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import LegacyClient
