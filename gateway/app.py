@@ -289,7 +289,7 @@ def session_records(config: Config, stats: Stats) -> RedisSessions | None:
 
 
 # --- cluster: the backends' logins, shared by the replicas (cluster.redis) ------------------
-# (oauth/shared.py, shared/logins.py; ARCHITECTURE.md "Backend logins in a cluster")
+# (oauth/shared.py, shared/logins.py; docs/decisions/0013-backend-logins-in-a-cluster.md)
 
 # Each operation on the shared logins waits this long for Redis at most (or redis_timeout, if
 # longer). Not the rate limits' 0.1 s: these run once per login step, per renewal, and per
