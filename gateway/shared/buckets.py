@@ -18,19 +18,14 @@ shown by `mcp_gateway_redis_up`; every check decided alone counts in
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 import time
 from collections.abc import Callable, Sequence
 
-import anyio
-from redis.exceptions import RedisError
-
 from gateway.core.ratelimit import Want
 from gateway.shared.connection import connect
+from gateway.shared.outage import FAILURES, Breaker, RedisDown
 from gateway.telemetry.api import Stats
-
-log = logging.getLogger("gateway")
 
 # Every key the gateway writes starts with this, so its keys are recognisable (and deletable)
 # in a Redis that holds other things; replicas of different gateways use different databases.
@@ -90,55 +85,36 @@ class RedisBuckets:
         # (after `retry_interval`) takes a fresh connection from the pool, which reconnects.
         self._client = connect(url, timeout)
         self._take = self._client.register_script(TAKE)
-        self._timeout = timeout
-        self._retry_interval = retry_interval
         self._stats = stats
-        self._clock = clock
-        self._retry_at = 0.0  # while down: when Redis is asked again
+        self._breaker = Breaker(
+            timeout,
+            down="redis: rate-limit check failed (%s); rate limits are per replica until it"
+            f" answers (tried again every {retry_interval:g} s)",
+            back="redis: reachable again; rate limits are shared by the replicas",
+            retry_interval=retry_interval,
+            show=self._show,
+            failures=(*FAILURES, ValueError),  # (ValueError: a reply of the wrong shape)
+            clock=clock,
+            up=stats.redis_up,
+        )
 
     async def take(self, wants: Sequence[Want]) -> Sequence[float] | None:
-        stats = self._stats
-        if stats.redis_up is False:
-            now = self._clock()
-            if now < self._retry_at:
-                stats.rate_limit_fallbacks += 1
-                return None
-            # One check tries Redis again; the others meanwhile keep deciding alone.
-            self._retry_at = now + self._retry_interval
         keys = [bucket_key(w) for w in wants]
         args: list[float] = []
         for w in wants:
             args += (w.rate, w.burst)
-        try:
-            # The whole check, connecting included, within the timeout: a stalled Redis costs
-            # a request this much at most.
-            with anyio.fail_after(self._timeout):
-                reply = await self._take(keys=keys, args=args)
-            waits = waits_from(reply, wants)
-        except (RedisError, OSError, TimeoutError, ValueError) as exc:
-            self._failed(exc)
-            return None
-        if stats.redis_up is not True:
-            if stats.redis_up is False:
-                log.warning("redis: reachable again; rate limits are shared by the replicas")
-            stats.redis_up = True
-        return waits
 
-    def _failed(self, exc: Exception) -> None:
-        stats = self._stats
-        stats.rate_limit_fallbacks += 1
-        if stats.redis_up is not False:
-            # Once per change of state, not per request. The reason, never the URL (it may
-            # carry the password); redis-py's messages name host and port only.
-            reason = str(exc) or type(exc).__name__
-            log.warning(
-                "redis: rate-limit check failed (%s); rate limits are per replica until it"
-                " answers (tried again every %g s)",
-                reason,
-                self._retry_interval,
-            )
-            stats.redis_up = False
-        self._retry_at = self._clock() + self._retry_interval
+        async def check() -> list[float]:
+            return waits_from(await self._take(keys=keys, args=args), wants)
+
+        try:
+            return await self._breaker.call(check)
+        except RedisDown:
+            self._stats.rate_limit_fallbacks += 1
+            return None
+
+    def _show(self, up: bool) -> None:
+        self._stats.redis_up = up
 
     async def close(self) -> None:
         await self._client.aclose()

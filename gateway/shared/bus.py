@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 
 from gateway.core.bus import Handler
 from gateway.shared.connection import connect
+from gateway.shared.outage import Breaker, RedisDown
 from gateway.telemetry.api import Stats
 
 log = logging.getLogger("gateway")
@@ -51,7 +52,11 @@ class RedisBus:
         # the subscription's state after that.
         self.ready = anyio.Event()
         self.up = False
-        self._published = True  # the last publish went out (its failures are logged once)
+        # Publishing: one attempt each, no retry interval (a message is a notice), no line when
+        # it works again (the subscription's state says that).
+        self._publishing = Breaker(
+            timeout, down="redis: a message to the other replicas was not sent (%s)", back=None
+        )
 
     def on(self, topic: str, handler: Handler) -> None:
         if self.ready.is_set():
@@ -61,16 +66,11 @@ class RedisBus:
     async def publish(self, topic: str, body: dict[str, Any]) -> bool:
         data = orjson.dumps({"from": self.replica, "body": body})
         try:
-            with anyio.fail_after(self._timeout):
-                await self._publisher.publish(self._prefix + topic, data)
-        except (RedisError, OSError, TimeoutError) as exc:
+            await self._publishing.call(lambda: self._publisher.publish(self._prefix + topic, data))
+        except RedisDown:
             self._stats.cluster_messages[topic, "unsent"] += 1
-            if self._published:
-                log.warning("redis: a message to the other replicas was not sent (%s)", _why(exc))
-            self._published = False
             return False
         self._stats.cluster_messages[topic, "sent"] += 1
-        self._published = True
         return True
 
     async def run(self) -> None:

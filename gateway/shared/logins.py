@@ -23,15 +23,14 @@ import secrets
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
-import anyio
 import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from gateway.oauth.shared import Key, Record, StoreUnavailable
 from gateway.shared.connection import connect
+from gateway.shared.outage import Breaker, RedisDown
 
 log = logging.getLogger("gateway.oauth")
 
@@ -122,29 +121,20 @@ class RedisLogins:
         self._client = connect(url, timeout)
         self._unlock = self._client.register_script(UNLOCK)
         self._sealer = Sealer(keys)
-        self._timeout = timeout
-        self._up: bool | None = None
+        self._breaker = Breaker(
+            timeout,
+            down="redis: the shared backend logins cannot be used (%s); per-user logins and"
+            " token lookups fail until it answers",
+            back="redis: answering again; the shared backend logins are back",
+            logger=log,
+        )
 
     async def _do(self, work: Awaitable[T]) -> T:
+        # (No retry interval: every operation asks Redis, so `work` is always awaited.)
         try:
-            with anyio.fail_after(self._timeout):
-                done = await work
-        except (RedisError, OSError, TimeoutError) as exc:
-            # The reason, never the URL (it may carry the password); redis-py names host and
-            # port only. Once per change of state, not per request.
-            reason = str(exc) or type(exc).__name__
-            if self._up is not False:
-                log.warning(
-                    "redis: the shared backend logins cannot be used (%s); per-user logins and "
-                    "token lookups fail until it answers",
-                    reason,
-                )
-            self._up = False
-            raise StoreUnavailable(f"the cluster's Redis did not answer ({reason})") from None
-        if self._up is False:
-            log.warning("redis: answering again; the shared backend logins are back")
-        self._up = True
-        return done
+            return await self._breaker.call(lambda: work)
+        except RedisDown as exc:
+            raise StoreUnavailable(f"the cluster's Redis did not answer ({exc.reason})") from None
 
     async def _get(self, name: str) -> Any:
         return self._sealer.open(name, await self._do(self._client.get(name)))

@@ -12,21 +12,17 @@ then one tries again: redis-py's pool reconnects). Each change of state is one l
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import anyio
 import orjson
-from redis.exceptions import RedisError
 
 from gateway.frontends.legacy.records import Record, SessionsUnavailable, valid
 from gateway.shared.connection import connect
+from gateway.shared.outage import Breaker, RedisDown
 from gateway.telemetry.api import Stats
-
-log = logging.getLogger("gateway")
 
 PREFIX = "mcp-gateway:session:"
 
@@ -48,14 +44,22 @@ class RedisSessions:
         # the pool reconnects on the next try.
         self._client = connect(url, timeout)
         self._ttl_ms = max(1, math.ceil(ttl * 1000))
-        self._timeout = timeout
         self._retry_interval = retry_interval
         self._stats = stats
-        self._clock = clock
-        self._retry_at = 0.0  # while down: when Redis is asked again
+        self._breaker = Breaker(
+            timeout,
+            down="redis: a legacy session record could not be read or written (%s); legacy"
+            " sessions are refused (503) until it answers"
+            f" (tried again every {retry_interval:g} s)",
+            back="redis: reachable again; legacy sessions are served again",
+            retry_interval=retry_interval,
+            show=self._show,
+            clock=clock,
+            up=stats.sessions_redis_up,
+        )
 
     def check(self) -> None:
-        if self._stats.sessions_redis_up is False and self._clock() < self._retry_at:
+        if self._breaker.waiting():
             raise SessionsUnavailable(self._retry_interval)
 
     async def create(self, key: str, record: Record) -> None:
@@ -85,35 +89,13 @@ class RedisSessions:
         await self._call(lambda: self._client.delete(PREFIX + key))
 
     async def _call(self, command: Callable[[], Awaitable[T]]) -> T:
-        self.check()
-        if self._stats.sessions_redis_up is False:
-            # One call tries Redis again; the others meanwhile fail at once.
-            self._retry_at = self._clock() + self._retry_interval
         try:
-            # Connecting included: a stalled Redis costs a request this much at most.
-            with anyio.fail_after(self._timeout):
-                result = await command()
-        except (RedisError, OSError, TimeoutError) as exc:
-            self._failed(exc)
+            return await self._breaker.call(command)
+        except RedisDown:
             raise SessionsUnavailable(self._retry_interval) from None
-        if self._stats.sessions_redis_up is not True:
-            if self._stats.sessions_redis_up is False:
-                log.warning("redis: reachable again; legacy sessions are served again")
-            self._stats.sessions_redis_up = True
-        return result
 
-    def _failed(self, exc: Exception) -> None:
-        stats = self._stats
-        if stats.sessions_redis_up is not False:
-            # Once per change of state; the reason, never the URL (it may carry the password).
-            log.warning(
-                "redis: a legacy session record could not be read or written (%s); legacy"
-                " sessions are refused (503) until it answers (tried again every %g s)",
-                str(exc) or type(exc).__name__,
-                self._retry_interval,
-            )
-            stats.sessions_redis_up = False
-        self._retry_at = self._clock() + self._retry_interval
+    def _show(self, up: bool) -> None:
+        self._stats.sessions_redis_up = up
 
     async def close(self) -> None:
         await self._client.aclose()
