@@ -54,18 +54,28 @@ def test_config_is_a_leaf(name: str) -> None:
     assert all(i.startswith("gateway.config") for i in ours(name))
 
 
+# The one capped read of a reply's body, shared by the HTTP clients of both directions (the
+# backends, the authorization server's client, the OAuth client): none of them may import
+# another, so it stands alone at the top of the package and imports nothing of it.
+CAPPED = "gateway.capped"
+
+
+def test_the_capped_read_imports_nothing_of_the_package() -> None:
+    assert not ours(CAPPED)
+
+
 @pytest.mark.parametrize("name", in_layer("auth"))
 def test_auth_sees_only_the_config_and_itself(name: str) -> None:
     """Checking a token needs the config and nothing of the data path (which reads only the
     Identity it yields); the front end that asks is the one that answers."""
-    assert all(i.startswith(("gateway.auth", "gateway.config")) for i in ours(name))
+    assert all(i.startswith(("gateway.auth", "gateway.config", CAPPED)) for i in ours(name))
 
 
 @pytest.mark.parametrize("name", in_layer("oauth"))
 def test_the_oauth_client_sees_only_the_config_and_itself(name: str) -> None:
     """Logging in to a backend needs its config and nothing of the data path: the HTTP
     backend asks it for a header and tells it of a refusal."""
-    allowed = ("gateway.oauth", "gateway.config")
+    allowed = ("gateway.oauth", "gateway.config", CAPPED)
     assert all(i == "gateway" or i.startswith(allowed) for i in ours(name))
 
 
@@ -178,6 +188,7 @@ HTTP_MODULES = {
     "gateway.frontends.bearer",
     "gateway.auth.fetch",
     "gateway.oauth.fetch",
+    "gateway.capped",
     "gateway.oauth.redirect",
     "gateway.frontends.logins",
     "gateway.telemetry.otlp",

@@ -11,6 +11,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from gateway.capped import TooLarge, read_capped
+
 log = logging.getLogger("gateway.auth")
 
 JSON = "application/json"
@@ -60,17 +62,9 @@ class Fetcher:
             ) as reply:
                 if reply.status != 200:
                     raise FetchFailed(url, f"HTTP {reply.status}", reply.status)
-                declared = reply.content_length
-                if declared is not None and declared > self._max_bytes:
-                    raise FetchFailed(url, f"larger than {self._max_bytes} bytes")
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in reply.content.iter_any():
-                    size += len(chunk)
-                    if size > self._max_bytes:
-                        raise FetchFailed(url, f"larger than {self._max_bytes} bytes")
-                    chunks.append(chunk)
-                body = b"".join(chunks)
+                body = await read_capped(reply, self._max_bytes)
+        except TooLarge as exc:
+            raise FetchFailed(url, str(exc)) from None
         except TimeoutError:
             raise FetchFailed(url, "timed out") from None
         except aiohttp.ClientError as exc:

@@ -31,6 +31,7 @@ from gateway.backends.base import NotificationSink
 from gateway.backends.era import questions, resume
 from gateway.backends.era.link import SessionLink
 from gateway.backends.replicas import Replica, Replicas
+from gateway.capped import TooLarge, read_capped
 from gateway.config import BackendConfig, ConfigInvalid, HttpTarget
 from gateway.errors import (
     BackendConnectionLost,
@@ -724,23 +725,12 @@ class HttpBackend(SessionLink):
             await self.notify(note)
 
     async def _read_body(self, resp: aiohttp.ClientResponse) -> bytes:
-        """The whole body, refused past `limits.max_reply_bytes`: with one await when its
-        length is known (aiohttp's parser then reads no more than it)."""
+        """The whole body, refused past `limits.max_reply_bytes` (`capped.read_capped`)."""
         limit = self._limits.max_reply_bytes
-        length = resp.content_length
-        if length is not None and length <= limit:
-            body = await resp.read()
-        elif length is not None:
-            raise BackendProtocolError(self.name, f"a reply over {limit} bytes")
-        else:
-            parts: list[bytes] = []
-            size = 0
-            async for chunk in resp.content.iter_any():
-                size += len(chunk)
-                if size > limit:
-                    raise BackendProtocolError(self.name, f"a reply over {limit} bytes")
-                parts.append(chunk)
-            body = b"".join(parts)
+        try:
+            body = await read_capped(resp, limit)
+        except TooLarge:
+            raise BackendProtocolError(self.name, f"a reply over {limit} bytes") from None
         self._stats.bytes["backend", "in"] += len(body)
         return body
 

@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from gateway.capped import TooLarge, read_capped
 from gateway.oauth.wire import outbound_problem
 
 JSON = "application/json"
@@ -70,8 +71,10 @@ class OAuthHttp:
             async with self._client().request(
                 method, url, data=data, headers=headers, allow_redirects=False
             ) as reply:
-                body = await self._read(url, reply)
+                body = await read_capped(reply, self._max_bytes)
                 status = reply.status
+        except TooLarge as exc:
+            raise FetchFailed(url, str(exc)) from None
         except TimeoutError:
             raise FetchFailed(url, "timed out") from None
         except aiohttp.ClientError as exc:
@@ -82,19 +85,6 @@ class OAuthHttp:
             return Reply(status, orjson.loads(body) if body else None)
         except orjson.JSONDecodeError:
             return Reply(status, None)
-
-    async def _read(self, url: str, reply: aiohttp.ClientResponse) -> bytes:
-        declared = reply.content_length
-        if declared is not None and declared > self._max_bytes:
-            raise FetchFailed(url, f"larger than {self._max_bytes} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in reply.content.iter_any():
-            size += len(chunk)
-            if size > self._max_bytes:
-                raise FetchFailed(url, f"larger than {self._max_bytes} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     async def close(self) -> None:
         if self._session is not None:
