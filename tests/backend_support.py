@@ -28,7 +28,7 @@ from gateway.config import BackendConfig
 from gateway.errors import GatewayError
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Stats
-from tests.support import BOUND
+from tests.support import until
 
 
 @dataclass(frozen=True)
@@ -178,9 +178,9 @@ class Server:
             self._cond.notify_all()
 
     async def until(self, predicate: Callable[[], bool]) -> None:
-        with anyio.fail_after(BOUND):
-            async with self._cond:
-                await self._cond.wait_for(predicate)
+        # Looked at with the condition held, as `Condition.wait_for` does: no change is missed.
+        async with self._cond:
+            await until(predicate, wake=self._cond.wait)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

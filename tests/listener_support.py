@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -213,13 +213,6 @@ def pattern(size: int) -> bytes:
 async def wait(event: asyncio.Event) -> None:
     with anyio.fail_after(BOUND):
         await event.wait()
-
-
-async def until(predicate: Callable[[], bool]) -> None:
-    """Polls a state that has no event of its own, yielding to the loop between looks."""
-    with anyio.fail_after(BOUND):
-        while not predicate():
-            await anyio.lowlevel.checkpoint()
 
 
 # --- the gateway in-process, over raw HTTP --------------------------------------------------------

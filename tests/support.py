@@ -67,6 +67,27 @@ async def gone(pid: int) -> None:
 START_BOUND = 20.0
 
 
+async def until(
+    ready: Callable[[], bool],
+    *,
+    within: float = BOUND,
+    wake: Callable[[], Awaitable[object]] | None = None,
+    every: float = 0.0,
+) -> None:
+    """The suite's one bounded wait for a state: returns once `ready()` holds, TimeoutError
+    after `within` seconds. Between looks it awaits `wake()`, an event of the thing looked at;
+    a state with no event of its own is looked at again after `every` seconds (0: after a
+    yield to the loop, for one in this process; some ms for one another process changes)."""
+    with anyio.fail_after(within):
+        while not ready():
+            if wake is not None:
+                await wake()
+            elif every:
+                await anyio.sleep(every)
+            else:
+                await anyio.lowlevel.checkpoint()
+
+
 class Proc:
     """A child process whose stdout/stderr lines are collected by threads, so pipes never fill."""
 

@@ -20,9 +20,8 @@ from gateway.app import Gateway
 from gateway.config import parse
 from gateway.shared.bus import PREFIX, RedisBus
 from gateway.telemetry.api import Stats
-from tests.listener_support import until
 from tests.redis_support import free_port, launch, redis_server, redis_url
-from tests.support import BOUND, DEMO_STDIO, START_BOUND
+from tests.support import BOUND, DEMO_STDIO, START_BOUND, until
 
 pytestmark = pytest.mark.anyio
 

@@ -38,7 +38,14 @@ from gateway.core import interest
 from gateway.core.changes import TOPIC
 from gateway.shared.bus import PREFIX
 from tests.redis_support import free_port, launch, need_redis, redis_url
-from tests.support import BOUND, START_BOUND, Proc, sdk_stdio_command, stdio_backend
+from tests.support import (
+    BOUND,
+    START_BOUND,
+    Proc,
+    sdk_stdio_command,
+    stdio_backend,
+    until,
+)
 from tests.test_legacy_clients import Changes, legacy_only_method
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -118,6 +125,10 @@ class Heard:
         await self._arrived.wait()
 
 
+# Counters of other tasks offer no event: looked at every 10 ms.
+POLL = 0.01
+
+
 async def until_heard(
     act: Callable[[], Any], arrival: Callable[[], Any], heard: Callable[[], bool]
 ) -> None:
@@ -130,12 +141,6 @@ async def until_heard(
             with anyio.move_on_after(0.5):
                 while not heard():
                     await arrival()
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    with anyio.fail_after(BOUND):
-        while not condition():  # noqa: ASYNC110 - counters of other tasks offer no event
-            await anyio.sleep(0.01)
 
 
 async def test_a_listen_on_one_replica_hears_a_list_change_made_through_the_other(
@@ -159,10 +164,10 @@ async def test_a_listen_on_one_replica_hears_a_list_change_made_through_the_othe
         )
         # A's catalog is loaded again now, not at a lookup that misses after its refresh
         # interval: "every replica refreshes its catalog".
-        await until(lambda: a.dispatcher.catalogs.refreshes["sdk"] > refreshes)
+        await until(lambda: a.dispatcher.catalogs.refreshes["sdk"] > refreshes, every=POLL)
         changes = b.changes
         assert changes is not None
-        await until(lambda: changes.published >= 1)
+        await until(lambda: changes.published >= 1, every=POLL)
         tg.cancel_scope.cancel()
 
 
@@ -289,7 +294,7 @@ async def test_only_listens_that_asked_hear_and_the_changing_replica_hears_it_on
         assert isinstance(await next_event(heard), ToolsListChanged)
         changes = a.changes
         assert changes is not None
-        await until(lambda: changes.published >= 1)  # (published in a task of its own)
+        await until(lambda: changes.published >= 1, every=POLL)  # (published in a task of its own)
 
 
 async def test_a_legacy_session_on_one_replica_hears_the_other_replicas_change(
@@ -348,7 +353,7 @@ async def test_with_redis_stopped_each_replica_serves_its_own_listens(
         assert isinstance(await next_event(events), ToolsListChanged)
         # Its notice for the others was not sent, and said so (the bus counts it).
         stats = a.telemetry.stats
-        await until(lambda: stats.cluster_messages[TOPIC, "unsent"] >= 1)
+        await until(lambda: stats.cluster_messages[TOPIC, "unsent"] >= 1, every=POLL)
 
 
 async def test_malformed_bus_messages_are_ignored(redis: tuple[int, list[Proc]]) -> None:

@@ -30,9 +30,16 @@ from tests.listener_support import (
     port_of,
     request,
     served,
-    until,
 )
-from tests.support import BOUND, START_BOUND, Proc, gateway_command, stdio_backend, write_config
+from tests.support import (
+    BOUND,
+    START_BOUND,
+    Proc,
+    gateway_command,
+    stdio_backend,
+    until,
+    write_config,
+)
 from tests.support import sdk_stdio_command as sdk_command
 
 pytestmark = pytest.mark.anyio

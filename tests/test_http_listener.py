@@ -33,12 +33,12 @@ from tests.listener_support import (
     listening,
     pattern,
     request,
-    until,
     wait,
 )
 from tests.support import (
     BOUND,
     both_event_loops,  # noqa: F401  (the anyio_backend fixture)
+    until,
 )
 
 pytestmark = pytest.mark.anyio

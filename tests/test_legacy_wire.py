@@ -24,8 +24,7 @@ from gateway import errors
 from gateway.app import Gateway
 from gateway.config import parse
 from gateway.protocol import codes, meta
-from tests.listener_support import until
-from tests.support import BOUND, sdk_stdio_command
+from tests.support import BOUND, sdk_stdio_command, until
 from tests.test_http_transport_rules import post, request
 from tests.test_legacy_sessions import SESSION, in_session, legacy, open_session
 

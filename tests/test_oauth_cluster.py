@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +39,7 @@ from gateway.shared.logins import PREFIX, RedisLogins, token_key
 from tests.oauth_support import Backend, TokenServer, protected_backend, token_server
 from tests.oidc_support import free_ports
 from tests.redis_support import launch, need_redis, redis_url
-from tests.support import BOUND, START_BOUND, Proc
+from tests.support import BOUND, START_BOUND, Proc, until
 from tests.test_oauth_client import call, grants, modern, post
 
 pytestmark = pytest.mark.anyio
@@ -147,20 +147,18 @@ async def cluster(*secrets: str) -> AsyncIterator[Cluster]:
                     assert status == 200 and "logged in" in page, page
                     # The backend's start waited for that login, and may have given up first:
                     # then its health tries again in the background (1 s, then doubling).
-                    await until(lambda: all(g.up for g in first.guarded + second.guarded))
+                    # (Health has no event to wait on: looked at every 10 ms, within the time a
+                    # backend start may take.)
+                    await until(
+                        lambda: all(g.up for g in first.guarded + second.guarded),
+                        within=START_BOUND,
+                        every=0.01,
+                    )
                     yield Cluster(
                         auth, backend, redis, redis_port, [a, b], resource, texts, links.links
                     )
     finally:
         redis.stop()
-
-
-async def until(ready: Callable[[], bool]) -> None:
-    """A state with no event of its own (a backend's health), looked at every 10 ms, within
-    the time a backend start may take."""
-    with anyio.fail_after(START_BOUND):
-        while not ready():  # noqa: ASYNC110 (health has no event to wait on)
-            await anyio.sleep(0.01)
 
 
 async def browse(url: str, replicas: list[int]) -> tuple[int, str, list[str]]:

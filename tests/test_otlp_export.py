@@ -37,9 +37,8 @@ from gateway.app import Gateway
 from gateway.config import parse
 from gateway.telemetry.api import STDIO_ORIGIN
 from gateway.telemetry.otlp import ENCODE_CHUNK, OtlpSpanProcessor, Settings
-from tests.listener_support import until
 from tests.servers.forward_proxy import ForwardProxy
-from tests.support import BOUND, PYTHON, START_BOUND, call, serve_http, stdio_backend
+from tests.support import BOUND, PYTHON, START_BOUND, call, serve_http, stdio_backend, until
 
 pytestmark = pytest.mark.anyio
 

@@ -18,7 +18,6 @@ import yaml
 
 from gateway.app import Gateway
 from gateway.config import parse
-from tests.listener_support import until
 from tests.support import (
     BOUND,
     START_BOUND,
@@ -28,6 +27,7 @@ from tests.support import (
     request,
     sdk_stdio_command,
     stdio_backend,
+    until,
 )
 from tests.test_http_transport_rules import send
 from tests.test_legacy_sessions import SESSION, open_session

@@ -43,6 +43,8 @@ import anyio
 import orjson
 from aiohttp import web
 
+from tests.support import until
+
 Message = dict[str, Any]
 LEGACY = "2025-11-25"
 TOOLS = [
@@ -85,10 +87,11 @@ class Unruly:
         self._events = itertools.count(1)
 
     async def until(self, predicate: Any) -> None:
-        with anyio.fail_after(5):
-            while not predicate():
-                self.changed.clear()
-                await self.changed.wait()
+        await until(predicate, wake=self._next_change)
+
+    async def _next_change(self) -> None:
+        self.changed.clear()
+        await self.changed.wait()
 
     def _note(self) -> None:
         self.changed.set()
