@@ -21,7 +21,7 @@ SLACK = 50
 # Path under gateway/ -> ceiling (the module's line count when it was listed). Lower an entry
 # when its module shrinks; remove it when the module is under LIMIT. Never raise one.
 ALLOWED: dict[str, int] = {
-    "app.py": 1190,
+    "app/gateway.py": 665,
     "backends/http.py": 998,
     "config/keys.py": 832,
     "oauth/authorizer.py": 764,

@@ -1,39 +1,48 @@
-"""Composition root: builds backends, the dispatcher and the front ends from a config, owns the
-root task group and shuts everything down in order. The only module that wires concrete parts.
+"""The running gateway: builds backends, the dispatcher and the front ends from a config, owns
+the root task group and shuts everything down in order.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
-import gc
 import logging
-import os
-import signal
 import ssl
-import sys
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import fields, replace
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
 import anyio.to_thread
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from gateway import __version__, taskkey
+from gateway.app.cluster import (
+    cluster_bus,
+    login_notices,
+    session_records,
+    shared_buckets,
+    shared_logins,
+)
+from gateway.app.errors import StartupError
+from gateway.app.observe import _open_audit, _open_tap, access_logger, tracer_provider
+from gateway.app.reload import RELOADED, RETIRE_MARGIN, Reloaded, _carry_over, _names
+from gateway.app.wiring import (
+    Wired,
+    _address,
+    legacy_lane,
+    login_desk,
+    make_backend,
+    make_exposure,
+    make_naming,
+    rate_limiters,
+    stdio_origin,
+)
 from gateway.auth.authenticator import Authenticator
-from gateway.auth.identity import CONFIGURED, Identity
-from gateway.auth.outage import Unavailable
-from gateway.auth.tokens import Rejected
 from gateway.backends.base import Backend
 from gateway.backends.breaker import Breaker
 from gateway.backends.era.layer import EraBackend
@@ -45,43 +54,24 @@ from gateway.backends.resilience import Resilient
 from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
 from gateway.config import (
-    AuditConfig,
     BackendConfig,
     Config,
     ConfigInvalid,
     ListenerLimits,
-    SseTarget,
-    StdioTarget,
-    TapConfig,
 )
 from gateway.core.changes import ClusterChanges
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.instrument import InstrumentedBackend
 from gateway.core.overload import BACKEND, OVERALL, Bound, BoundedBackend
 from gateway.core.policy import Policy
-from gateway.core.ratelimit import RateLimiter, SharedRateLimiter
 from gateway.frontends import guard
 from gateway.frontends import http as http_frontend
 from gateway.frontends.listener import BindError, Listener
 from gateway.frontends.ops import Operations, admin_handler
-from gateway.frontends.stdio import End, StdioFrontend, open_process_stdio
+from gateway.frontends.stdio import StdioFrontend
 from gateway.oauth.authorizer import Authorizer
-from gateway.oauth.caller_check import CallerCheck
-from gateway.oauth.desk import LoginDesk
-from gateway.oauth.fetch import OAuthHttp
-from gateway.oauth.shared import PURPOSE as LOGINS_PURPOSE
-from gateway.oauth.shared import LoginBook
-from gateway.protocol import codes
 from gateway.routing import cursor as cursors
 from gateway.routing import taskids
-from gateway.routing.names import Naming, PrefixMode
-from gateway.routing.table import Exposure
-from gateway.shared.buckets import RedisBuckets
-from gateway.shared.bus import RedisBus
-from gateway.shared.logins import RedisLogins
-from gateway.shared.sessions import RedisSessions
-from gateway.telemetry.api import STDIO_ORIGIN, Origin, Stats
-from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.loop import measure_lag
 from gateway.telemetry.metrics import (
     BackendState,
@@ -91,309 +81,17 @@ from gateway.telemetry.metrics import (
     process_metrics,
 )
 from gateway.telemetry.otel import GatewayTelemetry
-from gateway.telemetry.otlp import OtlpSpanProcessor, Settings
+from gateway.telemetry.otlp import OtlpSpanProcessor
 from gateway.telemetry.status import BackendFacts, StatusBoard, snapshot
-from gateway.telemetry.tap import Tap
 
 log = logging.getLogger("gateway")
+
 
 INFO = GatewayInfo(name="mcp-gateway", version=__version__)
 # Time given to open HTTP responses to finish when the gateway stops.
 HTTP_SHUTDOWN_GRACE = 5.0
 # The admin listener serves a scraper or two: the listener defaults bound it (no config keys).
 ADMIN_LIMITS = ListenerLimits()
-
-
-class StartupError(Exception):
-    """The gateway cannot start as configured: an address it cannot listen on, a file it cannot
-    open, backends that cannot be served together (a name collision under `never`)."""
-
-
-def make_backend(
-    config: BackendConfig, stats: Stats
-) -> StdioBackend | HttpBackend | SseBackend | IsolatedBackend:
-    if isinstance(config.target, StdioTarget):
-        if config.isolation == "per_session":
-            return IsolatedBackend(config, stats)  # its children have an era layer each
-        return StdioBackend(config, stats)
-    if isinstance(config.target, SseTarget):
-        return SseBackend(config, stats)
-    return HttpBackend(config, stats)
-
-
-def login_desk(
-    config: Config, authenticator: Authenticator | None, book: LoginBook | None = None
-) -> LoginDesk | None:
-    """Where callers log in to per-user backends: the origin of the listener's own resource URI
-    (the address clients already reach the gateway at), when some backend needs it; whoever
-    opens a link signs in at the listener's issuer first (oauth/caller_check.py). `book`: the
-    cluster's shared logins in progress (None: the desk's memory)."""
-    auth = config.auth
-    if auth is None or not any(b.auth and b.auth.per_user for b in config.backends):
-        return None
-    check = None
-    if authenticator is not None and auth.issuer and auth.login_client_id:
-
-        async def identify(token: str) -> tuple[str | None, str]:
-            try:
-                identity = await authenticator.authenticate(token)
-            except (Rejected, Unavailable) as exc:
-                raise ValueError(type(exc).__name__) from None
-            return identity.issuer, identity.subject
-
-        http = OAuthHttp(auth.fetch_timeout, auth.max_response_bytes, f"mcp-gateway/{__version__}")
-        check = CallerCheck(
-            http,
-            auth.issuer,
-            auth.login_client_id,
-            auth.login_client_secret,
-            auth.resource,
-            identify,
-        )
-    parts = urlsplit(auth.resource)
-    return LoginDesk(f"{parts.scheme}://{parts.netloc}", check, book=book)
-
-
-def legacy_lane(
-    transport: StdioBackend | HttpBackend | SseBackend, config: BackendConfig, stats: Stats
-) -> Callable[[], StdioBackend | HttpBackend] | None:
-    """How to reach the server again for legacy sessions of legacy clients, should it speak
-    both eras (backends/era/dual.py): HTTP, a session on the same pools; stdio, a second child."""
-    if isinstance(transport, HttpBackend):
-        return transport.session_view
-    if isinstance(transport, StdioBackend):
-
-        def second() -> StdioBackend:
-            child = StdioBackend(config, stats)
-            child.tap = transport.tap  # (set before any lane is made, when the tap is on)
-            return child
-
-        return second
-    return None  # HTTP+SSE (2024-11-05) is legacy by nature
-
-
-def _address(config: BackendConfig) -> tuple[str, int] | None:
-    if isinstance(config.target, StdioTarget):
-        return None
-    url = urlsplit(config.target.url)
-    return url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
-
-
-def tracer_provider(config: Config) -> tuple[TracerProvider, OtlpSpanProcessor] | None:
-    """An SDK tracer provider whose spans the gateway exports itself (OTLP over HTTP,
-    telemetry/otlp.py), when an endpoint is configured (in the config or the standard
-    OTEL_EXPORTER_OTLP_* variables) and OTEL_SDK_DISABLED is not set."""
-    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
-        return None
-    endpoint = config.telemetry.otlp_endpoint
-    traces_url = f"{endpoint.rstrip('/')}/v1/traces" if endpoint else None
-    settings = Settings.from_env(traces_url)
-    if settings is None:
-        return None
-    service = os.environ.get("OTEL_SERVICE_NAME") or config.telemetry.service_name
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    processor = OtlpSpanProcessor(settings)
-    provider.add_span_processor(processor)
-    return provider, processor
-
-
-def _open_tap(config: TapConfig) -> Tap:
-    try:
-        return Tap(config)
-    except OSError as exc:
-        raise StartupError(f"tap: cannot open {config.path}: {exc.strerror}") from None
-
-
-def _open_audit(config: AuditConfig) -> AuditLog:
-    try:
-        return AuditLog(config)
-    except OSError as exc:
-        raise StartupError(f"audit: cannot open {config.path}: {exc.strerror}") from None
-
-
-def access_logger(config: Config) -> logging.Logger | None:
-    target = config.telemetry.access_log
-    if target is None:
-        return None
-    logger = logging.getLogger("gateway.access")
-    logger.propagate = False  # one JSON line per request, not wrapped by the text log format
-    logger.setLevel(logging.INFO)
-    try:
-        handler: logging.Handler = (
-            logging.StreamHandler(sys.stderr) if target == "stderr" else logging.FileHandler(target)
-        )
-    except OSError as exc:
-        raise StartupError(f"telemetry.access_log: cannot open {target}: {exc.strerror}") from None
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    for old in logger.handlers:  # a gateway made before in this process (tests, the CLI's checks)
-        old.close()
-    logger.handlers = [handler]
-    return logger
-
-
-def rate_limiters(
-    config: Config, stats: Stats, shared: RedisBuckets | None
-) -> tuple[RateLimiter | None, SharedRateLimiter | None]:
-    """The dispatcher's limiters: the replica's own alone, or (with cluster.redis) shared ones
-    that fall back on the replica's own when Redis does not answer."""
-    own = limiter(config, stats)
-    if own is None or shared is None:
-        return own, None
-    return None, SharedRateLimiter(own, shared)
-
-
-def _carry_over(dispatcher: Dispatcher, limiter: RateLimiter | None) -> None:
-    """A reload keeps the buckets of every limit it did not change (the replica's own; the
-    shared ones are in Redis and stay anyway)."""
-    shared = dispatcher.shared_limiter
-    before = dispatcher.limiter or (shared.local if shared is not None else None)
-    if limiter is not None and before is not None:
-        limiter.carry_over(before)
-
-
-def limiter(config: Config, stats: Stats) -> RateLimiter | None:
-    limits = config.rate_limits
-    return RateLimiter(limits, stats.rate_limited) if limits is not None else None
-
-
-def shared_buckets(config: Config, stats: Stats) -> RedisBuckets | None:
-    """The replicas' shared buckets (cluster.redis), when there are limits to share."""
-    cluster = config.cluster
-    if config.rate_limits is None or cluster is None or cluster.redis is None:
-        return None
-    return RedisBuckets(cluster.redis, cluster.redis_timeout, cluster.redis_retry_interval, stats)
-
-
-def cluster_bus(config: Config, stats: Stats) -> RedisBus | None:
-    """The replicas' messages to each other (cluster.redis); None: this replica is alone."""
-    cluster = config.cluster
-    if cluster is None or cluster.redis is None:
-        return None
-    return RedisBus(cluster.redis, cluster.redis_timeout, cluster.redis_retry_interval, stats)
-
-
-def session_records(config: Config, stats: Stats) -> RedisSessions | None:
-    """Legacy sessions' records in Redis (cluster.redis, with an HTTP listener), so that any
-    replica serves any request of a session; None: each process keeps its own."""
-    cluster = config.cluster
-    listen = config.listen.http
-    if cluster is None or cluster.redis is None or listen is None:
-        return None
-    return RedisSessions(
-        cluster.redis,
-        listen.session_idle_timeout,
-        cluster.redis_timeout,
-        cluster.redis_retry_interval,
-        stats,
-    )
-
-
-# --- cluster: the backends' logins, shared by the replicas (cluster.redis) ------------------
-# (oauth/shared.py, shared/logins.py; docs/decisions/0013-backend-logins-in-a-cluster.md)
-
-# Each operation on the shared logins waits this long for Redis at most (or redis_timeout, if
-# longer). Not the rate limits' 0.1 s: these run once per login step, per renewal, and per
-# request of a caller this replica holds no token for, never on every request, and a request
-# that needs one would otherwise fail outright; 1 s is far beyond a healthy Redis's answer yet
-# well inside the request's own wait for a token (connect_timeout, 10 s by default).
-SHARED_LOGINS_TIMEOUT = 1.0
-# The bus topic on which a replica says that a login ended (its id's digest, and the failure).
-LOGIN_TOPIC = "oauth-login"
-
-
-def shared_logins(config: Config) -> RedisLogins | None:
-    """The replicas' store of backend logins (tokens, registrations, per-user logins in
-    progress), sealed with keys from cluster.secrets; None without cluster.redis (then tokens
-    are the file store's and logins in progress the desk's memory). Made whenever the cluster
-    has Redis: its client connects on first use, and a reload may add a backend with auth:."""
-    cluster = config.cluster
-    if cluster is None or cluster.redis is None:
-        return None
-    timeout = max(cluster.redis_timeout, SHARED_LOGINS_TIMEOUT)
-    return RedisLogins(cluster.redis, cluster.keys(LOGINS_PURPOSE), timeout)
-
-
-def login_notices(desk: LoginDesk | None, bus: RedisBus | None) -> None:
-    """A login finished by one replica ends another's wait for it (the operator's login, whose
-    link every replica logs) over the bus. At most once: a lost notice costs that replica its
-    wait, and its next request finds the token in the shared store anyway."""
-    if desk is None or bus is None:
-        return
-
-    async def announce(digest: str, failure: str | None) -> None:
-        await bus.publish(LOGIN_TOPIC, {"login": digest, "failure": failure})
-
-    async def heard(sender: str, body: dict[str, Any]) -> None:
-        login, failure = body.get("login"), body.get("failure")
-        if isinstance(login, str):
-            await desk.heard(login, failure if isinstance(failure, str) else None)
-
-    desk.announce = announce
-    bus.on(LOGIN_TOPIC, heard)
-
-
-# --- end of the shared logins' block ------------------------------------------------------
-
-
-def make_exposure(config: BackendConfig) -> Exposure:
-    return Exposure(
-        backend=config.name,
-        namespace=config.effective_namespace,
-        allow=config.allow_tools,
-        deny=config.deny_tools,
-        rename=dict(config.rename_tools),
-        strict_headers=not isinstance(config.target, StdioTarget),
-        forward_unknown=config.forward_unknown,
-    )
-
-
-def make_naming(config: Config) -> Naming:
-    n = config.namespacing
-    return Naming(
-        mode=PrefixMode(n.prefix),
-        separator=n.separator,
-        max_length=n.max_name_length,
-        backends=len(config.backends),
-    )
-
-
-@dataclass(eq=False)
-class Wired:
-    """One configured backend: its transport and the layers over it, outermost last, and the
-    scope its tasks run in, so that a reload can stop it alone."""
-
-    config: BackendConfig
-    transport: StdioBackend | HttpBackend | SseBackend | IsolatedBackend
-    layer: EraBackend | IsolatedBackend
-    health: Health
-    guarded: Guarded
-    bound: Bound
-    outer: Backend
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    stopped: anyio.Event = field(default_factory=anyio.Event)
-    breaker: Breaker | None = None  # (backends.NAME.breaker; None: off)
-
-
-# The sections a reload applies; every other one (listen addresses, TLS, `auth:`, telemetry,
-# tap, audit, overload, cluster) is what the running process was built around, so a change
-# there is logged as needing a restart and left as it was, never half-applied.
-RELOADED = frozenset(
-    {"backends", "namespacing", "on_backend_failure", "policy", "rate_limits", "shutdown"}
-)
-# What a removed backend is given beyond its request timeout to finish what it was sent (the
-# timeout's own error takes that long to come back through the layers).
-RETIRE_MARGIN = 1.0
-
-
-@dataclass(frozen=True)
-class Reloaded:
-    """What one applied reload changed, by backend name, and the sections left for a restart."""
-
-    added: tuple[str, ...]
-    removed: tuple[str, ...]
-    changed: tuple[str, ...]
-    kept: tuple[str, ...]
-    needs_restart: tuple[str, ...]
 
 
 class Gateway:
@@ -965,226 +663,3 @@ class Gateway:
         self, inbound: anyio.abc.ByteReceiveStream, outbound: anyio.abc.ByteSendStream
     ) -> None:
         await StdioFrontend(self.dispatcher, inbound, outbound, stdio_origin(self.config)).serve()
-
-
-def _names(names: tuple[str, ...]) -> str:
-    return ", ".join(names) if names else "none"
-
-
-def stdio_origin(config: Config) -> Origin:
-    """The stdio front end's requests' origin: under the configured identity, if one is."""
-    who = config.listen.stdio_identity
-    if who is None:
-        return STDIO_ORIGIN
-    identity = Identity(
-        subject=who.subject,
-        client_id=who.client_id,
-        scopes=frozenset(who.scopes),
-        claims=dict(who.claims),
-        method=CONFIGURED,
-    )
-    return Origin("stdio", identity=identity)
-
-
-# Allocations between young-generation collections (CPython's default is 700).
-GC_YOUNG_THRESHOLD = 10_000
-
-
-def settle_gc() -> None:
-    """Once started: what exists now (modules, config, catalogs) lives as long as the process,
-    so it leaves the collector's scans; and young collections run less often, since every
-    request allocates a few dozen short-lived containers (the default made one every few
-    requests). Cycles are still collected."""
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
-
-
-# How often `--watch` looks at the config file's modification time: a stat a second is
-# nothing, and an edit is picked up about as fast as an operator could send SIGHUP.
-WATCH_INTERVAL = 1.0
-
-
-async def run(
-    config: Config,
-    load: Callable[[], Config] | None = None,
-    *,
-    pid_file: Path | None = None,
-    watch: Path | None = None,
-) -> int:
-    """Run until SIGINT/SIGTERM, or (with a stdio front end) until stdin closes or the client
-    closes stdout. Either way open listen streams end with their completion result and
-    in-flight requests get time to finish; a second signal cuts that short. With `load`,
-    SIGHUP (and, with `watch`, a change to that file) reloads the config. Returns the exit
-    status: 0, or non-zero as `Stopping` says."""
-    # The file as it was loaded (near enough: just after), so an edit made while the gateway
-    # starts is a change too.
-    stamp = await _stamp(watch) if watch is not None else None
-    stopping = Stopping()
-    # SIGHUP is taken before anything starts: its default action would end the process.
-    # SIGINT and SIGTERM, once taken, are held to the very end (`held`), watched by a task that
-    # outlives the gateway's own shutdown (a task group around the gateway would wrap its
-    # start-up errors in an exception group).
-    with anyio.open_signal_receiver(signal.SIGHUP) as hangups, contextlib.ExitStack() as held:
-        try:
-            async with Gateway(config) as gateway, anyio.create_task_group() as tg:
-                settle_gc()
-                stdio: StdioFrontend | None = None
-                if config.listen.stdio:
-                    inbound, outbound = await open_process_stdio()
-                    stdio = StdioFrontend(
-                        gateway.dispatcher,
-                        inbound,
-                        outbound,
-                        stdio_origin(config),
-                        config.shutdown.stdout_stall_timeout,
-                    )
-
-                    async def serve_stdio(frontend: StdioFrontend) -> None:
-                        end = await frontend.serve()
-                        if end is End.INPUT:
-                            log.info("stdin closed, shutting down")
-                        elif end is End.STALLED:
-                            stopping.fail(STALLED_STATUS)
-                        tg.cancel_scope.cancel()
-
-                    tg.start_soon(serve_stdio, stdio)
-                tg.start_soon(_reload_on_sighup, gateway, load, hangups)
-                if load is not None and watch is not None:
-                    tg.start_soon(_reload_on_change, gateway, load, watch, stamp)
-                signals = held.enter_context(
-                    anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
-                )
-                stopping.watch(gateway, stdio, signals)
-                if pid_file is not None:
-                    # Written once SIGHUP reloads: whoever reads it may signal at once.
-                    await anyio.Path(pid_file).write_text(f"{os.getpid()}\n")
-                try:
-                    await stopping.requested.wait()
-                finally:
-                    if pid_file is not None:
-                        _remove(pid_file)
-                if stdio is not None:
-                    stdio.stop()  # serve_stdio drains, then cancels the group
-                else:
-                    tg.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await stopping.close()
-    return stopping.status
-
-
-# The exit status when the stdio client stopped reading its last replies (some were lost).
-STALLED_STATUS = 1
-
-
-class Stopping:
-    """SIGINT and SIGTERM from the start of serving to the process's end. The first begins the
-    graceful shutdown (after `shutdown.pre_stop_delay`, for SIGTERM); the next (or the first,
-    once the end of stdin began the shutdown) stops at once: requests in flight are cut, each
-    answered with GATEWAY_SHUTTING_DOWN, and the exit status is 128 + the signal's number, as
-    for a process the signal ended. Held to the end, so a signal never lands as a
-    KeyboardInterrupt in whatever the loop is running."""
-
-    def __init__(self) -> None:
-        self.requested = anyio.Event()  # the graceful shutdown is asked for
-        self.status = 0
-        self._hurried = False
-        self._watcher: asyncio.Task[None] | None = None
-
-    def fail(self, status: int) -> None:
-        self.status = self.status or status
-
-    def watch(
-        self, gateway: Gateway, stdio: StdioFrontend | None, signals: AsyncIterator[int]
-    ) -> None:
-        self._watcher = asyncio.get_running_loop().create_task(
-            self._watch(gateway, stdio, signals), name="signals"
-        )
-
-    async def close(self) -> None:
-        """The process is ending: signals are no longer watched (once their receiver is
-        closed, the next SIGINT is a KeyboardInterrupt again, which the CLI takes)."""
-        if self._watcher is not None:
-            self._watcher.cancel()
-            await asyncio.gather(self._watcher, return_exceptions=True)
-
-    async def _watch(
-        self, gateway: Gateway, stdio: StdioFrontend | None, signals: AsyncIterator[int]
-    ) -> None:
-        async for signum in signals:
-            name = signal.Signals(signum).name
-            if not self.requested.is_set() and not (stdio is not None and stdio.ending):
-                await _pre_stop(gateway, signum, signals)
-                # Unready before the line is logged: whoever sees the line sees 503.
-                gateway.drain()
-                log.info("received %s, shutting down", name)
-                self.requested.set()
-            elif not self._hurried:
-                self._hurried = True
-                log.warning(
-                    "received %s during the shutdown: stopping at once; requests in flight "
-                    "are answered with %d",
-                    name,
-                    codes.GATEWAY_SHUTTING_DOWN,
-                )
-                self.fail(128 + signum)
-                gateway.hurry()
-                if stdio is not None:
-                    stdio.hurry()
-
-
-async def _pre_stop(gateway: Gateway, signum: int, signals: AsyncIterator[int]) -> None:
-    """`shutdown.pre_stop_delay` after SIGTERM: unready (/readyz 503) at once, yet serving as
-    before, so a load balancer that has not yet heard (a Service's endpoints take seconds to
-    reach every node) sends nothing into a closed port. SIGINT is someone at a terminal: no
-    wait; a second signal ends the wait."""
-    delay = gateway.config.shutdown.pre_stop_delay
-    if signum != signal.SIGTERM or delay <= 0:
-        return
-    gateway.draining = True
-    log.info("received SIGTERM: unready, serving %g s more (shutdown.pre_stop_delay)", delay)
-    with anyio.move_on_after(delay):
-        async for _ in signals:
-            return
-
-
-async def _reload_on_sighup(
-    gateway: Gateway, load: Callable[[], Config] | None, hangups: AsyncIterator[int]
-) -> None:
-    async for _ in hangups:
-        if load is None:
-            log.warning("received SIGHUP: this gateway has no config file to reload")
-            continue
-        log.info("received SIGHUP, reloading the config")
-        await gateway.reload(load)
-
-
-async def _reload_on_change(
-    gateway: Gateway, load: Callable[[], Config], path: Path, seen: tuple[int, int] | None
-) -> None:
-    """`--watch`: a stat of the file every WATCH_INTERVAL, a reload when its modification time
-    or size changed (a poll, not inotify: portable, and one stat a second costs nothing)."""
-    log.info("watching %s for changes", path)
-    while True:
-        await anyio.sleep(WATCH_INTERVAL)
-        stamp = await _stamp(path)
-        if stamp != seen:
-            seen = stamp
-            log.info("%s changed, reloading the config", path)
-            await gateway.reload(load)
-
-
-def _remove(pid_file: Path) -> None:
-    # One unlink, synchronous: it runs in a `finally` that cancellation may be passing through,
-    # where an await would not run.
-    pid_file.unlink(missing_ok=True)
-
-
-async def _stamp(path: Path) -> tuple[int, int] | None:
-    try:
-        found = await anyio.Path(path).stat()
-    except OSError:
-        return None  # (being replaced: the next look sees the new file)
-    return found.st_mtime_ns, found.st_size
