@@ -5,16 +5,18 @@ gateway.py   the Gateway: its parts, start (listeners, backends, catalogs) and s
 wiring.py    each backend's transport and layers, the login desk, limiters, names, exposures
 cluster.py   the replicas' shared state over Redis (buckets, bus, session records, logins)
 observe.py   spans, tap, audit and access logs, opened from the config
-reload.py    what a reload may change, and its report
+reload.py    what a reload may change: its plan, report and the retiring of old backends
+views.py     what it shows of itself: backend states, status facts, queues, readiness, metrics
 process.py   the process: signals, SIGHUP and `--watch` reloads, the pid file, gc settings
 errors.py    StartupError
 """
 
 from gateway.app.cluster import shared_logins
 from gateway.app.errors import StartupError
-from gateway.app.gateway import HTTP_SHUTDOWN_GRACE, INFO, Gateway
+from gateway.app.gateway import HTTP_SHUTDOWN_GRACE, Gateway
 from gateway.app.process import run
 from gateway.app.reload import Reloaded
+from gateway.app.wiring import INFO
 
 __all__ = [
     "HTTP_SHUTDOWN_GRACE",

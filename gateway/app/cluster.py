@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.config import (
-    Config,
-)
+from gateway.config import Config
+from gateway.core.changes import ClusterChanges
+from gateway.core.dispatcher import Dispatcher
 from gateway.oauth.desk import LoginDesk
 from gateway.oauth.shared import PURPOSE as LOGINS_PURPOSE
 from gateway.shared.buckets import RedisBuckets
@@ -48,6 +48,15 @@ def session_records(config: Config, stats: Stats) -> RedisSessions | None:
         cluster.redis_retry_interval,
         stats,
     )
+
+
+def cluster_changes(bus: RedisBus | None, dispatcher: Dispatcher) -> ClusterChanges | None:
+    """List changes and resource updates across replicas (core/changes.py). Its topics
+    (changes, and the replicas' resource interests: core/interest.py) are named on the bus
+    when it is made, before the bus runs."""
+    if bus is None:
+        return None
+    return ClusterChanges(bus, dispatcher.subscriptions, dispatcher.catalogs, ready=bus.ready)
 
 
 # --- cluster: the backends' logins, shared by the replicas (cluster.redis) ------------------

@@ -12,11 +12,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
 from gateway.app.errors import StartupError
-from gateway.config import (
-    AuditConfig,
-    Config,
-    TapConfig,
-)
+from gateway.config import AuditConfig, Config, TapConfig
 from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.otlp import OtlpSpanProcessor, Settings
 from gateway.telemetry.tap import Tap
@@ -40,14 +36,14 @@ def tracer_provider(config: Config) -> tuple[TracerProvider, OtlpSpanProcessor] 
     return provider, processor
 
 
-def _open_tap(config: TapConfig) -> Tap:
+def open_tap(config: TapConfig) -> Tap:
     try:
         return Tap(config)
     except OSError as exc:
         raise StartupError(f"tap: cannot open {config.path}: {exc.strerror}") from None
 
 
-def _open_audit(config: AuditConfig) -> AuditLog:
+def open_audit(config: AuditConfig) -> AuditLog:
     try:
         return AuditLog(config)
     except OSError as exc:

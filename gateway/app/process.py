@@ -14,12 +14,11 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
+import anyio.abc
 
 from gateway.app.gateway import Gateway
 from gateway.app.wiring import stdio_origin
-from gateway.config import (
-    Config,
-)
+from gateway.config import Config
 from gateway.frontends.stdio import End, StdioFrontend, open_process_stdio
 from gateway.protocol import codes
 
@@ -70,26 +69,7 @@ async def run(
         try:
             async with Gateway(config) as gateway, anyio.create_task_group() as tg:
                 settle_gc()
-                stdio: StdioFrontend | None = None
-                if config.listen.stdio:
-                    inbound, outbound = await open_process_stdio()
-                    stdio = StdioFrontend(
-                        gateway.dispatcher,
-                        inbound,
-                        outbound,
-                        stdio_origin(config),
-                        config.shutdown.stdout_stall_timeout,
-                    )
-
-                    async def serve_stdio(frontend: StdioFrontend) -> None:
-                        end = await frontend.serve()
-                        if end is End.INPUT:
-                            log.info("stdin closed, shutting down")
-                        elif end is End.STALLED:
-                            stopping.fail(STALLED_STATUS)
-                        tg.cancel_scope.cancel()
-
-                    tg.start_soon(serve_stdio, stdio)
+                stdio = await _start_stdio(gateway, stopping, tg) if config.listen.stdio else None
                 tg.start_soon(_reload_on_sighup, gateway, load, hangups)
                 if load is not None and watch is not None:
                     tg.start_soon(_reload_on_change, gateway, load, watch, stamp)
@@ -113,6 +93,33 @@ async def run(
             with anyio.CancelScope(shield=True):
                 await stopping.close()
     return stopping.status
+
+
+async def _start_stdio(
+    gateway: Gateway, stopping: Stopping, tg: anyio.abc.TaskGroup
+) -> StdioFrontend:
+    """The stdio front end on the process's stdin and stdout. Its end (stdin closed, or the
+    client no longer reading) ends the run, which `tg` holds."""
+    config = gateway.config
+    inbound, outbound = await open_process_stdio()
+    stdio = StdioFrontend(
+        gateway.dispatcher,
+        inbound,
+        outbound,
+        stdio_origin(config),
+        config.shutdown.stdout_stall_timeout,
+    )
+
+    async def serve_stdio(frontend: StdioFrontend) -> None:
+        end = await frontend.serve()
+        if end is End.INPUT:
+            log.info("stdin closed, shutting down")
+        elif end is End.STALLED:
+            stopping.fail(STALLED_STATUS)
+        tg.cancel_scope.cancel()
+
+    tg.start_soon(serve_stdio, stdio)
+    return stdio
 
 
 # The exit status when the stdio client stopped reading its last replies (some were lost).

@@ -5,13 +5,14 @@ front end's origin.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import anyio
 
-from gateway import __version__
+from gateway import __version__, taskkey
 from gateway.auth.authenticator import Authenticator
 from gateway.auth.identity import CONFIGURED, Identity
 from gateway.auth.outage import Unavailable
@@ -22,24 +23,31 @@ from gateway.backends.era.layer import EraBackend
 from gateway.backends.health import Guarded, Health
 from gateway.backends.http import HttpBackend
 from gateway.backends.isolated import IsolatedBackend
+from gateway.backends.login_gate import LoginGate
+from gateway.backends.resilience import Resilient
 from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
-from gateway.config import (
-    BackendConfig,
-    Config,
-    SseTarget,
-    StdioTarget,
-)
-from gateway.core.overload import Bound
+from gateway.config import BackendConfig, Config, Overload, SseTarget, StdioTarget
+from gateway.core.dispatcher import Dispatcher, GatewayInfo
+from gateway.core.instrument import InstrumentedBackend
+from gateway.core.overload import BACKEND, OVERALL, Bound, BoundedBackend
+from gateway.core.policy import Policy
 from gateway.core.ratelimit import RateLimiter, SharedRateLimiter
+from gateway.oauth.authorizer import Authorizer
 from gateway.oauth.caller_check import CallerCheck
 from gateway.oauth.desk import LoginDesk
 from gateway.oauth.fetch import OAuthHttp
 from gateway.oauth.shared import LoginBook
+from gateway.routing import cursor as cursors
+from gateway.routing import taskids
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
 from gateway.shared.buckets import RedisBuckets
+from gateway.shared.logins import RedisLogins
 from gateway.telemetry.api import STDIO_ORIGIN, Origin, Stats
+from gateway.telemetry.otel import GatewayTelemetry
+
+INFO = GatewayInfo(name="mcp-gateway", version=__version__)
 
 
 def make_backend(
@@ -105,7 +113,7 @@ def legacy_lane(
     return None  # HTTP+SSE (2024-11-05) is legacy by nature
 
 
-def _address(config: BackendConfig) -> tuple[str, int] | None:
+def address(config: BackendConfig) -> tuple[str, int] | None:
     if isinstance(config.target, StdioTarget):
         return None
     url = urlsplit(config.target.url)
@@ -180,3 +188,80 @@ def stdio_origin(config: Config) -> Origin:
         method=CONFIGURED,
     )
     return Origin("stdio", identity=identity)
+
+
+def wire_backend(
+    config: BackendConfig,
+    overload: Overload,
+    telemetry: GatewayTelemetry,
+    shared: RedisLogins | None,
+    desk: LoginDesk | None,
+) -> Wired:
+    """One backend's layers, from its transport out to its bound. `shared`: the cluster's
+    backend logins (tokens in Redis); `desk`: where per-user logins are served."""
+    stats = telemetry.stats
+    transport = make_backend(config, stats)
+    if telemetry.tapping:
+        transport.tap = telemetry  # (it records what it writes and reads)
+    # Behind its era layer a legacy backend looks modern. (A backend with a child per
+    # client has an era layer per child, inside it.)
+    layer: EraBackend | IsolatedBackend = (
+        transport
+        if isinstance(transport, IsolatedBackend)
+        else EraBackend(transport, config, legacy_lane(transport, config, stats))
+    )
+    # Behind its health: one that cannot be reached fails at once and is retried in the
+    # background (a stdio child by its own supervisor, which reports to the same one; a
+    # backend with a child per client by each child's).
+    health = transport.health if isinstance(transport, StdioBackend) else Health(transport.name)
+    gated: Backend = layer
+    authorizer = getattr(transport, "authorizer", None)
+    if isinstance(authorizer, Authorizer) and shared is not None:
+        authorizer.share(shared)  # (shared logins: tokens in Redis)
+    if isinstance(authorizer, Authorizer) and authorizer.per_user:
+        authorizer.desk = desk
+        gated = LoginGate(layer)
+    guarded = Guarded(
+        gated, health, supervised=isinstance(transport, StdioBackend | IsolatedBackend)
+    )
+    # Outermost, its bound on requests in flight: a request refused there reaches nothing
+    # below (no span, no transport).
+    bound = Bound(BACKEND, config.name, config.max_in_flight, overload, stats.overloaded)
+    # Above its health, below what is observed: tools' own timeouts, safe retries (one
+    # request to the client, its span and metrics) and the breaker (backends/resilience.py).
+    breaker = Breaker(config.breaker) if config.breaker is not None else None
+    resilient = Resilient(guarded, config, breaker)
+    instrumented = InstrumentedBackend(resilient, telemetry, address(config))
+    outer = BoundedBackend(instrumented, bound)
+    return Wired(config, transport, layer, health, guarded, bound, outer, breaker=breaker)
+
+
+def make_dispatcher(
+    config: Config,
+    backends: list[Backend],
+    telemetry: GatewayTelemetry,
+    limiters: tuple[RateLimiter | None, SharedRateLimiter | None],
+) -> Dispatcher:
+    """The engine over the wired backends, with the limiters `rate_limiters` chose."""
+    own, shared = limiters
+    overload = config.overload
+    return Dispatcher(
+        backends,
+        [make_exposure(b) for b in config.backends],
+        make_naming(config),
+        INFO,
+        config.on_backend_failure,
+        telemetry,
+        policy=Policy(config.policy) if config.policy is not None else None,
+        limiter=own,
+        shared_limiter=shared,
+        cursor_keys=config.cluster.keys(cursors.PURPOSE) if config.cluster else (),
+        bound=Bound(OVERALL, "", overload.max_in_flight, overload, telemetry.stats.overloaded),
+        grace=config.fan_out_grace,
+        start_wait=config.fan_out_start_wait,
+        task_keys=(
+            config.cluster.keys(taskids.PURPOSE)
+            if config.cluster
+            else functools.partial(taskkey.load, config.task_key_file)
+        ),
+    )
