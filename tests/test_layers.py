@@ -35,8 +35,27 @@ def ours(name: str) -> set[str]:
     return {i for i in imports(MODULES[name]) if i == "gateway" or i.startswith("gateway.")}
 
 
+def in_the_composition_root(name: str) -> bool:
+    """The composition root is the package `gateway/app/`: every module of it is treated alike."""
+    return name == "gateway.app" or name.startswith("gateway.app.")
+
+
 def in_layer(layer: str) -> list[str]:
     return [m for m in MODULES if m == f"gateway.{layer}" or m.startswith(f"gateway.{layer}.")]
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if not in_the_composition_root(m)])
+def test_only_the_cli_imports_the_composition_root(name: str) -> None:
+    """Wiring flows one way: the command line starts the gateway, and nothing the gateway is
+    built from knows how it is put together."""
+    if name != "gateway.cli":
+        assert not any(in_the_composition_root(i) for i in ours(name))
+        assert not any(
+            a.name == "app"
+            for node in ast.walk(MODULES[name])
+            if isinstance(node, ast.ImportFrom) and node.module == "gateway"
+            for a in node.names
+        )
 
 
 @pytest.mark.parametrize("name", in_layer("protocol"))
@@ -126,7 +145,7 @@ def test_shared_state_implements_cores_protocol_and_nothing_more(name: str) -> N
     `SharedBuckets` and its `Want`, the bus; the legacy wing's session records; the OAuth client's
     `SharedStore` in oauth/shared.py) and the stats, and nothing of the data path or of the
     OAuth client's workings: core, the front ends and the OAuth client call it through those
-    protocols, app.py wires it."""
+    protocols, the composition root (gateway/app/) wires it."""
     allowed = {
         "gateway.shared",
         "gateway.core.ratelimit",
@@ -144,18 +163,21 @@ def test_only_the_shared_state_package_uses_redis(name: str) -> None:
     assert not any(i == "redis" or i.startswith("redis.") for i in imports(MODULES[name]))
 
 
-# The composition root, and the span exporter: a span processor of the SDK's that reads its
+# Besides the composition root, the span exporter: a span processor of the SDK's that reads its
 # finished spans (docs/decisions/0050-own-span-exporter.md).
-SDK_MODULES = {"gateway.app", "gateway.telemetry.otlp", "gateway.telemetry.otlp_wire"}
+SDK_MODULES = {"gateway.telemetry.otlp", "gateway.telemetry.otlp_wire"}
 
 
-@pytest.mark.parametrize("name", [m for m in MODULES if m not in SDK_MODULES])
+@pytest.mark.parametrize(
+    "name", [m for m in MODULES if m not in SDK_MODULES and not in_the_composition_root(m)]
+)
 def test_only_the_composition_root_touches_the_telemetry_sdk(name: str) -> None:
     assert not any(i.startswith("opentelemetry.sdk") for i in imports(MODULES[name]))
 
 
 @pytest.mark.parametrize(
-    "name", [m for m in MODULES if m not in ("gateway.app", "gateway.telemetry.metrics")]
+    "name",
+    [m for m in MODULES if m != "gateway.telemetry.metrics" and not in_the_composition_root(m)],
 )
 def test_prometheus_client_stays_in_the_metrics_exporter(name: str) -> None:
     assert not any(i.startswith("prometheus_client") for i in imports(MODULES[name]))
@@ -192,7 +214,6 @@ HTTP_MODULES = {
     "gateway.oauth.redirect",
     "gateway.frontends.logins",
     "gateway.telemetry.otlp",
-    "gateway.app",
 }
 
 
@@ -200,7 +221,7 @@ HTTP_MODULES = {
 def test_only_the_http_modules_use_aiohttp(name: str) -> None:
     """aiohttp is the gateway's HTTP in both directions, and only the transports that speak HTTP
     (and the composition root) touch it."""
-    if name not in HTTP_MODULES:
+    if name not in HTTP_MODULES and not in_the_composition_root(name):
         assert not any(i.startswith("aiohttp") for i in imports(MODULES[name]))
 
 
@@ -242,10 +263,6 @@ def era_modules(name: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(f"{ERA}."):
             found.add(str(node.module))
     return found
-
-
-def in_the_composition_root(name: str) -> bool:
-    return name == "gateway.app" or name.startswith("gateway.app.")
 
 
 @pytest.mark.parametrize("name", in_layer("core"))

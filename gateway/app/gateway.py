@@ -1,0 +1,493 @@
+"""The running gateway: builds backends, the dispatcher and the front ends from a config, owns
+the root task group and shuts everything down in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Callable
+from dataclasses import replace
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import CollectorRegistry
+
+from gateway import __version__
+from gateway.app.cluster import (
+    cluster_bus,
+    cluster_changes,
+    login_notices,
+    session_records,
+    shared_buckets,
+    shared_logins,
+)
+from gateway.app.errors import StartupError
+from gateway.app.observe import access_logger, open_audit, open_tap, tracer_provider
+from gateway.app.reload import (
+    RELOADED,
+    Reloaded,
+    carry_over,
+    needs_restart,
+    plan,
+    record,
+    report,
+    retire_all,
+)
+from gateway.app.views import backend_facts, backend_states, backends_up, queued, render_metrics
+from gateway.app.wiring import (
+    Wired,
+    login_desk,
+    make_dispatcher,
+    make_exposure,
+    make_naming,
+    rate_limiters,
+    stdio_origin,
+    wire_backend,
+)
+from gateway.auth.authenticator import Authenticator
+from gateway.backends.base import Backend
+from gateway.backends.era.layer import EraBackend
+from gateway.backends.health import Guarded, Health
+from gateway.backends.http import HttpBackend
+from gateway.backends.isolated import IsolatedBackend
+from gateway.backends.sse import SseBackend
+from gateway.backends.stdio import StdioBackend
+from gateway.config import BackendConfig, Config, ConfigInvalid, ListenerLimits
+from gateway.core.overload import Bound
+from gateway.core.policy import Policy
+from gateway.frontends import guard
+from gateway.frontends import http as http_frontend
+from gateway.frontends.listener import BindError, Listener
+from gateway.frontends.ops import Operations, admin_handler
+from gateway.frontends.stdio import StdioFrontend
+from gateway.telemetry.loop import measure_lag
+from gateway.telemetry.metrics import (
+    BackendState,
+    GatewayCollector,
+    Recorder,
+    TraceExportCollector,
+    process_metrics,
+)
+from gateway.telemetry.otel import GatewayTelemetry
+from gateway.telemetry.otlp import OtlpSpanProcessor
+from gateway.telemetry.status import StatusBoard, snapshot
+
+log = logging.getLogger("gateway")
+
+
+# Time given to open HTTP responses to finish when the gateway stops.
+HTTP_SHUTDOWN_GRACE = 5.0
+# The admin listener serves a scraper or two: the listener defaults bound it (no config keys).
+ADMIN_LIMITS = ListenerLimits()
+
+
+class Gateway:
+    """The running gateway: `async with Gateway(config) as gw:` starts backends and the HTTP
+    listener (if configured); `serve_stdio` runs the stdio front end on given streams."""
+
+    def __init__(self, config: Config, tracing: trace.TracerProvider | None = None) -> None:
+        self.config = config
+        self._observe(tracing)
+        # The HTTP listener's token checks (`auth:`); None: no authentication.
+        self.authenticator = Authenticator(config.auth) if config.auth is not None else None
+        # With cluster.redis the backends' logins are the replicas' (tokens, logins under way).
+        self.shared_logins = shared_logins(config)
+        # Per-user backend logins are served by the HTTP listener (frontends/logins.py); a
+        # caller who has none is sent its link by the gate above the era layer.
+        self.logins = login_desk(config, self.authenticator, self.shared_logins)
+        self.wired = [self._wire(c) for c in config.backends]
+        self._share()
+        limiters = rate_limiters(config, self.telemetry.stats, self.shared_buckets)
+        self.dispatcher = make_dispatcher(config, self.backends, self.telemetry, limiters)
+        for wired in self.wired:
+            self._attach(wired)
+        # Cluster changes: list changes and resource updates across replicas. Its topics are
+        # named on the bus here, before the bus runs; it runs in __aenter__.
+        self.changes = cluster_changes(self.bus, self.dispatcher)
+        # One reload at a time (SIGHUP, `reload`, --watch), its drain of removed backends
+        # included: each one starts from the set the one before it left.
+        self._reloading = anyio.Lock()
+        # Set once every backend's catalog has been asked for (loaded, or failed) at start-up.
+        self.catalogs_loaded = anyio.Event()
+        self._collect_metrics()
+        self._serving = False
+        # Set when shutdown begins (a signal, the end of stdin): /readyz answers 503 from then
+        # on, so a load balancer stops sending while what runs drains.
+        self.draining = False
+        self._operate()
+        self._admin: Listener | None = None
+        self.admin_url: str | None = None
+        self._http: Listener | None = None
+        self._endpoint: http_frontend.Endpoint | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.http_url: str | None = None
+
+    def _observe(self, tracing: trace.TracerProvider | None) -> None:
+        """The metrics registry, the spans, the tap, the audit and access logs: what the data
+        path reports to (`telemetry`)."""
+        config = self.config
+        self.registry = CollectorRegistry()
+        # The spans' exporter, when the gateway makes its own provider (a given one exports
+        # however its maker chose): it runs on the gateway's loop and is flushed on the way out.
+        self.otlp: OtlpSpanProcessor | None = None
+        self._provider = tracing
+        if tracing is None and (made := tracer_provider(config)) is not None:
+            self._provider, self.otlp = made
+        tracer = self._provider.get_tracer("mcp-gateway", __version__) if self._provider else None
+        self.tap = open_tap(config.tap) if config.tap is not None else None
+        self.audit = open_audit(config.audit) if config.audit is not None else None
+        self.telemetry = GatewayTelemetry(
+            tracer,
+            Recorder(self.registry),
+            access_logger(config),
+            config.telemetry.record_payloads,
+            self.tap,
+            self.audit,
+            backend_spans=config.telemetry.backend_spans,
+        )
+
+    def _share(self) -> None:
+        """What the replicas share over cluster.redis (all None for a replica alone)."""
+        config, stats = self.config, self.telemetry.stats
+        # The limits are shared; the replica's own decide when Redis does not.
+        self.shared_buckets = shared_buckets(config, stats)
+        # The replicas tell each other what only one of them saw; the parts that listen name
+        # their topics before it runs (in __aenter__).
+        self.bus = cluster_bus(config, stats)
+        # Legacy sessions' records in Redis; what reaches the wrong replica (answers,
+        # cancellations, the session's end, new subscriptions) goes over the bus. Wired into
+        # the HTTP endpoint.
+        self.session_records = session_records(config, stats)
+        login_notices(self.logins, self.bus)  # (shared logins: a login ended elsewhere)
+
+    def _collect_metrics(self) -> None:
+        self.registry.register(
+            GatewayCollector(
+                self.telemetry.stats, self._backend_states, self._listens, self._queued
+            )
+        )
+        # The process (CPU, memory, fds, GC) and the event loop's measured lag (run in __aenter__).
+        self._loop_lag = process_metrics(self.registry)
+        if (otlp := self.otlp) is not None:  # (what became of the sampled spans)
+            self.registry.register(TraceExportCollector(otlp.spans, lambda: otlp.queued))
+
+    def _operate(self) -> None:
+        """What the admin listener serves: metrics, health, readiness, the status page."""
+        # The status page's series and recent errors (/status on the admin listener).
+        self.status = StatusBoard()
+        self.telemetry.status = self.status
+        self.operations = Operations(
+            metrics=self._render_metrics,
+            backends=lambda: backends_up(self.wired, self.dispatcher),
+            serving=lambda: self._serving,
+            draining=lambda: self.draining,
+            status=self._status,
+        )
+
+    def _wire(self, config: BackendConfig) -> Wired:
+        """One backend's layers, from its transport out to its bound."""
+        overload = self.config.overload
+        return wire_backend(config, overload, self.telemetry, self.shared_logins, self.logins)
+
+    def _attach(self, wired: Wired) -> None:
+        wired.layer.on_notification = self.dispatcher.backend_notification
+        wired.health.on_change = self._on_health(wired.config.name, wired.health)
+
+    # Views of the backends' layers, in config order (tests and metrics read them).
+    @property
+    def transports(self) -> list[StdioBackend | HttpBackend | SseBackend | IsolatedBackend]:
+        return [w.transport for w in self.wired]
+
+    @property
+    def layers(self) -> list[EraBackend | IsolatedBackend]:
+        return [w.layer for w in self.wired]
+
+    @property
+    def eras(self) -> list[EraBackend]:
+        return [w.layer for w in self.wired if isinstance(w.layer, EraBackend)]
+
+    @property
+    def health(self) -> list[Health]:
+        return [w.health for w in self.wired]
+
+    @property
+    def guarded(self) -> list[Guarded]:
+        return [w.guarded for w in self.wired]
+
+    @property
+    def bounds(self) -> list[Bound]:
+        return [w.bound for w in self.wired]
+
+    @property
+    def backends(self) -> list[Backend]:
+        return [w.outer for w in self.wired]
+
+    async def __aenter__(self) -> Gateway:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self.dispatcher.catalogs.spawn = self._tg.start_soon
+        try:
+            # The addresses are taken before any backend starts: one that cannot be had stops
+            # the start with one line, before a child has been spawned for nothing.
+            await self._start_admin()
+            if self.config.listen.http is not None:
+                await self._start_http()
+            self._tg.start_soon(measure_lag, self._loop_lag, name="event-loop lag")
+            if self.otlp is not None:
+                self._tg.start_soon(self.otlp.run, name="span export")
+            if self.bus is not None:
+                self._tg.start_soon(self.bus.run, name="cluster bus")
+            if self.changes is not None:  # (cluster changes)
+                self._tg.start_soon(self.changes.run, name="cluster changes")
+            for wired in self.wired:
+                self._tg.start_soon(self._run_backend, wired, name=f"backend {wired.config.name}")
+            if self.config.namespacing.prefix == "never":
+                # Unprefixed names collide only once both lists are known: a collision must
+                # stop the start before anyone is served under it, so this mode waits.
+                await self._load_catalogs()
+            else:
+                # Clients are served while slow backends start: a list waits for a starting
+                # backend (or skips one that is down), a call to a ready one goes through.
+                self._tg.start_soon(self._load_catalogs, name="catalogs")
+            self._serving = True
+            if self._http is not None:
+                self._http.release()
+                log.info("listening on %s", self.http_url)
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def _run_backend(self, wired: Wired) -> None:
+        try:
+            with wired.scope:
+                await wired.outer.run()
+        finally:
+            wired.stopped.set()
+
+    async def reload(self, load: Callable[[], Config]) -> Reloaded | None:
+        """Read the config again (`load`) and apply what can change while running: backends
+        added, removed, changed (a changed one is removed and added), namespacing, the failure
+        policy, `policy:` and `rate_limits:`. A config that does not validate is refused whole,
+        each problem logged, and the running one stays (None). One reload at a time."""
+        async with self._reloading:
+            stats = self.telemetry.stats
+            try:
+                # (a thread: the file is read and checked off the loop that serves requests)
+                new = await anyio.to_thread.run_sync(load)
+                self._check_reload(new)
+            except ConfigInvalid as exc:
+                for problem in exc.problems:
+                    log.error("reload refused: %s", problem)
+                log.error(
+                    "reload refused (%d problem(s)); still serving the config loaded before",
+                    len(exc.problems),
+                )
+                stats.reloads["refused"] += 1
+                return None
+            done = await self._apply(new)
+            stats.reloads["applied"] += 1
+            return done
+
+    def _check_reload(self, new: Config) -> None:
+        """What the loader cannot know: whether the running process can serve the new config."""
+        if self.logins is None and login_desk(new, self.authenticator) is not None:
+            raise ConfigInvalid(
+                [
+                    f"{new.source}: a per_user backend needs the login desk, which is set up "
+                    "at start-up (with the listener's auth:): restart to add the first one"
+                ]
+            )
+
+    async def _apply(self, new: Config) -> Reloaded:
+        assert self._tg is not None
+        restart = needs_restart(self.config, new)
+        steps = plan(self.wired, new.backends, self._wire)
+        self.config = replace(self.config, **{name: getattr(new, name) for name in RELOADED})
+        self.wired = steps.wired
+        for w in steps.fresh:
+            self._attach(w)
+        own, shared = rate_limiters(new, self.telemetry.stats, self.shared_buckets)
+        carry_over(self.dispatcher, own or (shared.local if shared is not None else None))
+        # From here on lists and calls see the new set: the swap is synchronous.
+        loads = self.dispatcher.reconfigure(
+            self.backends,
+            [make_exposure(b) for b in new.backends],
+            make_naming(self.config),
+            new.on_backend_failure,
+            Policy(new.policy) if new.policy is not None else None,
+            own,
+            shared,
+        )
+        for w in steps.fresh:
+            self._tg.start_soon(self._run_backend, w, name=f"backend {w.config.name}")
+        for name in loads:
+            self._tg.start_soon(self.dispatcher.catalogs.refresh, name)
+        done = report(steps, restart)
+        record(done, new.source, self.telemetry.stats)
+        await retire_all(steps.leaving)
+        return done
+
+    def _backend_states(self) -> list[BackendState]:
+        return backend_states(self.wired, self.dispatcher)
+
+    def _on_health(self, name: str, health: Health) -> Callable[[bool], None]:
+        def changed(up: bool) -> None:
+            if not up:
+                self.status.down(name, health.reason)  # (the status page's recent errors)
+            # Back up: its catalog is loaded again now, not at the next lookup that misses.
+            if up and self._tg is not None:
+                self.dispatcher.catalogs.invalidate(name)
+                self._tg.start_soon(self.dispatcher.catalogs.refresh, name)
+
+        return changed
+
+    def _status(self) -> dict[str, Any]:
+        """The status page (/status.json)."""
+        facts = backend_facts(self.wired, self.dispatcher.catalogs)
+        self.status.forget(f.name for f in facts)
+        listen = self.config.listen
+        listeners = {
+            "mcp_http": self.http_url,
+            "mcp_stdio": "stdin/stdout" if listen.stdio else None,
+            "admin": self.admin_url,
+        }
+        return snapshot(
+            self.status,
+            version=__version__,
+            listeners=listeners,
+            backends=facts,
+            serving=self._serving,
+            draining=self.draining,
+        )
+
+    def _render_metrics(self, accept: str) -> tuple[bytes, str]:
+        return render_metrics(self.registry, accept)
+
+    def _queued(self) -> list[tuple[str, str, int]]:
+        return queued(self.wired, self.dispatcher)
+
+    def _listens(self) -> int:
+        return self.dispatcher.subscriptions.active
+
+    async def _start_admin(self) -> None:
+        admin = self.config.listen.admin
+        if admin is None:
+            return
+        handler = admin_handler(self.operations, loopback=guard.is_loopback(admin.host))
+        self._admin = Listener(handler, ADMIN_LIMITS, stats=self.telemetry.stats)
+        try:
+            port = await self._admin.start(admin.host, admin.port)
+        except BindError as exc:
+            raise StartupError(f"listen.admin: {exc}") from None
+        self.admin_url = f"http://{admin.host}:{port}"
+        log.info("admin listener (metrics, health) on %s", self.admin_url)
+
+    async def _load_catalogs(self) -> None:
+        """Learn every backend's catalog before serving, so the first requests route and a
+        collision under prefix mode `never` stops the start with both backends named."""
+        await self.dispatcher.catalogs.load_all()
+        self.catalogs_loaded.set()
+        collisions = self.dispatcher.catalogs.table.collisions
+        if collisions and self.config.namespacing.prefix == "never":
+            raise StartupError("; ".join(collisions))
+
+    async def _start_http(self) -> None:
+        listen = self.config.listen.http
+        assert listen is not None
+        shared = None
+        if self.session_records is not None and self.bus is not None:
+            shared = http_frontend.SharedSessions(self.session_records, self.bus)
+        self._endpoint = http_frontend.Endpoint(
+            self.dispatcher, listen, self.operations, self.authenticator, self.logins, shared
+        )
+        # A client that drops its connection cancels its request (listener.py).
+        self._http = Listener(
+            self._endpoint.handle, listen.limits, tls=listen.tls, stats=self.telemetry.stats
+        )
+        # Requests wait until the backends are started (and, under prefix `never`, their
+        # catalogs known): only the address is taken now.
+        self._http.hold()
+        try:
+            port = await self._http.start(listen.host, listen.port)
+        except ssl.SSLError as exc:  # a key that does not match its certificate, say
+            raise StartupError(f"listen.http.tls: cannot use the certificate: {exc}") from None
+        except BindError as exc:
+            raise StartupError(f"listen.http: {exc}") from None
+        host = f"[{listen.host}]" if ":" in listen.host else listen.host
+        self.http_url = f"{listen.scheme}://{host}:{port}{listen.path}"
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.drain()
+        if self._endpoint is not None:
+            self._endpoint.closing()
+        with anyio.CancelScope(shield=True):
+            for listener in (self._http, self._admin):
+                if listener is not None:
+                    await listener.close(HTTP_SHUTDOWN_GRACE)
+        if self._endpoint is not None:
+            self._endpoint.close()
+        if self.authenticator is not None:
+            await self.authenticator.close()
+        if self.logins is not None:
+            await self.logins.close()
+        if self.shared_buckets is not None:
+            await self.shared_buckets.close()
+        if self.session_records is not None:
+            with anyio.CancelScope(shield=True):
+                await self.session_records.close()
+        assert self._tg is not None
+        if self.otlp is not None:
+            self.otlp.stopping()  # (its batch in flight finishes within the export timeout)
+        self._tg.cancel_scope.cancel()
+        try:
+            await self._tg.__aexit__(exc_type, exc, tb)
+        finally:
+            if self.bus is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.bus.close()
+            if self.shared_logins is not None:  # (after the backends, which use it)
+                with anyio.CancelScope(shield=True):
+                    await self.shared_logins.close()
+            if self.tap is not None:
+                self.tap.close()
+            if self.audit is not None:
+                self.audit.close()
+            # The spans of the last requests, sent on this loop before it closes (bounded by
+            # the export timeout); a provider given by the caller is flushed its own way.
+            if self.otlp is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.otlp.close()
+            elif isinstance(self._provider, TracerProvider):
+                self._provider.force_flush()
+
+    def hurry(self) -> None:
+        """Shutdown is to end now (a second signal): the listeners' grace ends at once (or is
+        none, if their close is still to come); what they still serve is answered with
+        GATEWAY_SHUTTING_DOWN."""
+        self.drain()
+        for listener in (self._http, self._admin):
+            if listener is not None:
+                listener.hurry()
+
+    def drain(self) -> None:
+        """Shutdown begins: unready from now on (/readyz), and open listen streams end with
+        their completion result; requests in flight get the front ends' drain or grace."""
+        self.draining = True
+        self.dispatcher.close_streams()
+
+    async def serve_stdio(
+        self, inbound: anyio.abc.ByteReceiveStream, outbound: anyio.abc.ByteSendStream
+    ) -> None:
+        await StdioFrontend(self.dispatcher, inbound, outbound, stdio_origin(self.config)).serve()

@@ -1,0 +1,70 @@
+"""The gateway's observation outputs, opened from the config: the span exporter (an SDK
+tracer provider), the traffic tap, the audit log and the access log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+
+from gateway.app.errors import StartupError
+from gateway.config import AuditConfig, Config, TapConfig
+from gateway.telemetry.audit import AuditLog
+from gateway.telemetry.otlp import OtlpSpanProcessor, Settings
+from gateway.telemetry.tap import Tap
+
+
+def tracer_provider(config: Config) -> tuple[TracerProvider, OtlpSpanProcessor] | None:
+    """An SDK tracer provider whose spans the gateway exports itself (OTLP over HTTP,
+    telemetry/otlp.py), when an endpoint is configured (in the config or the standard
+    OTEL_EXPORTER_OTLP_* variables) and OTEL_SDK_DISABLED is not set."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return None
+    endpoint = config.telemetry.otlp_endpoint
+    traces_url = f"{endpoint.rstrip('/')}/v1/traces" if endpoint else None
+    settings = Settings.from_env(traces_url)
+    if settings is None:
+        return None
+    service = os.environ.get("OTEL_SERVICE_NAME") or config.telemetry.service_name
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    processor = OtlpSpanProcessor(settings)
+    provider.add_span_processor(processor)
+    return provider, processor
+
+
+def open_tap(config: TapConfig) -> Tap:
+    try:
+        return Tap(config)
+    except OSError as exc:
+        raise StartupError(f"tap: cannot open {config.path}: {exc.strerror}") from None
+
+
+def open_audit(config: AuditConfig) -> AuditLog:
+    try:
+        return AuditLog(config)
+    except OSError as exc:
+        raise StartupError(f"audit: cannot open {config.path}: {exc.strerror}") from None
+
+
+def access_logger(config: Config) -> logging.Logger | None:
+    target = config.telemetry.access_log
+    if target is None:
+        return None
+    logger = logging.getLogger("gateway.access")
+    logger.propagate = False  # one JSON line per request, not wrapped by the text log format
+    logger.setLevel(logging.INFO)
+    try:
+        handler: logging.Handler = (
+            logging.StreamHandler(sys.stderr) if target == "stderr" else logging.FileHandler(target)
+        )
+    except OSError as exc:
+        raise StartupError(f"telemetry.access_log: cannot open {target}: {exc.strerror}") from None
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    for old in logger.handlers:  # a gateway made before in this process (tests, the CLI's checks)
+        old.close()
+    logger.handlers = [handler]
+    return logger

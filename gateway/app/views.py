@@ -1,0 +1,94 @@
+"""What the gateway shows of itself: the backends' states for the metrics, the status page's
+facts, the queues of its bounds, readiness, and the metrics in the format the scraper asks for.
+Each reads the wired backends and the dispatcher; none changes anything."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
+
+from gateway.app.wiring import Wired
+from gateway.backends.http import HttpBackend
+from gateway.backends.isolated import IsolatedBackend
+from gateway.backends.sse import SseBackend
+from gateway.backends.stdio import StdioBackend
+from gateway.core.catalog import Catalogs
+from gateway.core.dispatcher import Dispatcher
+from gateway.core.overload import BACKEND, OVERALL
+from gateway.telemetry.metrics import BackendState
+from gateway.telemetry.status import BackendFacts
+
+
+def backend_states(wired: list[Wired], dispatcher: Dispatcher) -> list[BackendState]:
+    return [backend_state(w, dispatcher) for w in wired]
+
+
+def backend_state(w: Wired, dispatcher: Dispatcher) -> BackendState:
+    t = w.transport
+    return BackendState(
+        name=t.name,
+        up=w.guarded.up,
+        restarts=t.restarts if isinstance(t, StdioBackend | SseBackend | IsolatedBackend) else 0,
+        catalog_refreshes=dispatcher.catalogs.refreshes.get(t.name, 0),
+        fanout_failures=dispatcher.fan_out_failures.get(t.name, 0),
+        era=w.layer.era or "unknown",
+        children=t.children if isinstance(t, IsolatedBackend) else None,
+        pids=t.running_pids() if isinstance(t, StdioBackend | IsolatedBackend) else None,
+        in_flight=w.bound.busy,
+        pool=t.pool_connections() if isinstance(t, HttpBackend | SseBackend) else None,
+        breaker=w.breaker.state if w.breaker is not None else None,
+        breaker_opens=w.breaker.opens if w.breaker is not None else 0,
+        replicas=t.replica_stats() if isinstance(t, HttpBackend) else None,
+    )
+
+
+def backend_facts(wired: list[Wired], catalogs: Catalogs) -> list[BackendFacts]:
+    """The status page's line per backend (/status.json)."""
+    facts = []
+    for w in wired:
+        name, health, data = w.config.name, w.health, catalogs.data(w.config.name)
+        t = w.transport
+        facts.append(
+            BackendFacts(
+                name=name,
+                transport=t.transport,
+                era=w.layer.era or "unknown",
+                health="up" if w.guarded.up else "down" if health.down else "starting",
+                reason=health.reason,
+                in_flight=w.bound.busy,
+                breaker=w.breaker.state if w.breaker is not None else None,
+                restarts=t.restarts if not isinstance(t, HttpBackend) else 0,
+                catalog=None
+                if data is None
+                else {
+                    "tools": len(data.tools),
+                    "prompts": len(data.prompts),
+                    "resources": len(data.resources),
+                    "templates": len(data.templates),
+                },
+            )
+        )
+    return facts
+
+
+def queued(wired: list[Wired], dispatcher: Dispatcher) -> list[tuple[str, str, int]]:
+    """Every bound's queue, the empty ones too: a gauge that is there at 0 can be graphed
+    and alerted on before the first overload."""
+    out = [(OVERALL, "", dispatcher.bound.queued)] if dispatcher.bound else []
+    return out + [(BACKEND, w.config.name, w.bound.queued) for w in wired]
+
+
+def backends_up(wired: list[Wired], dispatcher: Dispatcher) -> dict[str, bool]:
+    """Reachable, and its catalog loaded last time it was tried: a backend that accepts
+    connections yet answers nothing usable (HTTP 500 to everything, a redirect, silence)
+    is not ready either."""
+    problem = dispatcher.catalogs.problem
+    return {w.guarded.name: w.guarded.up and problem(w.guarded.name) is None for w in wired}
+
+
+def render_metrics(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
+    # OpenMetrics carries exemplars (trace ids); the classic text format does not.
+    if "application/openmetrics-text" in accept:
+        body: bytes = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
+        return body, openmetrics.CONTENT_TYPE_LATEST
+    return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,267 @@
+"""Building the parts from the config: each backend's transport and the layers over it, the
+login desk, the rate limiters, the names and exposures the dispatcher routes by, and the stdio
+front end's origin.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import anyio
+
+from gateway import __version__, taskkey
+from gateway.auth.authenticator import Authenticator
+from gateway.auth.identity import CONFIGURED, Identity
+from gateway.auth.outage import Unavailable
+from gateway.auth.tokens import Rejected
+from gateway.backends.base import Backend
+from gateway.backends.breaker import Breaker
+from gateway.backends.era.layer import EraBackend
+from gateway.backends.health import Guarded, Health
+from gateway.backends.http import HttpBackend
+from gateway.backends.isolated import IsolatedBackend
+from gateway.backends.login_gate import LoginGate
+from gateway.backends.resilience import Resilient
+from gateway.backends.sse import SseBackend
+from gateway.backends.stdio import StdioBackend
+from gateway.config import BackendConfig, Config, Overload, SseTarget, StdioTarget
+from gateway.core.dispatcher import Dispatcher, GatewayInfo
+from gateway.core.instrument import InstrumentedBackend
+from gateway.core.overload import BACKEND, OVERALL, Bound, BoundedBackend
+from gateway.core.policy import Policy
+from gateway.core.ratelimit import RateLimiter, SharedRateLimiter
+from gateway.oauth.authorizer import Authorizer
+from gateway.oauth.caller_check import CallerCheck
+from gateway.oauth.desk import LoginDesk
+from gateway.oauth.fetch import OAuthHttp
+from gateway.oauth.shared import LoginBook
+from gateway.routing import cursor as cursors
+from gateway.routing import taskids
+from gateway.routing.names import Naming, PrefixMode
+from gateway.routing.table import Exposure
+from gateway.shared.buckets import RedisBuckets
+from gateway.shared.logins import RedisLogins
+from gateway.telemetry.api import STDIO_ORIGIN, Origin, Stats
+from gateway.telemetry.otel import GatewayTelemetry
+
+INFO = GatewayInfo(name="mcp-gateway", version=__version__)
+
+
+def make_backend(
+    config: BackendConfig, stats: Stats
+) -> StdioBackend | HttpBackend | SseBackend | IsolatedBackend:
+    if isinstance(config.target, StdioTarget):
+        if config.isolation == "per_session":
+            return IsolatedBackend(config, stats)  # its children have an era layer each
+        return StdioBackend(config, stats)
+    if isinstance(config.target, SseTarget):
+        return SseBackend(config, stats)
+    return HttpBackend(config, stats)
+
+
+def login_desk(
+    config: Config, authenticator: Authenticator | None, book: LoginBook | None = None
+) -> LoginDesk | None:
+    """Where callers log in to per-user backends: the origin of the listener's own resource URI
+    (the address clients already reach the gateway at), when some backend needs it; whoever
+    opens a link signs in at the listener's issuer first (oauth/caller_check.py). `book`: the
+    cluster's shared logins in progress (None: the desk's memory)."""
+    auth = config.auth
+    if auth is None or not any(b.auth and b.auth.per_user for b in config.backends):
+        return None
+    check = None
+    if authenticator is not None and auth.issuer and auth.login_client_id:
+
+        async def identify(token: str) -> tuple[str | None, str]:
+            try:
+                identity = await authenticator.authenticate(token)
+            except (Rejected, Unavailable) as exc:
+                raise ValueError(type(exc).__name__) from None
+            return identity.issuer, identity.subject
+
+        http = OAuthHttp(auth.fetch_timeout, auth.max_response_bytes, f"mcp-gateway/{__version__}")
+        check = CallerCheck(
+            http,
+            auth.issuer,
+            auth.login_client_id,
+            auth.login_client_secret,
+            auth.resource,
+            identify,
+        )
+    parts = urlsplit(auth.resource)
+    return LoginDesk(f"{parts.scheme}://{parts.netloc}", check, book=book)
+
+
+def legacy_lane(
+    transport: StdioBackend | HttpBackend | SseBackend, config: BackendConfig, stats: Stats
+) -> Callable[[], StdioBackend | HttpBackend] | None:
+    """How to reach the server again for legacy sessions of legacy clients, should it speak
+    both eras (backends/era/dual.py): HTTP, a session on the same pools; stdio, a second child."""
+    if isinstance(transport, HttpBackend):
+        return transport.session_view
+    if isinstance(transport, StdioBackend):
+
+        def second() -> StdioBackend:
+            child = StdioBackend(config, stats)
+            child.tap = transport.tap  # (set before any lane is made, when the tap is on)
+            return child
+
+        return second
+    return None  # HTTP+SSE (2024-11-05) is legacy by nature
+
+
+def address(config: BackendConfig) -> tuple[str, int] | None:
+    if isinstance(config.target, StdioTarget):
+        return None
+    url = urlsplit(config.target.url)
+    return url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+
+
+def rate_limiters(
+    config: Config, stats: Stats, shared: RedisBuckets | None
+) -> tuple[RateLimiter | None, SharedRateLimiter | None]:
+    """The dispatcher's limiters: the replica's own alone, or (with cluster.redis) shared ones
+    that fall back on the replica's own when Redis does not answer."""
+    own = limiter(config, stats)
+    if own is None or shared is None:
+        return own, None
+    return None, SharedRateLimiter(own, shared)
+
+
+def limiter(config: Config, stats: Stats) -> RateLimiter | None:
+    limits = config.rate_limits
+    return RateLimiter(limits, stats.rate_limited) if limits is not None else None
+
+
+def make_exposure(config: BackendConfig) -> Exposure:
+    return Exposure(
+        backend=config.name,
+        namespace=config.effective_namespace,
+        allow=config.allow_tools,
+        deny=config.deny_tools,
+        rename=dict(config.rename_tools),
+        strict_headers=not isinstance(config.target, StdioTarget),
+        forward_unknown=config.forward_unknown,
+    )
+
+
+def make_naming(config: Config) -> Naming:
+    n = config.namespacing
+    return Naming(
+        mode=PrefixMode(n.prefix),
+        separator=n.separator,
+        max_length=n.max_name_length,
+        backends=len(config.backends),
+    )
+
+
+@dataclass(eq=False)
+class Wired:
+    """One configured backend: its transport and the layers over it, outermost last, and the
+    scope its tasks run in, so that a reload can stop it alone."""
+
+    config: BackendConfig
+    transport: StdioBackend | HttpBackend | SseBackend | IsolatedBackend
+    layer: EraBackend | IsolatedBackend
+    health: Health
+    guarded: Guarded
+    bound: Bound
+    outer: Backend
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    stopped: anyio.Event = field(default_factory=anyio.Event)
+    breaker: Breaker | None = None  # (backends.NAME.breaker; None: off)
+
+
+def stdio_origin(config: Config) -> Origin:
+    """The stdio front end's requests' origin: under the configured identity, if one is."""
+    who = config.listen.stdio_identity
+    if who is None:
+        return STDIO_ORIGIN
+    identity = Identity(
+        subject=who.subject,
+        client_id=who.client_id,
+        scopes=frozenset(who.scopes),
+        claims=dict(who.claims),
+        method=CONFIGURED,
+    )
+    return Origin("stdio", identity=identity)
+
+
+def wire_backend(
+    config: BackendConfig,
+    overload: Overload,
+    telemetry: GatewayTelemetry,
+    shared: RedisLogins | None,
+    desk: LoginDesk | None,
+) -> Wired:
+    """One backend's layers, from its transport out to its bound. `shared`: the cluster's
+    backend logins (tokens in Redis); `desk`: where per-user logins are served."""
+    stats = telemetry.stats
+    transport = make_backend(config, stats)
+    if telemetry.tapping:
+        transport.tap = telemetry  # (it records what it writes and reads)
+    # Behind its era layer a legacy backend looks modern. (A backend with a child per
+    # client has an era layer per child, inside it.)
+    layer: EraBackend | IsolatedBackend = (
+        transport
+        if isinstance(transport, IsolatedBackend)
+        else EraBackend(transport, config, legacy_lane(transport, config, stats))
+    )
+    # Behind its health: one that cannot be reached fails at once and is retried in the
+    # background (a stdio child by its own supervisor, which reports to the same one; a
+    # backend with a child per client by each child's).
+    health = transport.health if isinstance(transport, StdioBackend) else Health(transport.name)
+    gated: Backend = layer
+    authorizer = getattr(transport, "authorizer", None)
+    if isinstance(authorizer, Authorizer) and shared is not None:
+        authorizer.share(shared)  # (shared logins: tokens in Redis)
+    if isinstance(authorizer, Authorizer) and authorizer.per_user:
+        authorizer.desk = desk
+        gated = LoginGate(layer)
+    guarded = Guarded(
+        gated, health, supervised=isinstance(transport, StdioBackend | IsolatedBackend)
+    )
+    # Outermost, its bound on requests in flight: a request refused there reaches nothing
+    # below (no span, no transport).
+    bound = Bound(BACKEND, config.name, config.max_in_flight, overload, stats.overloaded)
+    # Above its health, below what is observed: tools' own timeouts, safe retries (one
+    # request to the client, its span and metrics) and the breaker (backends/resilience.py).
+    breaker = Breaker(config.breaker) if config.breaker is not None else None
+    resilient = Resilient(guarded, config, breaker)
+    instrumented = InstrumentedBackend(resilient, telemetry, address(config))
+    outer = BoundedBackend(instrumented, bound)
+    return Wired(config, transport, layer, health, guarded, bound, outer, breaker=breaker)
+
+
+def make_dispatcher(
+    config: Config,
+    backends: list[Backend],
+    telemetry: GatewayTelemetry,
+    limiters: tuple[RateLimiter | None, SharedRateLimiter | None],
+) -> Dispatcher:
+    """The engine over the wired backends, with the limiters `rate_limiters` chose."""
+    own, shared = limiters
+    overload = config.overload
+    return Dispatcher(
+        backends,
+        [make_exposure(b) for b in config.backends],
+        make_naming(config),
+        INFO,
+        config.on_backend_failure,
+        telemetry,
+        policy=Policy(config.policy) if config.policy is not None else None,
+        limiter=own,
+        shared_limiter=shared,
+        cursor_keys=config.cluster.keys(cursors.PURPOSE) if config.cluster else (),
+        bound=Bound(OVERALL, "", overload.max_in_flight, overload, telemetry.stats.overloaded),
+        grace=config.fan_out_grace,
+        start_wait=config.fan_out_start_wait,
+        task_keys=(
+            config.cluster.keys(taskids.PURPOSE)
+            if config.cluster
+            else functools.partial(taskkey.load, config.task_key_file)
+        ),
+    )
