@@ -135,7 +135,7 @@ class Channel:
         # Run on every new connection (child, stream) before it takes requests: the legacy
         # era's handshake. A BackendError from it drops the connection, to be made again.
         self.on_start: Callable[[], Awaitable[None]] | None = None
-        # The traffic tap, when it is on (set by app.py): the subclasses record each message
+        # The traffic tap, when it is on (set by gateway/app/): the subclasses record each message
         # where they write or read it, with this hop's ids, as the server sees it.
         self.tap: Telemetry | None = None
 

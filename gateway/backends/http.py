@@ -112,7 +112,7 @@ class HttpBackend(SessionLink):
         self._views: set[HttpBackend] = set()
         self.takes_requests = False
         self.on_notification: Callable[[str, Message], None] | None = None
-        # The traffic tap, when it is on (set by app.py): each message is recorded where it is
+        # The traffic tap, when it is on (set by gateway/app/): each message is recorded where it is
         # written or read, below the era layer's translation.
         self.tap: Telemetry | None = None
         # Configured headers are credentials as often as not: the tap never sees them.

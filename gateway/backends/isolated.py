@@ -82,7 +82,7 @@ class IsolatedBackend:
         self._full = False  # the cap was reached (logged once until a child ends)
         # Receives the children's notifications that belong to no request (list changes).
         self.on_notification: Callable[[str, Message], None] | None = None
-        # The traffic tap, when it is on (set by app.py): handed to each child's transport.
+        # The traffic tap, when it is on (set by gateway/app/): handed to each child's transport.
         self.tap: Telemetry | None = None
 
     # --- what the composition root and the metrics read -----------------------------------------

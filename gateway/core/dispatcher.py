@@ -133,7 +133,7 @@ class Dispatcher:
             self.backends, self.catalogs, self._exposures, naming, grace
         )
         self._notes = unknown.NotificationGate(self.telemetry.stats.rejections)
-        # Task ids are sealed (core/tasks.py): keys from cluster.secrets or a key file (app.py).
+        # Task ids are sealed (core/tasks.py): keys from cluster.secrets or a key file (app/).
         self.tasks = tasks.TaskRouter(self, task_keys or (os.urandom(32),))
         self.tasks.attach(limiter, shared_limiter)
 
@@ -147,7 +147,7 @@ class Dispatcher:
         limiter: RateLimiter | None,
         shared_limiter: SharedRateLimiter | None = None,
     ) -> list[str]:
-        """A reloaded config (app.py `Gateway.reload`): from now on requests route over these
+        """A reloaded config (gateway/app/ `Gateway.reload`): from now on requests route over these
         backends, names and rules. Synchronous, so no request sees half of it; the maps are
         replaced, not changed, so a fan-out under way keeps the set it began with. Returns the
         backends whose catalogs are to be loaded."""

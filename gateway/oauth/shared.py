@@ -4,7 +4,7 @@ client sees it: the stored logins (tokens, registrations) and the per-user login
 another and called back at a third completes, and the token it gives serves every replica.
 
 `gateway/shared/logins.py` implements `SharedStore` over Redis, every value sealed (AES-GCM)
-with keys derived from `cluster.secrets` for `PURPOSE`; `app.py` wires it. Without
+with keys derived from `cluster.secrets` for `PURPOSE`; `gateway/app/` wires it. Without
 `cluster.redis` there is none: tokens are the file store's (`store.py`) and logins in progress
 live in the desk's memory (`desk.MemoryLogins`, the same `LoginBook` contract).
 

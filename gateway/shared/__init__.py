@@ -4,7 +4,7 @@ logins.
 
 Core, the front ends and the OAuth client see this package only through the protocols it
 implements (`core.ratelimit.SharedBuckets`, `core.bus.Bus`,
-`frontends.legacy.records.SessionRecords`, `oauth.shared.SharedStore`); `app.py` wires it. Only
+`frontends.legacy.records.SessionRecords`, `oauth.shared.SharedStore`); `app/` wires it. Only
 this package imports redis (tests/test_layers.py), every client it makes comes from
 `connection.connect`, and every command goes through `outage.Breaker` (the bus's subscription,
 a loop of its own, excepted).

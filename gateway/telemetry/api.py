@@ -1,7 +1,7 @@
 """What the rest of the gateway sees of telemetry: plain counters and per-request observations.
 
 The hot path only bumps integers in `Stats` and opens an `Observation` per request; exporters
-(Prometheus, OpenTelemetry) live in the sibling modules and are wired by `app.py`. The no-op
+(Prometheus, OpenTelemetry) live in the sibling modules and are wired by `gateway/app/`. The no-op
 implementation here costs next to nothing, so tests and telemetry-less runs pay nothing.
 """
 
@@ -165,7 +165,7 @@ class Stats:
     # The gateway's token requests to its backends' authorization servers, by (backend, grant,
     # outcome: ok, refused, unreachable).
     backend_tokens: Counter[tuple[str, str, str]] = field(default_factory=Counter)
-    # Config reloads (app.py `Gateway.reload`), by outcome (applied, refused), and the backends
+    # Config reloads (app/ `Gateway.reload`), by outcome (applied, refused), and the backends
     # they touched, by change (added, removed, changed).
     reloads: Counter[str] = field(default_factory=Counter)
     reloaded_backends: Counter[str] = field(default_factory=Counter)

@@ -1,6 +1,6 @@
 """Traces per the OpenTelemetry MCP semantic conventions, durations into Prometheus histograms,
 one access-log line per client request, and its audit line (audit.py). Uses only the
-OpenTelemetry API: the SDK (exporter, sampler) is set up by `app.py`.
+OpenTelemetry API: the SDK (exporter, sampler) is set up by `gateway/app/`.
 """
 
 from __future__ import annotations
@@ -255,7 +255,7 @@ class GatewayTelemetry:
         self._recorder = recorder
         self._access = access_log
         self._payloads = record_payloads
-        self.status: StatusBoard | None = None  # the status page's series (app.py sets it)
+        self.status: StatusBoard | None = None  # the status page's series (gateway/app/ sets it)
 
     def record(
         self,
