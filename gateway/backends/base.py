@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from gateway.protocol.jsonrpc import Message
 
@@ -42,3 +42,37 @@ class Backend(Protocol):
     ) -> Message: ...
 
     async def notify(self, msg: Message) -> None: ...
+
+
+Inner = TypeVar("Inner", bound=Backend)
+
+
+class Layer(Generic[Inner]):
+    """One layer of a backend's stack (gateway/app/wiring.py `build_stack` lists them in order):
+    a `Backend` over the one below, which it names and hands whatever it does not change. A
+    subclass keeps only what it changes: most only `request`, some `up`, `run` or `notify` too.
+    `Inner`: what the layer needs of the one below (the era layer needs a transport's `Link`)."""
+
+    def __init__(self, inner: Inner) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.transport = inner.transport
+
+    @property
+    def up(self) -> bool:
+        return self.inner.up
+
+    async def run(self) -> None:
+        await self.inner.run()
+
+    async def request(
+        self,
+        msg: Message,
+        sink: NotificationSink,
+        *,
+        long_lived: bool = False,
+    ) -> Message:
+        return await self.inner.request(msg, sink, long_lived=long_lived)
+
+    async def notify(self, msg: Message) -> None:
+        await self.inner.notify(msg)

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 
 from gateway import __version__
-from gateway.backends.base import Backend, NotificationSink
+from gateway.backends.base import Backend, Layer, NotificationSink
 from gateway.errors import BackendDown, BackendError, BackendUnavailable
 from gateway.protocol import meta
 from gateway.protocol.jsonrpc import Message
@@ -108,16 +108,14 @@ async def _ignore(_: Message) -> None:
     return None
 
 
-class Guarded:
+class Guarded(Layer[Backend]):
     """A backend (HTTP, HTTP+SSE) behind its `Health`: down when a request finds it unreachable
     (`BackendUnavailable` while the transport says it is not up), then failed at once and retried
     in the background. A `supervised` one (stdio) is retried by its transport, which reports to
     the same `Health`; here its requests only fail at once while it is down."""
 
     def __init__(self, inner: Backend, health: Health, *, supervised: bool = False) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.transport = inner.transport
+        super().__init__(inner)
         self.health = health
         self._supervised = supervised
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.backends.base import Backend, NotificationSink
+from gateway.backends.base import Backend, Layer, NotificationSink
 from gateway.oauth.desk import LoginRequired
 from gateway.protocol import meta
 from gateway.protocol.jsonrpc import Message
@@ -22,22 +22,7 @@ INPUT_KEY = "mcp-gateway-login"
 URL_ELICITATION_REQUIRED = -32042
 
 
-class LoginGate:
-    def __init__(self, inner: Backend) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.transport = inner.transport
-
-    @property
-    def up(self) -> bool:
-        return self.inner.up
-
-    async def run(self) -> None:
-        await self.inner.run()
-
-    async def notify(self, msg: Message) -> None:
-        await self.inner.notify(msg)
-
+class LoginGate(Layer[Backend]):
     async def request(
         self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
     ) -> Message:

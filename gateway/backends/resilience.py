@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 
 from gateway.backends import deadline
-from gateway.backends.base import Backend, NotificationSink
+from gateway.backends.base import Backend, Layer, NotificationSink
 from gateway.backends.breaker import OPEN, Breaker, State
 from gateway.config import BackendConfig
 from gateway.config.model import RetrySettings
@@ -123,7 +123,7 @@ def backoff(
     return min(settings.max_backoff, base * (1 + JITTER * (2 * rand() - 1)))
 
 
-class Resilient:
+class Resilient(Layer[Backend]):
     """A backend with its tools' own timeouts, safe retries and its breaker."""
 
     def __init__(
@@ -133,9 +133,7 @@ class Resilient:
         breaker: Breaker | None = None,
         rand: Callable[[], float] = random.random,
     ) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.transport = inner.transport
+        super().__init__(inner)
         self.breaker = breaker
         self._timeouts = dict(config.tool_timeouts)
         self._request_timeout = config.request_timeout
@@ -146,16 +144,6 @@ class Resilient:
         self._safe_tools: dict[str, bool] = {}
         if breaker is not None:
             breaker.on_change = self._changed
-
-    @property
-    def up(self) -> bool:
-        return self.inner.up
-
-    async def run(self) -> None:
-        await self.inner.run()
-
-    async def notify(self, msg: Message) -> None:
-        await self.inner.notify(msg)
 
     async def request(
         self,

@@ -7,28 +7,19 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.backends.base import Backend, NotificationSink
+from gateway.backends.base import Backend, Layer, NotificationSink
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Telemetry
 
 
-class InstrumentedBackend:
+class InstrumentedBackend(Layer[Backend]):
     def __init__(
         self, inner: Backend, telemetry: Telemetry, address: tuple[str, int] | None = None
     ) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.transport = inner.transport
+        super().__init__(inner)
         self._telemetry = telemetry
         self._address = address
-
-    async def run(self) -> None:
-        await self.inner.run()
-
-    @property
-    def up(self) -> bool:
-        return self.inner.up
 
     async def request(
         self,
@@ -54,6 +45,3 @@ class InstrumentedBackend:
             raise
         observed.end(reply)
         return reply
-
-    async def notify(self, msg: Message) -> None:
-        await self.inner.notify(msg)

@@ -22,7 +22,7 @@ import logging
 from collections import Counter, deque
 from collections.abc import Callable
 
-from gateway.backends.base import Backend, NotificationSink
+from gateway.backends.base import Backend, Layer, NotificationSink
 from gateway.config import Overload
 from gateway.errors import BackendOverloaded, GatewayError, Overloaded
 from gateway.protocol.jsonrpc import Message
@@ -162,22 +162,13 @@ class Bound:
         return self._refusal()
 
 
-class BoundedBackend:
+class BoundedBackend(Layer[Backend]):
     """A backend behind its `Bound`: a request past it waits in the queue or is refused with
     `BackendOverloaded` (-31004) without reaching the layers below; listen streams pass."""
 
     def __init__(self, inner: Backend, bound: Bound) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.transport = inner.transport
+        super().__init__(inner)
         self.bound = bound
-
-    @property
-    def up(self) -> bool:
-        return self.inner.up
-
-    async def run(self) -> None:
-        await self.inner.run()
 
     async def request(
         self,
@@ -197,6 +188,3 @@ class BoundedBackend:
             return await self.inner.request(msg, sink)
         finally:
             bound.release()
-
-    async def notify(self, msg: Message) -> None:
-        await self.inner.notify(msg)

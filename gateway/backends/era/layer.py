@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Layer, NotificationSink
 from gateway.backends.channel import Channel
 from gateway.backends.era import discovery, questions
 from gateway.backends.era.dual import Lanes
@@ -61,7 +61,7 @@ STABLE_AFTER = 30.0
 STREAM_READY_WAIT = 1.0
 
 
-class EraBackend:
+class EraBackend(Layer[Link]):
     """Wraps a transport; see the module docstring."""
 
     def __init__(
@@ -74,9 +74,7 @@ class EraBackend:
     ) -> None:
         """`lane` makes another link to the same server for a legacy session of its own: a
         view of the HTTP transport, or a second stdio child (dual.py)."""
-        self.inner = inner
-        self.name = inner.name
-        self.transport = inner.transport
+        super().__init__(inner)
         self._pinned = config.era != "auto"
         # A child serving one legacy client (isolation: per_session) opens with `initialize`
         # instead of the probe: a stdio server of both eras settles a connection's era on its
@@ -123,10 +121,6 @@ class EraBackend:
                 shared=self._channel,
                 within=config.connect_timeout,
             )
-
-    @property
-    def up(self) -> bool:
-        return self.inner.up
 
     async def run(self) -> None:
         try:
