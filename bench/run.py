@@ -350,6 +350,8 @@ class Options:
     requests: int | None
     soak: float
     strict: bool
+    # Keys added to the benchmarked backend's config (--backend), e.g. to leave a layer out.
+    backend: dict[str, Any] = field(default_factory=dict)
 
     def requests_for(self, concurrency: int) -> int:
         if self.smoke:
@@ -403,6 +405,13 @@ def parse_args(argv: Sequence[str]) -> Options:
         "--soak", type=float, default=0.0, metavar="SECONDS", help="memory soak through the gateway"
     )
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target FAILs")
+    ap.add_argument(
+        "--backend",
+        type=orjson.loads,
+        default=None,
+        metavar="JSON",
+        help='keys added to the echo backend, as {"retries": {"attempts": 1}}',
+    )
     ns = ap.parse_args(list(argv))
     smoke: bool = ns.smoke
     return Options(
@@ -418,6 +427,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         rounds=max(1, ns.rounds or (1 if smoke else 3)),
         requests=ns.requests,
         soak=max(0.0, ns.soak),
+        backend=dict(ns.backend or {}),
         strict=ns.strict,
     )
 
@@ -465,7 +475,9 @@ class Run:
         self.log(f"skip {pairing} {subject}: {reason}")
 
 
-def gateway_config(pairing: str, echo_url: str, otlp: str | None) -> dict[str, Any]:
+def gateway_config(
+    pairing: str, echo_url: str, otlp: str | None, backend: dict[str, Any] | None = None
+) -> dict[str, Any]:
     front, back = pairing.split("->")
     listen: dict[str, Any] = (
         {"http": {"host": "127.0.0.1", "port": 0, "path": "/mcp"}}
@@ -477,7 +489,7 @@ def gateway_config(pairing: str, echo_url: str, otlp: str | None) -> dict[str, A
         if back == "http"
         else {"stdio": {"command": PY, "args": ECHO_STDIO[1:], "cwd": str(ROOT)}}
     )
-    config: dict[str, Any] = {"listen": listen, "backends": {"echo": target}}
+    config: dict[str, Any] = {"listen": listen, "backends": {"echo": target | (backend or {})}}
     if otlp is not None:
         # An endpoint is what turns tracing on (app.tracer_provider); metrics are always on.
         config["telemetry"] = {"service_name": "mcp-gateway-bench", "otlp_endpoint": otlp}
@@ -485,7 +497,8 @@ def gateway_config(pairing: str, echo_url: str, otlp: str | None) -> dict[str, A
 
 
 def write_config(run: Run, pairing: str, telemetry: str) -> Path:
-    config = gateway_config(pairing, run.echo_url, run.sink.url if telemetry != "off" else None)
+    otlp = run.sink.url if telemetry != "off" else None
+    config = gateway_config(pairing, run.echo_url, otlp, run.opts.backend)
     mode = telemetry.replace("%", "pct")
     path = run.config_dir / f"gateway-{pairing.replace('->', '-')}-{mode}.yaml"
     path.write_bytes(orjson.dumps(config, option=orjson.OPT_INDENT_2))  # JSON is YAML
