@@ -42,13 +42,13 @@ from gateway.app.reload import (
 from gateway.app.views import backend_facts, backend_states, backends_up, queued, render_metrics
 from gateway.app.wiring import (
     Wired,
+    build_stack,
     login_desk,
     make_dispatcher,
     make_exposure,
     make_naming,
     rate_limiters,
     stdio_origin,
-    wire_backend,
 )
 from gateway.auth.authenticator import Authenticator
 from gateway.backends.base import Backend
@@ -193,7 +193,7 @@ class Gateway:
     def _wire(self, config: BackendConfig) -> Wired:
         """One backend's layers, from its transport out to its bound."""
         overload = self.config.overload
-        return wire_backend(config, overload, self.telemetry, self.shared_logins, self.logins)
+        return build_stack(config, overload, self.telemetry, self.shared_logins, self.logins)
 
     def _attach(self, wired: Wired) -> None:
         wired.layer.on_notification = self.dispatcher.backend_notification

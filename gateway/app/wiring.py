@@ -17,6 +17,7 @@ from gateway.auth.authenticator import Authenticator
 from gateway.auth.identity import CONFIGURED, Identity
 from gateway.auth.outage import Unavailable
 from gateway.auth.tokens import Rejected
+from gateway.backends import resilience
 from gateway.backends.base import Backend
 from gateway.backends.breaker import Breaker
 from gateway.backends.era.layer import EraBackend
@@ -24,7 +25,6 @@ from gateway.backends.health import Guarded, Health
 from gateway.backends.http import HttpBackend
 from gateway.backends.isolated import IsolatedBackend
 from gateway.backends.login_gate import LoginGate
-from gateway.backends.resilience import Resilient
 from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
 from gateway.config import BackendConfig, Config, Overload, SseTarget, StdioTarget
@@ -190,50 +190,86 @@ def stdio_origin(config: Config) -> Origin:
     return Origin("stdio", identity=identity)
 
 
-def wire_backend(
+def build_stack(
     config: BackendConfig,
     overload: Overload,
     telemetry: GatewayTelemetry,
     shared: RedisLogins | None,
     desk: LoginDesk | None,
 ) -> Wired:
-    """One backend's layers, from its transport out to its bound. `shared`: the cluster's
-    backend logins (tokens in Redis); `desk`: where per-user logins are served."""
+    """One backend's stack: the layers a request passes, top to bottom, each a
+    `backends.base.Layer` over the next. A layer that would do nothing for this backend is
+    left out; the others act on every backend.
+
+    1. `BoundedBackend` (core/overload.py): the bound on requests in flight (`max_in_flight`);
+       one refused there reaches nothing below (no span, no transport). Always: every backend
+       has a bound, which a reload's drain and the in-flight gauge read too.
+    2. `InstrumentedBackend` (core/instrument.py): the CLIENT observation (metrics always,
+       a span when tracing) and the trace context in `_meta`.
+    3. `Resilient` (backends/resilience.py): tools' own timeouts, safe retries and the breaker,
+       below the observation so a retried request is one to the client, its span and metrics.
+       Left out with none of them (`retries.attempts: 1`, no `tools.*.timeout`, no `breaker:`).
+    4. `Guarded` (backends/health.py): fails at once while the backend is down, and retries
+       it in the background (a stdio child: its supervisor, reporting to the same `Health`).
+    5. `LoginGate` (backends/login_gate.py): the login link for a caller not logged in yet.
+       Only for a per-user backend (`auth:` with `per_user`).
+    6. `EraBackend` (backends/era/layer.py): a legacy backend shown as a modern one. Left out
+       of a backend with a child per client (`isolation: per_session`): each child has its
+       own, inside the transport.
+    7. The transport (backends/stdio.py, http.py, sse.py, isolated.py).
+
+    `shared`: the cluster's backend logins (tokens in Redis); `desk`: where per-user logins
+    are served.
+    """
     stats = telemetry.stats
     transport = make_backend(config, stats)
     if telemetry.tapping:
         transport.tap = telemetry  # (it records what it writes and reads)
-    # Behind its era layer a legacy backend looks modern. (A backend with a child per
-    # client has an era layer per child, inside it.)
-    layer: EraBackend | IsolatedBackend = (
-        transport
-        if isinstance(transport, IsolatedBackend)
-        else EraBackend(transport, config, legacy_lane(transport, config, stats))
-    )
-    # Behind its health: one that cannot be reached fails at once and is retried in the
-    # background (a stdio child by its own supervisor, which reports to the same one; a
-    # backend with a child per client by each child's).
+    layer = era_layer(transport, config, stats)
     health = transport.health if isinstance(transport, StdioBackend) else Health(transport.name)
-    gated: Backend = layer
-    authorizer = getattr(transport, "authorizer", None)
-    if isinstance(authorizer, Authorizer) and shared is not None:
-        authorizer.share(shared)  # (shared logins: tokens in Redis)
-    if isinstance(authorizer, Authorizer) and authorizer.per_user:
-        authorizer.desk = desk
-        gated = LoginGate(layer)
     guarded = Guarded(
-        gated, health, supervised=isinstance(transport, StdioBackend | IsolatedBackend)
+        login_gate(layer, transport, shared, desk),
+        health,
+        supervised=isinstance(transport, StdioBackend | IsolatedBackend),
     )
-    # Outermost, its bound on requests in flight: a request refused there reaches nothing
-    # below (no span, no transport).
-    bound = Bound(BACKEND, config.name, config.max_in_flight, overload, stats.overloaded)
-    # Above its health, below what is observed: tools' own timeouts, safe retries (one
-    # request to the client, its span and metrics) and the breaker (backends/resilience.py).
     breaker = Breaker(config.breaker) if config.breaker is not None else None
-    resilient = Resilient(guarded, config, breaker)
-    instrumented = InstrumentedBackend(resilient, telemetry, address(config))
+    below: Backend = (
+        resilience.Resilient(guarded, config, breaker) if resilience.needed(config) else guarded
+    )
+    instrumented = InstrumentedBackend(below, telemetry, address(config))
+    bound = Bound(BACKEND, config.name, config.max_in_flight, overload, stats.overloaded)
     outer = BoundedBackend(instrumented, bound)
     return Wired(config, transport, layer, health, guarded, bound, outer, breaker=breaker)
+
+
+def era_layer(
+    transport: StdioBackend | HttpBackend | SseBackend | IsolatedBackend,
+    config: BackendConfig,
+    stats: Stats,
+) -> EraBackend | IsolatedBackend:
+    """The transport behind its era layer, or alone when it has an era layer per child."""
+    if isinstance(transport, IsolatedBackend):
+        return transport
+    return EraBackend(transport, config, legacy_lane(transport, config, stats))
+
+
+def login_gate(
+    layer: EraBackend | IsolatedBackend,
+    transport: StdioBackend | HttpBackend | SseBackend | IsolatedBackend,
+    shared: RedisLogins | None,
+    desk: LoginDesk | None,
+) -> Backend:
+    """The era layer behind a login gate when the backend's logins are per user; its
+    authorizer given the cluster's shared logins and the desk either way."""
+    authorizer = getattr(transport, "authorizer", None)
+    if not isinstance(authorizer, Authorizer):
+        return layer
+    if shared is not None:
+        authorizer.share(shared)  # (shared logins: tokens in Redis)
+    if not authorizer.per_user:
+        return layer
+    authorizer.desk = desk
+    return LoginGate(layer)
 
 
 def make_dispatcher(

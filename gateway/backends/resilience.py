@@ -123,6 +123,12 @@ def backoff(
     return min(settings.max_backoff, base * (1 + JITTER * (2 * rand() - 1)))
 
 
+def needed(config: BackendConfig) -> bool:
+    """Whether the layer acts for this backend at all: with no tool timeouts, no retries and no
+    breaker every request would pass through it unchanged, so the stack leaves it out."""
+    return bool(config.tool_timeouts) or config.retries.attempts > 1 or config.breaker is not None
+
+
 class Resilient(Layer[Backend]):
     """A backend with its tools' own timeouts, safe retries and its breaker."""
 
