@@ -6,7 +6,15 @@ PY := $(VENV)/bin/python
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install run test lint typecheck pytest clean ci-deps npm-deps bench schema
+.PHONY: help install run test test-fast lint typecheck pytest clean ci-deps npm-deps bench schema
+
+help:
+	@echo "make install    venv + editable install with the test extras"
+	@echo "make run        the gateway (ARGS=...)"
+	@echo "make test-fast  the engine-rule tests: no process, no server, no npm; under a minute"
+	@echo "make test       lint + typecheck + the whole suite (pytest; about 20 minutes)"
+	@echo "make lint | typecheck | pytest (PYTEST_ARGS=...) | bench (ARGS=...) | schema | clean"
+	@echo "make ci-deps | npm-deps   system and npm tools some tests use (else they skip)"
 
 $(RUN_STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -56,6 +64,12 @@ $(NPM_STAMP): $(NPM_DIR)/package.json $(NPM_DIR)/package-lock.json
 npm-deps: $(NPM_STAMP)
 
 test: lint typecheck pytest
+
+# The tests that start no process and listen on no socket (tests/fast.py finds them by reading
+# the tests and their fixtures and helpers, and fails one that starts something anyway): the
+# engine rules against in-memory backends, in under a minute. No npm needed.
+test-fast: $(DEV_STAMP)
+	$(PY) -m pytest -q -m fast $(PYTEST_ARGS)
 
 # The config's JSON Schema shipped in the package, made from the loader's key table
 # (gateway/config/keys.py); tests/test_config_schema.py fails when it is stale.

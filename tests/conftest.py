@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from mcp import StdioServerParameters
 
+from tests import fast
+from tests.fast import _guard_fast  # noqa: F401  (autouse: fast tests start nothing)
 from tests.support import (
     PYTHON,
     SDK_SERVER,
@@ -127,3 +129,8 @@ def target(request: pytest.FixtureRequest, config_dir: Path) -> Iterator[Target]
     proc, url = start_gateway_http(config)
     yield Target(pairing, url)
     proc.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks `fast` the tests that start no process and no server (`make test-fast`)."""
+    fast.mark(items)

@@ -1,8 +1,11 @@
 """An in-memory MCP server behind the `Backend` seam, and a dispatcher over it: for fast tests of
-what the engine does with a request before and after a backend (rate limits, the audit log)."""
+what the engine does with a request before and after a backend (rate limits, the audit log).
+`FakeBackend(handler)` is the same server with its answers given by one function, as httpx's
+`MockTransport` hands each request to a handler."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -44,6 +47,10 @@ class MemoryBackend:
         self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
     ) -> Message:
         self.asked.append(msg)
+        return await self.answer(msg)
+
+    async def answer(self, msg: Message) -> Message:
+        """This server's own reply to `msg`."""
         method = msg["method"]
         params: dict[str, Any] = msg.get("params") or {}
         result: dict[str, Any]
@@ -74,6 +81,27 @@ class MemoryBackend:
 
     def calls(self) -> list[Message]:
         return [m for m in self.asked if m["method"] == "tools/call"]
+
+
+# Gets each request and the sink for its notifications; returns the reply, or None to have
+# MemoryBackend answer (so a handler states only what differs); what it raises, the backend
+# raises (an `errors.BackendError` is the backend failing the request).
+Handler = Callable[[Message, NotificationSink], Awaitable[Message | None]]
+
+
+class FakeBackend(MemoryBackend):
+    """A backend whose `request` is `handler`: a test's own server in a few lines."""
+
+    def __init__(self, handler: Handler, name: str = "fake") -> None:
+        super().__init__(name)
+        self.handler = handler
+
+    async def request(
+        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+    ) -> Message:
+        self.asked.append(msg)
+        reply = await self.handler(msg, sink)
+        return reply if reply is not None else await self.answer(msg)
 
 
 async def dispatcher_over(

@@ -9,6 +9,7 @@ backend. Engine tests over in-memory backends (tests/memory_backend.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -22,7 +23,7 @@ from gateway.protocol import codes, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
-from tests.memory_backend import MemoryBackend, ignore, modern, tool_call
+from tests.memory_backend import FakeBackend, MemoryBackend, ignore, modern, tool_call
 
 pytestmark = pytest.mark.anyio
 
@@ -82,14 +83,13 @@ class Late(MemoryBackend):
         return await super().request(msg, sink, long_lived=long_lived)
 
 
-class Failing(MemoryBackend):
+def erring(name: str) -> MemoryBackend:
     """Every request fails as a backend answering HTTP 500 to everything does."""
 
-    async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
-    ) -> Message:
-        self.asked.append(msg)
-        raise errors.BackendUnavailable(self.name, "HTTP 500 without a JSON-RPC reply")
+    async def fail(msg: Message, sink: NotificationSink) -> Message:
+        raise errors.BackendUnavailable(name, "HTTP 500 without a JSON-RPC reply")
+
+    return FakeBackend(fail, name)
 
 
 class Down(MemoryBackend):
@@ -229,7 +229,7 @@ async def test_a_late_backend_whose_catalog_never_loaded_is_left_out() -> None:
 async def test_under_fail_closed_a_list_waits_for_every_backend() -> None:
     d = await started(MemoryBackend("mem"), Late("late", 0.2), on_failure="fail_closed", grace=0.01)
     assert len(tools_of(await answer(d, modern(1, "tools/list")))) == 8
-    failing = await started(MemoryBackend("mem"), Failing("bad"), on_failure="fail_closed")
+    failing = await started(MemoryBackend("mem"), erring("bad"), on_failure="fail_closed")
     assert code_of(await answer(failing, modern(2, "tools/list"))) == codes.BACKEND_UNAVAILABLE
 
 
@@ -366,9 +366,9 @@ async def test_an_unknown_name_is_told_at_once_while_another_backend_is_silent()
     assert not silent.asked  # no lookup had any business with its catalog
 
 
-@pytest.mark.parametrize("broken", [Failing, Down], ids=["failing", "down"])
+@pytest.mark.parametrize("broken", [erring, Down], ids=["failing", "down"])
 async def test_a_name_of_a_backend_whose_catalog_cannot_be_loaded_is_unavailable(
-    broken: type[MemoryBackend],
+    broken: Callable[[str], MemoryBackend],
 ) -> None:
     """Its catalog unknown, the name may well be one of its tools: -31001 naming it, which a
     client may retry, not -32602 (an unknown tool, which it may not)."""
@@ -383,9 +383,9 @@ async def test_a_name_of_a_backend_whose_catalog_cannot_be_loaded_is_unavailable
 # --- listens ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("other", [Silent, Down, Failing], ids=["silent", "down", "failing"])
+@pytest.mark.parametrize("other", [Silent, Down, erring], ids=["silent", "down", "failing"])
 async def test_a_listen_is_acknowledged_without_a_backend_that_cannot_acknowledge(
-    other: type[MemoryBackend],
+    other: Callable[[str], MemoryBackend],
 ) -> None:
     """The other's capabilities unknown (its catalog not loaded), so it is asked too; the
     client's acknowledgement comes with the one that answers, not after 10 s."""
