@@ -23,6 +23,14 @@ from gateway.config import limits as limit_sections
 from gateway.config import policy as policy_sections
 from gateway.config import roots as root_sections
 from gateway.config.checks import missing_commands
+from gateway.config.credentials import (
+    ApiKey,
+    AuthConfig,
+    BackendAuth,
+    ClusterConfig,
+    Introspection,
+    redacted_url,
+)
 from gateway.config.mcpjson import load_mcp_json
 from gateway.config.model import (
     _HEADER_NAME,
@@ -30,8 +38,6 @@ from gateway.config.model import (
     _REDACT_PATH,
     ACCESS_LOG_STDERR,
     AUDIT_STDERR,
-    CLIENT_ASSERTION_ALGORITHMS,
-    CLIENT_AUTH_METHODS,
     DEFAULT_ADMIN_PORT,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_HTTP_HOST,
@@ -51,20 +57,15 @@ from gateway.config.model import (
     PREFIX_MODES,
     WILDCARD_HOSTS,
     AdminListen,
-    ApiKey,
     AuditConfig,
-    AuthConfig,
-    BackendAuth,
     BackendConfig,
     BackendLimits,
     ClientTls,
-    ClusterConfig,
     Config,
     ConfigInvalid,
     ConfiguredIdentity,
     HttpListen,
     HttpTarget,
-    Introspection,
     Listen,
     ListenerLimits,
     Namespacing,
@@ -84,7 +85,6 @@ from gateway.config.model import (
     Target,
     TelemetryConfig,
     default_connect_timeout,
-    redacted_url,
 )
 from gateway.config.reader import _Check, _Reader
 
@@ -569,8 +569,6 @@ def _mib(size: int) -> str:
 __all__ = [
     "ACCESS_LOG_STDERR",
     "AUDIT_STDERR",
-    "CLIENT_ASSERTION_ALGORITHMS",
-    "CLIENT_AUTH_METHODS",
     "DEFAULT_ADMIN_PORT",
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_HTTP_HOST",

@@ -9,13 +9,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.config import keys
-from gateway.config.model import (
-    DEFAULT_AUTH_ALGORITHMS,
-    ApiKey,
-    AuthConfig,
-    HttpListen,
-    Introspection,
-)
+from gateway.config.credentials import DEFAULT_AUTH_ALGORITHMS, ApiKey, AuthConfig, Introspection
+from gateway.config.model import HttpListen
 from gateway.config.reader import _Check
 
 Path_ = tuple[str, ...]

@@ -8,7 +8,7 @@ from typing import Any
 
 from gateway.config import keys
 from gateway.config.auth import _SCOPE, url_problem
-from gateway.config.model import (
+from gateway.config.credentials import (
     BACKEND_AUTH_TYPES,
     CLIENT_ASSERTION_ALGORITHMS,
     CLIENT_AUTH_METHODS,

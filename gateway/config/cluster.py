@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.config import keys
-from gateway.config.model import MIN_CLUSTER_SECRET_LENGTH, REDIS_SCHEMES, ClusterConfig
+from gateway.config.credentials import MIN_CLUSTER_SECRET_LENGTH, REDIS_SCHEMES, ClusterConfig
 from gateway.config.reader import _Check
 
 _SOURCES = ("secrets", "secrets_file")

@@ -15,20 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from gateway.config import credentials as cred
 from gateway.config.model import (
     ACCESS_LOG_STDERR,
     AUDIT_STDERR,
-    BACKEND_AUTH_TYPES,
     BALANCE_MODES,
-    CLIENT_ASSERTION_ALGORITHMS,
-    CLIENT_AUTH_METHODS,
     DEFAULT_ADMIN_PORT,
     DEFAULT_AUDIT_BACKUPS,
     DEFAULT_AUDIT_MAX_ARGUMENTS_BYTES,
     DEFAULT_AUDIT_MAX_BYTES,
-    DEFAULT_AUTH_FETCH_TIMEOUT,
-    DEFAULT_AUTH_LEEWAY,
-    DEFAULT_AUTH_MAX_RESPONSE_BYTES,
     DEFAULT_BACKEND_MAX_IN_FLIGHT,
     DEFAULT_BREAKER_COOLDOWN,
     DEFAULT_BREAKER_FAILURES,
@@ -40,23 +35,13 @@ from gateway.config.model import (
     DEFAULT_HTTP_HOST,
     DEFAULT_HTTP_PATH,
     DEFAULT_HTTP_PORT,
-    DEFAULT_INTROSPECTION_CACHE_SIZE,
-    DEFAULT_INTROSPECTION_CACHE_TTL,
-    DEFAULT_JWKS_MAX_AGE,
-    DEFAULT_JWKS_REFRESH_INTERVAL,
     DEFAULT_MAX_CHILDREN,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_QUEUED,
-    DEFAULT_OAUTH_CLIENT_NAME,
-    DEFAULT_OAUTH_LOGIN_TIMEOUT,
-    DEFAULT_OAUTH_MAX_ATTEMPTS,
-    DEFAULT_OAUTH_REFRESH_MARGIN,
     DEFAULT_OVERLOAD_RETRY_AFTER,
     DEFAULT_PRE_STOP_DELAY,
     DEFAULT_QUEUE_TIMEOUT,
     DEFAULT_RATE_LIMIT_MAX_KEYS,
-    DEFAULT_REDIS_RETRY_INTERVAL,
-    DEFAULT_REDIS_TIMEOUT,
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_RETRY_ATTEMPTS,
     DEFAULT_RETRY_BACKOFF,
@@ -68,7 +53,6 @@ from gateway.config.model import (
     DEFAULT_TAP_BACKUPS,
     DEFAULT_TAP_MAX_BYTES,
     DEFAULT_TAP_MAX_MESSAGE_BYTES,
-    DEFAULT_TOKEN_CACHE_SIZE,
     ERAS,
     FAILURE_POLICIES,
     ISOLATIONS,
@@ -98,7 +82,6 @@ Kind = Literal[
     "sections",
     "section_list",
     "roots",
-    "section_list",
     "switch",
 ]
 
@@ -632,31 +615,31 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "strings", "JWT algorithms accepted (asymmetric only; default RS*, PS256, ES*, EdDSA)."
         ),
         "leeway": Key(
-            "number", "Seconds of clock skew allowed on exp and nbf.", DEFAULT_AUTH_LEEWAY
+            "number", "Seconds of clock skew allowed on exp and nbf.", cred.DEFAULT_AUTH_LEEWAY
         ),
         "jwks_refresh_interval": Key(
             "number",
             "Least seconds between JWKS fetches for an unknown key id.",
-            DEFAULT_JWKS_REFRESH_INTERVAL,
+            cred.DEFAULT_JWKS_REFRESH_INTERVAL,
         ),
         "jwks_max_age": Key(
-            "number", "Seconds before the JWKS is fetched again.", DEFAULT_JWKS_MAX_AGE
+            "number", "Seconds before the JWKS is fetched again.", cred.DEFAULT_JWKS_MAX_AGE
         ),
         "fetch_timeout": Key(
             "number",
             "Seconds for one fetch from the authorization server.",
-            DEFAULT_AUTH_FETCH_TIMEOUT,
+            cred.DEFAULT_AUTH_FETCH_TIMEOUT,
         ),
         "max_response_bytes": Key(
             "count",
             "A larger metadata document, JWKS or introspection answer is refused.",
-            DEFAULT_AUTH_MAX_RESPONSE_BYTES,
+            cred.DEFAULT_AUTH_MAX_RESPONSE_BYTES,
             minimum=1024,
         ),
         "token_cache_size": Key(
             "count",
             "Verified JWTs remembered until they expire (a repeated token skips the check).",
-            DEFAULT_TOKEN_CACHE_SIZE,
+            cred.DEFAULT_TOKEN_CACHE_SIZE,
             minimum=1,
         ),
         "login_client_id": Key(
@@ -671,7 +654,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "string",
             "oauth: a user's login (authorization code + PKCE); client_credentials: a service "
             "account; token_exchange: the caller's token exchanged (RFC 8693).",
-            choices=BACKEND_AUTH_TYPES,
+            choices=cred.BACKEND_AUTH_TYPES,
             required=True,
         ),
         "client_id": Key(
@@ -682,7 +665,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "string",
             "How the gateway authenticates at the token endpoint (default: from the server's "
             "metadata).",
-            choices=CLIENT_AUTH_METHODS,
+            choices=cred.CLIENT_AUTH_METHODS,
         ),
         "client_metadata_url": Key(
             "string",
@@ -691,7 +674,9 @@ SECTIONS: dict[str, dict[str, Key]] = {
             pattern="^https://",
         ),
         "client_name": Key(
-            "string", "The name registered (and shown on consent pages).", DEFAULT_OAUTH_CLIENT_NAME
+            "string",
+            "The name registered (and shown on consent pages).",
+            cred.DEFAULT_OAUTH_CLIENT_NAME,
         ),
         "private_key_file": Key(
             "string", "private_key_jwt: the PEM private key that signs client assertions."
@@ -700,7 +685,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
             "string",
             "private_key_jwt: the assertion's algorithm.",
             "RS256",
-            choices=CLIENT_ASSERTION_ALGORITHMS,
+            choices=cred.CLIENT_ASSERTION_ALGORITHMS,
         ),
         "key_id": Key("string", "private_key_jwt: the assertion's kid."),
         "scopes": Key("strings", "Scopes asked for when the server's challenge names none."),
@@ -730,16 +715,18 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "max_attempts": Key(
             "count",
             "A refused request is retried after a new token at most this many times.",
-            DEFAULT_OAUTH_MAX_ATTEMPTS,
+            cred.DEFAULT_OAUTH_MAX_ATTEMPTS,
             minimum=1,
         ),
         "refresh_margin": Key(
             "number",
             "Seconds before expiry at which a token is refreshed.",
-            DEFAULT_OAUTH_REFRESH_MARGIN,
+            cred.DEFAULT_OAUTH_REFRESH_MARGIN,
         ),
         "login_timeout": Key(
-            "number", "per_user: seconds a login link stays valid.", DEFAULT_OAUTH_LOGIN_TIMEOUT
+            "number",
+            "per_user: seconds a login link stays valid.",
+            cred.DEFAULT_OAUTH_LOGIN_TIMEOUT,
         ),
         "store": Key(
             "boolean", "Keep tokens on disk ($XDG_STATE_HOME/mcp-gateway) across restarts.", True
@@ -753,10 +740,10 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "cache_ttl": Key(
             "number",
             "Seconds an answer is reused (never past the token's exp).",
-            DEFAULT_INTROSPECTION_CACHE_TTL,
+            cred.DEFAULT_INTROSPECTION_CACHE_TTL,
         ),
         "cache_size": Key(
-            "count", "Answers kept at most.", DEFAULT_INTROSPECTION_CACHE_SIZE, minimum=1
+            "count", "Answers kept at most.", cred.DEFAULT_INTROSPECTION_CACHE_SIZE, minimum=1
         ),
     },
     "cluster": {
@@ -777,12 +764,12 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "redis_timeout": Key(
             "number",
             "Seconds a Redis call waits; then own rate limits apply, legacy sessions get 503.",
-            DEFAULT_REDIS_TIMEOUT,
+            cred.DEFAULT_REDIS_TIMEOUT,
         ),
         "redis_retry_interval": Key(
             "number",
             "Seconds Redis is not asked after a failure (own rate limits, legacy sessions 503).",
-            DEFAULT_REDIS_RETRY_INTERVAL,
+            cred.DEFAULT_REDIS_RETRY_INTERVAL,
         ),
     },
     "tasks": {
