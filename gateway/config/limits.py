@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import keys
-from gateway.config.model import (
-    _REDACT_PATH,
+from gateway.config.model import _REDACT_PATH
+from gateway.config.operations import (
     AUDIT_STDERR,
     JSON_WINDOW,
     AuditConfig,
