@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from gateway.config import keys
 from gateway.config.credentials import DEFAULT_AUTH_ALGORITHMS, ApiKey, AuthConfig, Introspection
+from gateway.config.key import NAME_PATTERN
 from gateway.config.model import HttpListen
 from gateway.config.reader import _Check
 
@@ -95,7 +96,7 @@ def _api_keys(c: _Check, raw: Any, path: Path_) -> tuple[ApiKey, ...]:
             # An unquoted digest of digits (and an `e`) reads as a number: its text is meant.
             body = {**body, "sha256": c.r.text.get(where + ("sha256",), "")}
         digest = c.field(body, where, "sha256", t["sha256"])
-        if not name or not re.fullmatch(keys._NAME_PATTERN, name):
+        if not name or not re.fullmatch(NAME_PATTERN, name):
             c.r.problem(where + ("name",), "is required: letters, digits, '_', '.' and '-'")
             continue
         if name in names:

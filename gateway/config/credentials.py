@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
+
+from gateway.config.key import NAME_PATTERN, URL_PATTERN, key
 
 # `auth:` (the HTTP listener as an OAuth 2.1 resource server). Asymmetric algorithms only: an
 # HMAC key would be a secret shared with the authorization server, and `none` is no signature.
@@ -66,44 +68,113 @@ REDIS_SCHEMES = ("redis", "rediss")
 class Introspection:
     """RFC 7662 introspection of opaque tokens, as a confidential client (client_secret_basic)."""
 
-    client_id: str
-    client_secret: str = field(repr=False)  # never in a repr, a log line or an error
-    cache_ttl: float = DEFAULT_INTROSPECTION_CACHE_TTL
-    cache_size: int = DEFAULT_INTROSPECTION_CACHE_SIZE
+    client_id: str = key(
+        "string", "The gateway's client id at the authorization server.", required=True
+    )
+    # Never in a repr, a log line or an error.
+    client_secret: str = key("string", "Its secret (use ${VAR}).", required=True, secret=True)
+    cache_ttl: float = key(
+        "number",
+        "Seconds an answer is reused (never past the token's exp).",
+        DEFAULT_INTROSPECTION_CACHE_TTL,
+    )
+    cache_size: int = key(
+        "count", "Answers kept at most.", DEFAULT_INTROSPECTION_CACHE_SIZE, minimum=1
+    )
 
 
 @dataclass(frozen=True)
 class ApiKey:
     """A static bearer key, stored as the hex SHA-256 digest of the key (never the key)."""
 
-    name: str
-    sha256: str = field(repr=False)
-    scopes: tuple[str, ...] = ()
-    subject: str = ""  # empty: the name
+    name: str = key(
+        "string", "A label (logs, audit, client id).", pattern=NAME_PATTERN, required=True
+    )
+    sha256: str = key(
+        "string",
+        'Hex SHA-256 of the key: printf %s "$KEY" | sha256sum.',
+        pattern="^[0-9a-fA-F]{64}$",
+        required=True,
+        secret=True,
+    )
+    scopes: tuple[str, ...] = key("strings", "The scopes the key carries.", ())
+    # Empty: the name.
+    subject: str = key("string", "The subject it stands for (default: its name).", "")
 
 
 @dataclass(frozen=True)
 class AuthConfig:
     """The HTTP listener as an OAuth 2.1 resource server (basic/authorization)."""
 
-    resource: str  # the canonical URI of the MCP endpoint (RFC 8707, RFC 9728 `resource`)
-    issuer: str | None = None  # None: API keys only
-    audience: str = ""  # empty: `resource`
-    scopes_supported: tuple[str, ...] = ()
-    required_scopes: tuple[str, ...] = ()
-    introspection: Introspection | None = None
-    api_keys: tuple[ApiKey, ...] = ()
-    algorithms: tuple[str, ...] = DEFAULT_AUTH_ALGORITHMS
-    leeway: float = DEFAULT_AUTH_LEEWAY
-    jwks_refresh_interval: float = DEFAULT_JWKS_REFRESH_INTERVAL
-    jwks_max_age: float = DEFAULT_JWKS_MAX_AGE
-    fetch_timeout: float = DEFAULT_AUTH_FETCH_TIMEOUT
-    max_response_bytes: int = DEFAULT_AUTH_MAX_RESPONSE_BYTES
-    token_cache_size: int = DEFAULT_TOKEN_CACHE_SIZE
+    issuer: str | None = key(  # None: API keys only
+        "string",
+        "The authorization server (https, or http on loopback); its metadata is discovered.",
+        None,
+        pattern=URL_PATTERN,
+    )
+    # The canonical URI of the MCP endpoint (RFC 8707, RFC 9728 `resource`).
+    resource: str = key(
+        "string",
+        "The gateway's canonical URI (RFC 8707), e.g. https://mcp.example.com/mcp.",
+        pattern=URL_PATTERN,
+        required=True,
+        kw_only=True,
+    )
+    audience: str = key("string", "The aud a token must contain (default: resource).", "")
+    scopes_supported: tuple[str, ...] = key(
+        "strings", "Scopes listed in the protected resource metadata.", ()
+    )
+    required_scopes: tuple[str, ...] = key(
+        "strings", "Scopes every token must carry (else 403).", ()
+    )
+    introspection: Introspection | None = key(
+        "section", "RFC 7662 introspection of opaque tokens.", None, section="introspection"
+    )
+    api_keys: tuple[ApiKey, ...] = key(
+        "section_list", "Static bearer keys, stored as SHA-256 digests.", (), section="api_key"
+    )
+    algorithms: tuple[str, ...] = key(
+        "strings",
+        "JWT algorithms accepted (asymmetric only; default RS*, PS256, ES*, EdDSA).",
+        DEFAULT_AUTH_ALGORITHMS,
+    )
+    leeway: float = key(
+        "number", "Seconds of clock skew allowed on exp and nbf.", DEFAULT_AUTH_LEEWAY
+    )
+    jwks_refresh_interval: float = key(
+        "number",
+        "Least seconds between JWKS fetches for an unknown key id.",
+        DEFAULT_JWKS_REFRESH_INTERVAL,
+    )
+    jwks_max_age: float = key(
+        "number", "Seconds before the JWKS is fetched again.", DEFAULT_JWKS_MAX_AGE
+    )
+    fetch_timeout: float = key(
+        "number", "Seconds for one fetch from the authorization server.", DEFAULT_AUTH_FETCH_TIMEOUT
+    )
+    max_response_bytes: int = key(
+        "count",
+        "A larger metadata document, JWKS or introspection answer is refused.",
+        DEFAULT_AUTH_MAX_RESPONSE_BYTES,
+        minimum=1024,
+    )
+    token_cache_size: int = key(
+        "count",
+        "Verified JWTs remembered until they expire (a repeated token skips the check).",
+        DEFAULT_TOKEN_CACHE_SIZE,
+        minimum=1,
+    )
     # The gateway's own client at `issuer`, for checking who opens a per-user login link (the
     # browser's user logs in there first, and must be the caller the link was made for).
-    login_client_id: str | None = None
-    login_client_secret: str | None = field(default=None, repr=False)
+    login_client_id: str | None = key(
+        "string",
+        "The gateway's client at the issuer, for per-user backend logins: who opens a login "
+        "link signs in here first and must be the caller it was made for.",
+        None,
+    )
+    login_client_secret: str | None = key(
+        "string", "Its secret, if it is confidential (use ${VAR}).", None, secret=True
+    )
 
     @property
     def expected_audience(self) -> str:
@@ -114,26 +185,87 @@ class AuthConfig:
 class BackendAuth:
     """How the gateway logs in to one HTTP backend (the client half of basic/authorization)."""
 
-    type: str  # one of BACKEND_AUTH_TYPES
-    client_id: str | None = None  # None: a Client ID Metadata Document, else registration
-    client_secret: str | None = field(default=None, repr=False)
-    token_endpoint_auth_method: str | None = None  # None: chosen from what the server offers
-    client_metadata_url: str | None = None  # a CIMD URL (https) used as the client id
-    client_name: str = DEFAULT_OAUTH_CLIENT_NAME
-    private_key_file: str | None = None  # private_key_jwt: a PEM private key
-    signing_algorithm: str = "RS256"
-    key_id: str | None = None  # the assertion's kid
-    scopes: tuple[str, ...] = ()  # asked for when no challenge names any
-    per_user: bool = False  # each caller logs in for themselves
-    open_browser: bool = True
-    redirect_port: int = 0  # the loopback redirect listener's port (0: any free one)
-    authorization_server: str | None = None  # an issuer, when the backend advertises none
-    subject_token_type: str = ACCESS_TOKEN_TYPE
-    audience: str | None = None  # token_exchange: the audience asked for (default: none)
-    max_attempts: int = DEFAULT_OAUTH_MAX_ATTEMPTS
-    refresh_margin: float = DEFAULT_OAUTH_REFRESH_MARGIN
-    login_timeout: float = DEFAULT_OAUTH_LOGIN_TIMEOUT
-    store: bool = True  # keep tokens on disk (under $XDG_STATE_HOME/mcp-gateway)
+    type: str = key(
+        "string",
+        "oauth: a user's login (authorization code + PKCE); client_credentials: a service "
+        "account; token_exchange: the caller's token exchanged (RFC 8693).",
+        choices=BACKEND_AUTH_TYPES,
+        required=True,
+    )
+    # None: a Client ID Metadata Document, else registration.
+    client_id: str | None = key(
+        "string", "A pre-registered client id (default: CIMD, else dynamic registration).", None
+    )
+    client_secret: str | None = key("string", "Its secret (use ${VAR}).", None, secret=True)
+    # None: chosen from what the server offers.
+    token_endpoint_auth_method: str | None = key(
+        "string",
+        "How the gateway authenticates at the token endpoint (default: from the server's "
+        "metadata).",
+        None,
+        choices=CLIENT_AUTH_METHODS,
+    )
+    client_metadata_url: str | None = key(
+        "string",
+        "An https URL of the gateway's Client ID Metadata Document, used as its client id "
+        "where the authorization server supports it.",
+        None,
+        pattern="^https://",
+    )
+    client_name: str = key(
+        "string", "The name registered (and shown on consent pages).", DEFAULT_OAUTH_CLIENT_NAME
+    )
+    private_key_file: str | None = key(
+        "string", "private_key_jwt: the PEM private key that signs client assertions.", None
+    )
+    signing_algorithm: str = key(
+        "string",
+        "private_key_jwt: the assertion's algorithm.",
+        "RS256",
+        choices=CLIENT_ASSERTION_ALGORITHMS,
+    )
+    key_id: str | None = key("string", "private_key_jwt: the assertion's kid.", None)
+    scopes: tuple[str, ...] = key(
+        "strings", "Scopes asked for when the server's challenge names none.", ()
+    )
+    per_user: bool = key(
+        "boolean",
+        "oauth: each caller logs in with their own account (asked by URL elicitation).",
+        False,
+    )
+    open_browser: bool = key(
+        "boolean", "oauth: open the browser for a login (the URL is logged either way).", True
+    )
+    redirect_port: int = key(
+        "port", "oauth: port of the loopback redirect listener (0: any free port).", 0
+    )
+    authorization_server: str | None = key(
+        "string",
+        "The issuer to use when the backend's metadata names none (https, or http on loopback).",
+        None,
+        pattern=URL_PATTERN,
+    )
+    subject_token_type: str = key(
+        "string", "token_exchange: the type of the caller's token.", ACCESS_TOKEN_TYPE
+    )
+    audience: str | None = key("string", "token_exchange: the audience asked for.", None)
+    max_attempts: int = key(
+        "count",
+        "A refused request is retried after a new token at most this many times.",
+        DEFAULT_OAUTH_MAX_ATTEMPTS,
+        minimum=1,
+    )
+    refresh_margin: float = key(
+        "number",
+        "Seconds before expiry at which a token is refreshed.",
+        DEFAULT_OAUTH_REFRESH_MARGIN,
+    )
+    login_timeout: float = key(
+        "number", "per_user: seconds a login link stays valid.", DEFAULT_OAUTH_LOGIN_TIMEOUT
+    )
+    store: bool = key(
+        "boolean", "Keep tokens on disk ($XDG_STATE_HOME/mcp-gateway) across restarts.", True
+    )
 
 
 @dataclass(frozen=True)
@@ -143,14 +275,38 @@ class ClusterConfig:
 
     # The first signs, every one is accepted (rotation: add the new one second, then move it
     # first, then drop the old one). Never in a repr, a log line or an error.
-    secrets: tuple[str, ...] = field(repr=False)
-    secrets_file: str | None = None  # the absolute path they were read from, if a file
+    secrets: tuple[str, ...] = key(
+        "strings",
+        "Each at least 32 characters (use ${VAR}); the first signs, all are accepted.",
+        secret=True,
+    )
+    # The absolute path they were read from, if a file.
+    secrets_file: str | None = key(
+        "string",
+        "A file with one secret per line, relative to the config file (instead of secrets).",
+        None,
+    )
     # redis:// or rediss:// URL whose Redis holds the rate-limit buckets and the legacy
     # sessions the replicas share (None: each replica's own). May carry a password: shown only
     # through `redacted_url`.
-    redis: str | None = field(default=None, repr=False)
-    redis_timeout: float = DEFAULT_REDIS_TIMEOUT
-    redis_retry_interval: float = DEFAULT_REDIS_RETRY_INTERVAL
+    redis: str | None = key(
+        "string",
+        "redis://[:PASSWORD@]HOST:PORT/DB (or rediss://): rate limits, legacy sessions and "
+        "backend logins shared by the replicas.",
+        None,
+        pattern="^rediss?://",
+        secret=True,
+    )
+    redis_timeout: float = key(
+        "number",
+        "Seconds a Redis call waits; then own rate limits apply, legacy sessions get 503.",
+        DEFAULT_REDIS_TIMEOUT,
+    )
+    redis_retry_interval: float = key(
+        "number",
+        "Seconds Redis is not asked after a failure (own rate limits, legacy sessions 503).",
+        DEFAULT_REDIS_RETRY_INTERVAL,
+    )
 
     def keys(self, purpose: bytes) -> tuple[bytes, ...]:
         """One key per secret, in the secrets' order, for one use (`purpose`, e.g.

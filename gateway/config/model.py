@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.config.credentials import AuthConfig, BackendAuth, ClusterConfig
+from gateway.config.key import PEM, key
 from gateway.config.operations import (
     AuditConfig,
     Overload,
@@ -116,22 +117,44 @@ class ConfigInvalid(Exception):
 class ListenerLimits:
     """Everything one client may make an HTTP listener hold, in one place."""
 
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
-    max_headers: int = DEFAULT_MAX_HEADERS
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    max_requests_per_connection: int = DEFAULT_MAX_REQUESTS_PER_CONNECTION
-    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT
-    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    max_body_bytes: int = key(
+        "count",
+        "A larger request body (after decoding) gets 413.",
+        DEFAULT_MAX_BODY_BYTES,
+        minimum=1,
+    )
+    max_header_bytes: int = key(
+        "count", "One header line, or the request line.", DEFAULT_MAX_HEADER_BYTES, minimum=256
+    )
+    max_headers: int = key(
+        "count", "Header fields per request (trailers count too).", DEFAULT_MAX_HEADERS, minimum=8
+    )
+    max_connections: int = key(
+        "count", "Open client connections; more are closed.", DEFAULT_MAX_CONNECTIONS, minimum=1
+    )
+    max_requests_per_connection: int = key(
+        "count",
+        "Requests on one keep-alive connection.",
+        DEFAULT_MAX_REQUESTS_PER_CONNECTION,
+        minimum=1,
+    )
+    idle_timeout: float = key(
+        "number", "Seconds a keep-alive connection may sit without a request.", DEFAULT_IDLE_TIMEOUT
+    )
+    header_timeout: float = key(
+        "number", "Seconds for a new connection's first request head.", DEFAULT_HEADER_TIMEOUT
+    )
+    body_timeout: float = key(
+        "number", "Seconds for a request body once its head has arrived.", DEFAULT_BODY_TIMEOUT
+    )
 
 
 @dataclass(frozen=True)
 class ServerTls:
     """The listener's certificate chain and key (PEM files)."""
 
-    cert_file: str
-    key_file: str
+    cert_file: str = key("string", PEM, required=True)
+    key_file: str = key("string", PEM, required=True)
 
 
 @dataclass(frozen=True)
@@ -158,8 +181,10 @@ class HttpListen:
 class AdminListen:
     """A separate HTTP listener for /metrics and health, so a stdio-only gateway can be scraped."""
 
-    host: str = DEFAULT_HTTP_HOST
-    port: int = DEFAULT_ADMIN_PORT
+    host: str = key("string", "Address to bind.", DEFAULT_HTTP_HOST)
+    port: int = key(
+        "port", "Must differ from listen.http.port on the same interface.", DEFAULT_ADMIN_PORT
+    )
 
 
 @dataclass(frozen=True)
@@ -167,10 +192,10 @@ class ConfiguredIdentity:
     """Who the stdio front end's caller is (`listen.stdio.identity`): stdio has no credentials
     (its caller is the parent process), so the policy judges this identity instead."""
 
-    subject: str
-    client_id: str | None = None
-    scopes: tuple[str, ...] = ()
-    claims: Mapping[str, str] = field(default_factory=dict)
+    subject: str = key("string", "The caller's subject (as a token's `sub`).", required=True)
+    client_id: str | None = key("string", "The caller's client id.", None)
+    scopes: tuple[str, ...] = key("strings", "The scopes the caller holds.", ())
+    claims: Mapping[str, str] = key("string_map", "Claims, for rules on claims.", factory=dict)
 
 
 @dataclass(frozen=True)
@@ -183,38 +208,64 @@ class Listen:
 
 @dataclass(frozen=True)
 class StdioTarget:
-    command: str
-    args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    cwd: str | None = None
+    command: str = key("string", "The program, looked up on PATH.", required=True)
+    args: tuple[str, ...] = key("strings", "Its arguments.", ())
+    env: Mapping[str, str] = key("string_map", "Variables set for the child.", factory=dict)
+    cwd: str | None = key("string", "Its working directory.", None)
     # The child gets the gateway's whole environment (then `env`) instead of a short safe list
     # (PATH, HOME, ...) plus `env`. Off for config files: a team gateway's own secrets must not
     # leak into every child; ad hoc commands (`expose`) turn it on, as a shell would.
-    inherit_env: bool = False
+    inherit_env: bool = key(
+        "boolean", "Pass the gateway's whole environment, not a safe short list.", False
+    )
 
 
 @dataclass(frozen=True)
 class ClientTls:
     """How the gateway checks an https backend and proves itself to it (PEM files)."""
 
-    ca_file: str | None = None  # None: the system's trust store
-    cert_file: str | None = None  # a client certificate, for servers that ask for one
-    key_file: str | None = None  # its key (None: in cert_file)
-    verify: bool = True  # False accepts any certificate: for tests, never for production
+    ca_file: str | None = key("string", PEM + " Default: the system's trust store.", None)
+    # A client certificate, for servers that ask for one.
+    cert_file: str | None = key("string", PEM + " A client certificate.", None)
+    key_file: str | None = key("string", PEM + " Its key (default: in cert_file).", None)
+    # False accepts any certificate: for tests, never for production.
+    verify: bool = key("boolean", "false accepts any certificate (tests only).", True)
 
 
 @dataclass(frozen=True)
 class BackendLimits:
     """What one HTTP backend may make the gateway hold."""
 
-    max_connections: int = DEFAULT_BACKEND_MAX_CONNECTIONS
-    idle_timeout: float = DEFAULT_BACKEND_IDLE_TIMEOUT
-    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES
-    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
-    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
-    max_headers: int = DEFAULT_MAX_HEADERS
-    max_resumptions: int = DEFAULT_MAX_RESUMPTIONS
-    max_resume_delay: float = DEFAULT_MAX_RESUME_DELAY
+    max_connections: int = key(
+        "count", "Open connections to this backend.", DEFAULT_BACKEND_MAX_CONNECTIONS, minimum=1
+    )
+    idle_timeout: float = key(
+        "number",
+        "Seconds before an idle pooled connection is closed.",
+        DEFAULT_BACKEND_IDLE_TIMEOUT,
+    )
+    max_reply_bytes: int = key(
+        "count",
+        "A JSON reply, or all events of one SSE reply.",
+        DEFAULT_MAX_REPLY_BYTES,
+        minimum=1,
+    )
+    max_event_bytes: int = key("count", "One SSE event.", DEFAULT_MAX_EVENT_BYTES, minimum=1)
+    max_header_bytes: int = key(
+        "count", "One reply header line.", DEFAULT_MAX_HEADER_BYTES, minimum=256
+    )
+    max_headers: int = key("count", "Header fields per reply.", DEFAULT_MAX_HEADERS, minimum=8)
+    max_resumptions: int = key(
+        "count",
+        "Reconnections in a row that bring nothing before a dropped legacy stream is lost.",
+        DEFAULT_MAX_RESUMPTIONS,
+        minimum=0,
+    )
+    max_resume_delay: float = key(
+        "number",
+        "The longest wait (seconds) before resuming a dropped legacy stream.",
+        DEFAULT_MAX_RESUME_DELAY,
+    )
 
 
 @dataclass(frozen=True)
@@ -257,8 +308,8 @@ class Root:
     """A root the gateway tells a backend of when no client's can be asked (client/roots): a
     `file://` URI and an optional display name, as `roots/list` returns them."""
 
-    uri: str
-    name: str | None = None
+    uri: str = key("string", "A file:// URI.", pattern="^file://", required=True)
+    name: str | None = key("string", "A display name.", None)
 
     def as_wire(self) -> dict[str, str]:
         return {"uri": self.uri} if self.name is None else {"uri": self.uri, "name": self.name}
@@ -285,9 +336,16 @@ DEFAULT_BREAKER_COOLDOWN = 10.0
 class RetrySettings:
     """`backends.NAME.retries`: only requests that cannot have effects are ever retried."""
 
-    attempts: int = DEFAULT_RETRY_ATTEMPTS  # tries in all, the first included; 1: no retry
-    backoff: float = DEFAULT_RETRY_BACKOFF  # seconds before the first retry, doubling
-    max_backoff: float = DEFAULT_RETRY_MAX_BACKOFF  # the doubling stops here
+    attempts: int = key(
+        "count",
+        "Tries in all of a request that cannot have effects (1: never retried).",
+        DEFAULT_RETRY_ATTEMPTS,
+        minimum=1,
+    )
+    backoff: float = key(
+        "number", "Seconds before the first retry, doubling.", DEFAULT_RETRY_BACKOFF
+    )
+    max_backoff: float = key("number", "The longest wait between tries.", DEFAULT_RETRY_MAX_BACKOFF)
 
 
 @dataclass(frozen=True)
@@ -295,9 +353,15 @@ class BreakerSettings:
     """`backends.NAME.breaker`: open after `failures` within `window` seconds; a probe after
     `cooldown` seconds open."""
 
-    failures: int = DEFAULT_BREAKER_FAILURES
-    window: float = DEFAULT_BREAKER_WINDOW
-    cooldown: float = DEFAULT_BREAKER_COOLDOWN
+    failures: int = key(
+        "count", "Failures within the window that open it.", DEFAULT_BREAKER_FAILURES, minimum=1
+    )
+    window: float = key("number", "Seconds the failures are counted over.", DEFAULT_BREAKER_WINDOW)
+    cooldown: float = key(
+        "number",
+        "Seconds open before one probe request is let through.",
+        DEFAULT_BREAKER_COOLDOWN,
+    )
 
 
 @dataclass(frozen=True)
@@ -350,10 +414,12 @@ class PolicyTarget:
     tool and prompt names and resource URIs. A target naming none of tools, prompts and
     resources covers all three; one naming some covers only those."""
 
-    backends: tuple[str, ...] = ()
-    tools: tuple[str, ...] = ()
-    prompts: tuple[str, ...] = ()
-    resources: tuple[str, ...] = ()
+    backends: tuple[str, ...] = key("strings", "Backends by name (default: all).", ())
+    tools: tuple[str, ...] = key("strings", "Globs on tool names as the backend has them.", ())
+    prompts: tuple[str, ...] = key("strings", "Globs on prompt names as the backend has them.", ())
+    resources: tuple[str, ...] = key(
+        "strings", "Globs on resource URIs and templates as the backend has them.", ()
+    )
 
 
 @dataclass(frozen=True)
@@ -361,10 +427,12 @@ class PolicyWhen:
     """Which callers a rule is for; every condition given must hold. Scopes and claims: all of
     them; subjects and clients: any of them."""
 
-    scopes: tuple[str, ...] = ()
-    subjects: tuple[str, ...] = ()
-    clients: tuple[str, ...] = ()
-    claims: Mapping[str, str] = field(default_factory=dict)
+    scopes: tuple[str, ...] = key("strings", "The caller holds all of these scopes.", ())
+    subjects: tuple[str, ...] = key("strings", "The caller's subject is one of these.", ())
+    clients: tuple[str, ...] = key("strings", "The caller's client id is one of these.", ())
+    claims: Mapping[str, str] = key(
+        "string_map", "Each claim has this value (or, a list claim, holds it).", factory=dict
+    )
 
 
 @dataclass(frozen=True)
@@ -377,8 +445,18 @@ class PolicyRule:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    default: str = "allow"
-    rules: tuple[PolicyRule, ...] = ()
+    default: str = key(
+        "string",
+        "What a tool, prompt or resource no rule decides gets.",
+        "allow",
+        choices=POLICY_DEFAULTS,
+    )
+    rules: tuple[PolicyRule, ...] = key(
+        "section_list",
+        "Each names one of allow, deny or require; deny wins.",
+        (),
+        section="policy_rule",
+    )
 
 
 PREFIX_MODES = ("auto", "always", "never")
@@ -387,9 +465,13 @@ FAILURE_POLICIES = ("fail_open", "fail_closed")
 
 @dataclass(frozen=True)
 class Namespacing:
-    prefix: str = "auto"
-    separator: str = "_"
-    max_name_length: int = 64
+    prefix: str = key(
+        "string", "auto prefixes only when names collide.", "auto", choices=PREFIX_MODES
+    )
+    separator: str = key(
+        "string", "Between namespace and name.", "_", pattern=r"^[A-Za-z0-9_.-]{1,3}$"
+    )
+    max_name_length: int = key("number", "Longest name offered.", 64, minimum=16, maximum=128)
 
 
 @dataclass(frozen=True)

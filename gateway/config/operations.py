@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from gateway.config.key import URL_PATTERN, key
 
 # A recording is for looking at, not an archive: 64 MiB per file is hours of busy traffic, and
 # (1 + backups) files bound the disk it can take.
@@ -60,31 +62,56 @@ ACCESS_LOG_STDERR = "stderr"
 class TapConfig:
     """Opt-in recording of every JSON-RPC message on both hops to a JSON-lines file."""
 
-    path: str  # absolute: a relative path in the file is resolved against the file's directory
-    redact: tuple[str, ...] = ()  # dotted paths into a message; `*` matches one level
-    redact_headers: tuple[str, ...] = ()  # besides Authorization and Cookie, always redacted
-    max_bytes: int = DEFAULT_TAP_MAX_BYTES
-    backups: int = DEFAULT_TAP_BACKUPS
-    max_message_bytes: int = DEFAULT_TAP_MAX_MESSAGE_BYTES
+    # Absolute: a relative path in the file is resolved against the file's directory.
+    path: str = key("string", "The JSON-lines file, relative to the config file.", required=True)
+    redact: tuple[str, ...] = key(
+        "strings", "Dotted paths into a message (`*` matches one level).", ()
+    )
+    # Besides Authorization and Cookie, always redacted.
+    redact_headers: tuple[str, ...] = key(
+        "strings", "Headers redacted besides Authorization and Cookie.", ()
+    )
+    max_bytes: int = key("count", "A file rotates at this size.", DEFAULT_TAP_MAX_BYTES, minimum=1)
+    backups: int = key("count", "Old files kept.", DEFAULT_TAP_BACKUPS, minimum=0)
+    max_message_bytes: int = key(
+        "count",
+        "A larger message is recorded as its size only.",
+        DEFAULT_TAP_MAX_MESSAGE_BYTES,
+        minimum=1,
+    )
 
 
 @dataclass(frozen=True)
 class Rate:
     """A token bucket: `rate` requests a second on average, `burst` at once."""
 
-    rate: float
-    burst: int
+    rate: float = key("number", "Requests per second, on average.", required=True)
+    burst: int = key("count", "Requests at once (default: rate, rounded up).", minimum=1)
 
 
 @dataclass(frozen=True)
 class RateLimits:
     """Token buckets a client request must find a token in (absent: no limit of that kind)."""
 
-    per_identity: Rate | None = None  # per caller
-    per_tool: Rate | None = None  # per caller and tool (tools/call)
-    overall: Rate | None = None  # all callers together
-    tools: Mapping[str, Rate] = field(default_factory=dict)  # per_tool for these tools
-    max_keys: int = DEFAULT_RATE_LIMIT_MAX_KEYS
+    per_identity: Rate | None = key("section", "Each caller's bucket.", None, section="rate")
+    per_tool: Rate | None = key(
+        "section", "Each caller's bucket per tool (tools/call).", None, section="rate"
+    )
+    overall: Rate | None = key(
+        "section", "One bucket for all callers together.", None, section="rate"
+    )
+    tools: Mapping[str, Rate] = key(
+        "sections",
+        "per_tool for these tools (names as clients see them).",
+        factory=dict,
+        section="rate",
+    )
+    max_keys: int = key(
+        "count",
+        "Buckets kept per limit; the least recently used is dropped first.",
+        DEFAULT_RATE_LIMIT_MAX_KEYS,
+        minimum=1,
+    )
 
 
 @dataclass(frozen=True)
@@ -93,10 +120,29 @@ class Overload:
     backend (`max_in_flight`); past one, a short FIFO queue, then -31004 (HTTP 503 with
     Retry-After). Listen streams are not counted (they last as long as their client)."""
 
-    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
-    max_queued: int = DEFAULT_MAX_QUEUED  # per bound
-    queue_timeout: float = DEFAULT_QUEUE_TIMEOUT
-    retry_after: float = DEFAULT_OVERLOAD_RETRY_AFTER
+    max_in_flight: int = key(
+        "count",
+        "Client requests served at once (listen streams aside).",
+        DEFAULT_MAX_IN_FLIGHT,
+        minimum=1,
+    )
+    max_queued: int = key(
+        "count",
+        "Requests past a bound that wait for a slot (per bound); more get -31004 at once.",
+        DEFAULT_MAX_QUEUED,
+        minimum=0,
+    )
+    queue_timeout: float = key(
+        "number",
+        f"Seconds a queued request waits before -31004 (below {JSON_WINDOW:g}: an HTTP reply "
+        "turns into a stream then, too late for a 503).",
+        DEFAULT_QUEUE_TIMEOUT,
+    )
+    retry_after: float = key(
+        "number",
+        "Seconds a refusal tells the client to wait (Retry-After, data.retryAfter).",
+        DEFAULT_OVERLOAD_RETRY_AFTER,
+    )
 
 
 @dataclass(frozen=True)
@@ -105,30 +151,68 @@ class Shutdown:
 
     # Unready at once, still serving for this long, then the drain: the time a load balancer
     # (a Kubernetes Service's endpoints) takes to stop sending to this replica.
-    pre_stop_delay: float = DEFAULT_PRE_STOP_DELAY
+    pre_stop_delay: float = key(
+        "number",
+        "Seconds after SIGTERM with /readyz 503 and requests still served, before the drain "
+        "(the time a load balancer takes to stop sending; 0: none).",
+        DEFAULT_PRE_STOP_DELAY,
+        minimum=0,
+    )
     # The stdio front end's last replies: given up on (exit 1) once the client has read nothing
     # of them for this long.
-    stdout_stall_timeout: float = DEFAULT_STDOUT_STALL_TIMEOUT
+    stdout_stall_timeout: float = key(
+        "number",
+        "Seconds the stdio client may read nothing of the last replies at shutdown before "
+        "the gateway gives up on it (exit 1).",
+        DEFAULT_STDOUT_STALL_TIMEOUT,
+    )
 
 
 @dataclass(frozen=True)
 class AuditConfig:
     """One JSON line per client request: who asked what, where it went and how it ended."""
 
-    path: str  # "stderr", or absolute: a relative path is resolved against the file's directory
-    include_arguments: bool = False  # tools/call and prompts/get arguments, after `redact`
-    redact: tuple[str, ...] = ()  # dotted paths into the request, as the tap's rules
-    max_arguments_bytes: int = DEFAULT_AUDIT_MAX_ARGUMENTS_BYTES
-    max_bytes: int = DEFAULT_AUDIT_MAX_BYTES
-    backups: int = DEFAULT_AUDIT_BACKUPS
+    # "stderr", or absolute: a relative path is resolved against the file's directory.
+    path: str = key(
+        "string",
+        f"{AUDIT_STDERR!r} or a JSON-lines file, relative to the config file.",
+        required=True,
+    )
+    include_arguments: bool = key(
+        "boolean", "Record tools/call and prompts/get arguments (after redact).", False
+    )
+    redact: tuple[str, ...] = key(
+        "strings", "Dotted paths into a request, as the tap's (`*`: one level).", ()
+    )
+    max_arguments_bytes: int = key(
+        "count",
+        "Longer arguments (encoded) are recorded as their size only.",
+        DEFAULT_AUDIT_MAX_ARGUMENTS_BYTES,
+        minimum=1,
+    )
+    max_bytes: int = key(
+        "count", "A file rotates at this size.", DEFAULT_AUDIT_MAX_BYTES, minimum=1
+    )
+    backups: int = key("count", "Old files kept.", DEFAULT_AUDIT_BACKUPS, minimum=0)
 
 
 @dataclass(frozen=True)
 class TelemetryConfig:
-    service_name: str = DEFAULT_SERVICE_NAME
-    otlp_endpoint: str | None = None  # None: no traces are exported
-    record_payloads: bool = False  # put message bodies on spans (they may hold secrets)
+    service_name: str = key("string", "service.name on traces and metrics.", DEFAULT_SERVICE_NAME)
+    otlp_endpoint: str | None = key(  # None: no traces are exported
+        "string", "OTLP/HTTP endpoint for traces (off when absent).", None, pattern=URL_PATTERN
+    )
+    record_payloads: bool = key(
+        "boolean", "Put message bodies on spans (they may hold secrets).", False
+    )
     # False: a request routed to one backend gets one span, the SERVER span, whose context the
     # backend continues (as proxies such as Envoy and nginx trace); True adds its CLIENT span.
-    backend_spans: bool = False
-    access_log: str | None = None  # None: off; "stderr"; or an absolute file path
+    backend_spans: bool = key(
+        "boolean",
+        "A CLIENT span for each request forwarded to a backend, beside the client's SERVER"
+        " span (off: the SERVER span stands for the whole pass through the gateway).",
+        False,
+    )
+    access_log: str | None = key(  # None: off; "stderr"; or an absolute file path
+        "string", f"{ACCESS_LOG_STDERR!r} or a file path (off when absent).", None
+    )

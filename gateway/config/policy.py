@@ -8,7 +8,7 @@ from collections.abc import Collection
 from typing import Any
 
 from gateway.config import keys
-from gateway.config.keys import Key
+from gateway.config.key import Key
 from gateway.config.model import (
     POLICY_DEFAULTS,
     RULE_EFFECTS,

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from gateway.config.keys import Key
+from gateway.config.key import Key
 from gateway.config.model import _ENV_REF, DEFAULT_HTTP_PORT
 
 # --- YAML with line numbers -------------------------------------------------------------------

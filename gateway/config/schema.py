@@ -15,7 +15,8 @@ from typing import Any
 
 import orjson
 
-from gateway.config.keys import ENTRIES, ONE_OF, SECTIONS, Key
+from gateway.config.key import Key
+from gateway.config.keys import ENTRIES, ONE_OF, SECTIONS
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 # What the loader substitutes (model._ENV_REF), found anywhere in a string.

@@ -1,0 +1,94 @@
+"""How a config key is declared: field metadata on the model's dataclasses (a leaf module).
+
+Each key is declared once, on the field it fills: `field_name: int = key("count", "doc.",
+default, minimum=1)`. From those fields `gateway.config.keys` derives each section's key set
+(the loader's unknown-key check), each scalar's kind, default and bounds (`_Check.field`) and the
+JSON Schema (`gateway.config.schema`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+# string: a string; number: a positive number; count: a whole number >= minimum; port: 0-65535;
+# boolean; strings: a list of scalars read as strings; string_map: names to scalars read as
+# strings; section: a mapping described by SECTIONS[section]; sections: names to such mappings;
+# roots: a list of file:// URIs or `root` sections; section_list: a list of such mappings;
+# switch: true, false, or such a mapping (meaning on).
+Kind = Literal[
+    "string",
+    "number",
+    "count",
+    "port",
+    "boolean",
+    "strings",
+    "string_map",
+    "section",
+    "sections",
+    "section_list",
+    "roots",
+    "switch",
+]
+
+
+@dataclass(frozen=True)
+class Key:
+    kind: Kind
+    doc: str
+    default: str | int | float | bool | None = None
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None  # count: the least whole number; number: the least value
+    maximum: float | None = None
+    pattern: str | None = None  # a string's regular expression (the loader checks it itself)
+    section: str | None = None  # section, sections, section_list, switch: the name in SECTIONS
+    required: bool = False
+
+
+# Words and patterns several keys share.
+URL_PATTERN = r"^https?://"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+PEM = "A PEM file, relative to the config file."
+
+# The metadata entry holding a field's Key.
+KEY = "gateway.config.key"
+_FROM_FIELD: Any = object()
+
+
+def key(
+    kind: Kind,
+    doc: str,
+    default: Any = dataclasses.MISSING,
+    *,
+    factory: Callable[[], Any] | None = None,
+    shown: Any = _FROM_FIELD,
+    choices: tuple[str, ...] = (),
+    minimum: float | None = None,
+    maximum: float | None = None,
+    pattern: str | None = None,
+    section: str | None = None,
+    required: bool = False,
+    secret: bool = False,
+    kw_only: bool = False,
+) -> Any:
+    """A dataclass field that is also a config key. The key's default (the loader's, and the
+    schema's) is the field's when that is a scalar other than "", else none; `shown` overrides
+    it where the file's default is not the model's. A `secret` is never in a repr; `kw_only`
+    lets a required key follow keys with defaults (the file's order)."""
+    if shown is _FROM_FIELD:
+        plain = isinstance(default, (str, int, float, bool)) and default != ""
+        shown = default if plain else None
+    spec = Key(kind, doc, shown, choices, minimum, maximum, pattern, section, required)
+    meta = {KEY: spec}
+    if factory is not None:
+        return dataclasses.field(
+            default_factory=factory, repr=not secret, kw_only=kw_only, metadata=meta
+        )
+    return dataclasses.field(default=default, repr=not secret, kw_only=kw_only, metadata=meta)
+
+
+def keys_of(cls: type) -> dict[str, Key]:
+    """The keys declared on a dataclass's fields, in their order (the schema's order)."""
+    return {f.name: f.metadata[KEY] for f in dataclasses.fields(cls) if KEY in f.metadata}
