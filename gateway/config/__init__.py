@@ -352,9 +352,7 @@ def _tap(c: _Check, raw: Any, source: str) -> TapConfig | None:
         path=str(_beside(source, file)) if file else "",
         redact=redact,
         redact_headers=headers,
-        max_bytes=c.field(body, path, "max_bytes", t["max_bytes"]),
-        backups=c.field(body, path, "backups", t["backups"]),
-        max_message_bytes=c.field(body, path, "max_message_bytes", t["max_message_bytes"]),
+        **c.scalars(body, path, TapConfig, skip={"path", "redact", "redact_headers"}),
     )
 
 
@@ -376,9 +374,10 @@ def _telemetry(c: _Check, raw: Any, source: str) -> TelemetryConfig:
     return TelemetryConfig(
         service_name=service or DEFAULT_SERVICE_NAME,
         otlp_endpoint=endpoint,
-        record_payloads=c.field(body, path, "record_payloads", t["record_payloads"]),
-        backend_spans=c.field(body, path, "backend_spans", t["backend_spans"]),
         access_log=access_log or None,
+        **c.scalars(
+            body, path, TelemetryConfig, skip={"service_name", "otlp_endpoint", "access_log"}
+        ),
     )
 
 

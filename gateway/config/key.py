@@ -33,6 +33,9 @@ Kind = Literal[
     "switch",
 ]
 
+# The kinds `_Check.field` reads; the others are sections the loaders read themselves.
+SCALAR_KINDS = frozenset({"string", "number", "count", "port", "boolean", "strings", "string_map"})
+
 
 @dataclass(frozen=True)
 class Key:
