@@ -55,8 +55,10 @@ URL_PATTERN = r"^https?://"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 PEM = "A PEM file, relative to the config file."
 
-# The metadata entry holding a field's Key.
+# The metadata entries holding a field's Key, and where in the file a key sits that is not in
+# the section its dataclass reads (`fan_out.grace` fills Config.fan_out_grace).
 KEY = "gateway.config.key"
+AT = "gateway.config.key.at"
 _FROM_FIELD: Any = object()
 
 
@@ -75,16 +77,18 @@ def key(
     required: bool = False,
     secret: bool = False,
     kw_only: bool = False,
+    at: str | None = None,
 ) -> Any:
     """A dataclass field that is also a config key. The key's default (the loader's, and the
     schema's) is the field's when that is a scalar other than "", else none; `shown` overrides
     it where the file's default is not the model's. A `secret` is never in a repr; `kw_only`
-    lets a required key follow keys with defaults (the file's order)."""
+    lets a required key follow keys with defaults (the file's order); `at` ("section.name")
+    places a key whose section is not its dataclass's."""
     if shown is _FROM_FIELD:
         plain = isinstance(default, (str, int, float, bool)) and default != ""
         shown = default if plain else None
     spec = Key(kind, doc, shown, choices, minimum, maximum, pattern, section, required)
-    meta = {KEY: spec}
+    meta: dict[str, Any] = {KEY: spec} if at is None else {KEY: spec, AT: at}
     if factory is not None:
         return dataclasses.field(
             default_factory=factory, repr=not secret, kw_only=kw_only, metadata=meta
@@ -92,6 +96,16 @@ def key(
     return dataclasses.field(default=default, repr=not secret, kw_only=kw_only, metadata=meta)
 
 
-def keys_of(cls: type) -> dict[str, Key]:
-    """The keys declared on a dataclass's fields, in their order (the schema's order)."""
-    return {f.name: f.metadata[KEY] for f in dataclasses.fields(cls) if KEY in f.metadata}
+def keys_of(cls: type, section: str | None = None) -> dict[str, Key]:
+    """The keys declared on a dataclass's fields, in their order (the schema's order): those of
+    its own section, or (`section`) those placed `at` that section."""
+    out: dict[str, Key] = {}
+    for f in dataclasses.fields(cls):
+        if KEY not in f.metadata:
+            continue
+        at = f.metadata.get(AT)
+        if section is None and at is None:
+            out[f.name] = f.metadata[KEY]
+        elif section is not None and at is not None and at.startswith(section + "."):
+            out[at[len(section) + 1 :]] = f.metadata[KEY]
+    return out

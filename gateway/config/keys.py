@@ -23,8 +23,6 @@ from gateway.config.model import (
     DEFAULT_BACKEND_MAX_IN_FLIGHT,
     DEFAULT_CHILD_IDLE_TIMEOUT,
     DEFAULT_EJECT_FOR,
-    DEFAULT_FAN_OUT_GRACE,
-    DEFAULT_FAN_OUT_START_WAIT,
     DEFAULT_HTTP_HOST,
     DEFAULT_HTTP_PATH,
     DEFAULT_HTTP_PORT,
@@ -33,14 +31,15 @@ from gateway.config.model import (
     DEFAULT_SESSION_IDLE_TIMEOUT,
     DEFAULT_START_TIMEOUT,
     ERAS,
-    FAILURE_POLICIES,
     ISOLATIONS,
     RULE_EFFECTS,
     AdminListen,
     BackendLimits,
     BreakerSettings,
     ClientTls,
+    Config,
     ConfiguredIdentity,
+    Listen,
     ListenerLimits,
     Namespacing,
     PolicyConfig,
@@ -101,23 +100,8 @@ SECTIONS: dict[str, dict[str, Key]] = {
         ),
         "tasks": Key("section", "Task ids of the Tasks extension.", section="tasks"),
     },
-    "listen": {
-        "http": Key("section", "The Streamable HTTP front end.", section="listen_http"),
-        "stdio": Key(
-            "switch",
-            "Serve MCP on stdin/stdout: true, or a mapping naming the caller's identity.",
-            False,
-            section="listen_stdio",
-        ),
-        "admin": Key(
-            "section", "/metrics and health on a port of their own (no MCP).", section="admin"
-        ),
-    },
-    "listen_stdio": {
-        "identity": Key(
-            "section", "Who the stdio caller is, for the policy.", section="stdio_identity"
-        ),
-    },
+    "listen": keys_of(Listen),
+    "listen_stdio": keys_of(Listen, "listen_stdio"),
     "stdio_identity": keys_of(ConfiguredIdentity),
     "listen_http": {
         "host": Key("string", "Address to bind; loopback checks Host headers.", DEFAULT_HTTP_HOST),
@@ -242,28 +226,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
     "breaker": keys_of(BreakerSettings),
     "root": keys_of(Root),
     "namespacing": keys_of(Namespacing),
-    "fan_out": {
-        "on_failure": Key(
-            "string",
-            "fail_open leaves a failed backend out of a merged list.",
-            "fail_open",
-            choices=FAILURE_POLICIES,
-        ),
-        "grace": Key(
-            "number",
-            "Under fail_open, seconds a merged list waits for the backends still out once "
-            "another has answered.",
-            DEFAULT_FAN_OUT_GRACE,
-        ),
-        "start_wait": Key(
-            "number",
-            "Seconds after a backend began starting that a merged list or listen waits for its "
-            "first catalog; past it (or once the backend is down) it is left out, and open "
-            "listens are told of the change when it arrives.",
-            DEFAULT_FAN_OUT_START_WAIT,
-            minimum=0,
-        ),
-    },
+    "fan_out": keys_of(Config, "fan_out"),
     "tap": keys_of(TapConfig),
     "telemetry": keys_of(TelemetryConfig),
     "policy": keys_of(PolicyConfig),
@@ -297,13 +260,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
     "backend_auth": keys_of(BackendAuth),
     "introspection": keys_of(Introspection),
     "cluster": keys_of(ClusterConfig),
-    "tasks": {
-        "key_file": Key(
-            "string",
-            "The key signing task ids without cluster.secrets, made once (mode 0600); relative "
-            "to the config file. Default: $XDG_STATE_HOME/mcp-gateway/task-key.",
-        ),
-    },
+    "tasks": keys_of(Config, "tasks"),
     "api_key": keys_of(ApiKey),
 }
 

@@ -200,10 +200,26 @@ class ConfiguredIdentity:
 
 @dataclass(frozen=True)
 class Listen:
-    http: HttpListen | None = None
-    stdio: bool = False
-    admin: AdminListen | None = None  # not a front end: it serves no MCP
-    stdio_identity: ConfiguredIdentity | None = None  # None: the stdio caller is anonymous
+    http: HttpListen | None = key(
+        "section", "The Streamable HTTP front end.", None, section="listen_http"
+    )
+    stdio: bool = key(
+        "switch",
+        "Serve MCP on stdin/stdout: true, or a mapping naming the caller's identity.",
+        False,
+        section="listen_stdio",
+    )
+    admin: AdminListen | None = key(  # not a front end: it serves no MCP
+        "section", "/metrics and health on a port of their own (no MCP).", None, section="admin"
+    )
+    # None: the stdio caller is anonymous.
+    stdio_identity: ConfiguredIdentity | None = key(
+        "section",
+        "Who the stdio caller is, for the policy.",
+        None,
+        section="stdio_identity",
+        at="listen_stdio.identity",
+    )
 
 
 @dataclass(frozen=True)
@@ -480,9 +496,29 @@ class Config:
     backends: tuple[BackendConfig, ...]
     source: str = "<config>"
     namespacing: Namespacing = Namespacing()
-    on_backend_failure: str = "fail_open"
-    fan_out_grace: float = DEFAULT_FAN_OUT_GRACE
-    fan_out_start_wait: float = DEFAULT_FAN_OUT_START_WAIT
+    on_backend_failure: str = key(
+        "string",
+        "fail_open leaves a failed backend out of a merged list.",
+        "fail_open",
+        choices=FAILURE_POLICIES,
+        at="fan_out.on_failure",
+    )
+    fan_out_grace: float = key(
+        "number",
+        "Under fail_open, seconds a merged list waits for the backends still out once "
+        "another has answered.",
+        DEFAULT_FAN_OUT_GRACE,
+        at="fan_out.grace",
+    )
+    fan_out_start_wait: float = key(
+        "number",
+        "Seconds after a backend began starting that a merged list or listen waits for its "
+        "first catalog; past it (or once the backend is down) it is left out, and open "
+        "listens are told of the change when it arrives.",
+        DEFAULT_FAN_OUT_START_WAIT,
+        minimum=0,
+        at="fan_out.start_wait",
+    )
     tap: TapConfig | None = None
     telemetry: TelemetryConfig = TelemetryConfig()
     policy: PolicyConfig | None = None  # None: every caller may see and call everything
@@ -494,4 +530,10 @@ class Config:
     cluster: ClusterConfig | None = None  # None: every key is the process's own (one replica)
     # The key file signing task ids without cluster.secrets (tasks.key_file, absolute); None:
     # the default path (gateway/taskkey.py).
-    task_key_file: str | None = None
+    task_key_file: str | None = key(
+        "string",
+        "The key signing task ids without cluster.secrets, made once (mode 0600); relative "
+        "to the config file. Default: $XDG_STATE_HOME/mcp-gateway/task-key.",
+        None,
+        at="tasks.key_file",
+    )
