@@ -17,12 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gateway.config.credentials import ApiKey, AuthConfig, BackendAuth, ClusterConfig, Introspection
-from gateway.config.key import NAME_PATTERN, URL_PATTERN, Key, keys_of
+from gateway.config.key import NAME_PATTERN, Key, keys_of
 from gateway.config.model import (
-    BALANCE_MODES,
     DEFAULT_BACKEND_MAX_IN_FLIGHT,
     DEFAULT_CHILD_IDLE_TIMEOUT,
-    DEFAULT_EJECT_FOR,
     DEFAULT_HTTP_HOST,
     DEFAULT_HTTP_PATH,
     DEFAULT_HTTP_PORT,
@@ -34,11 +32,13 @@ from gateway.config.model import (
     ISOLATIONS,
     RULE_EFFECTS,
     AdminListen,
+    BackendConfig,
     BackendLimits,
     BreakerSettings,
     ClientTls,
     Config,
     ConfiguredIdentity,
+    HttpTarget,
     Listen,
     ListenerLimits,
     Namespacing,
@@ -189,32 +189,10 @@ SECTIONS: dict[str, dict[str, Key]] = {
         ),
     },
     "stdio": keys_of(StdioTarget),
-    "http_target": {
-        "url": Key("string", "An http:// or https:// URL.", pattern=URL_PATTERN),
-        "urls": Key(
-            "strings", "Replicas of one server (http only): each an http:// or https:// URL."
-        ),
-        "balance": Key(
-            "string",
-            "With urls: how a replica is picked for a request.",
-            "round_robin",
-            choices=BALANCE_MODES,
-        ),
-        "eject_for": Key(
-            "number", "With urls: seconds a failed replica is skipped.", DEFAULT_EJECT_FOR
-        ),
-        "headers": Key("string_map", "Headers sent with every request."),
-        "tls": Key("section", "How the backend's certificate is checked.", section="client_tls"),
-        "limits": Key(
-            "section", "What this backend may make the gateway hold.", section="backend_limits"
-        ),
-    },
+    "http_target": keys_of(HttpTarget),
     "client_tls": keys_of(ClientTls),
     "backend_limits": keys_of(BackendLimits),
-    "tools": {
-        "allow": Key("strings", "Only these tools (names as the backend has them)."),
-        "deny": Key("strings", "All but these tools."),
-    },
+    "tools": keys_of(BackendConfig, "tools"),
     "tool": {
         "timeout": Key(
             "number",

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.config.credentials import AuthConfig, BackendAuth, ClusterConfig
-from gateway.config.key import PEM, key
+from gateway.config.key import PEM, URL_PATTERN, key
 from gateway.config.operations import (
     AuditConfig,
     Overload,
@@ -286,14 +286,31 @@ class BackendLimits:
 
 @dataclass(frozen=True)
 class HttpTarget:
-    url: str  # the first replica's, with `urls`: the backend's identity (OAuth resource, logs)
-    headers: Mapping[str, str] = field(default_factory=dict)
-    tls: ClientTls = ClientTls()
-    limits: BackendLimits = BackendLimits()
+    # The first replica's, with `urls`: the backend's identity (OAuth resource, logs).
+    url: str = key("string", "An http:// or https:// URL.", pattern=URL_PATTERN)
     # Replicas of one server (`urls:`): every URL, the first being `url`; () with `url:` alone.
-    urls: tuple[str, ...] = ()
-    balance: str = "round_robin"  # one of BALANCE_MODES
-    eject_for: float = DEFAULT_EJECT_FOR
+    urls: tuple[str, ...] = key(
+        "strings", "Replicas of one server (http only): each an http:// or https:// URL.", ()
+    )
+    balance: str = key(
+        "string",
+        "With urls: how a replica is picked for a request.",
+        "round_robin",
+        choices=BALANCE_MODES,
+    )
+    eject_for: float = key(
+        "number", "With urls: seconds a failed replica is skipped.", DEFAULT_EJECT_FOR
+    )
+    headers: Mapping[str, str] = key("string_map", "Headers sent with every request.", factory=dict)
+    tls: ClientTls = key(
+        "section", "How the backend's certificate is checked.", ClientTls(), section="client_tls"
+    )
+    limits: BackendLimits = key(
+        "section",
+        "What this backend may make the gateway hold.",
+        BackendLimits(),
+        section="backend_limits",
+    )
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -389,8 +406,10 @@ class BackendConfig:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     start_timeout: float = DEFAULT_START_TIMEOUT  # stdio only
     namespace: str = ""  # empty: the backend's name
-    allow_tools: tuple[str, ...] = ()
-    deny_tools: tuple[str, ...] = ()
+    allow_tools: tuple[str, ...] = key(
+        "strings", "Only these tools (names as the backend has them).", (), at="tools.allow"
+    )
+    deny_tools: tuple[str, ...] = key("strings", "All but these tools.", (), at="tools.deny")
     rename_tools: Mapping[str, str] = field(default_factory=dict)
     # Under a policy or rate limits, forward a name or URI missing from the catalog on a guess
     # (after checking how a lenient server may read it); without them, names are forwarded as
