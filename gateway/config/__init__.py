@@ -22,6 +22,7 @@ from gateway.config import keys, resilience
 from gateway.config import limits as limit_sections
 from gateway.config import policy as policy_sections
 from gateway.config import roots as root_sections
+from gateway.config.access import PolicyConfig, PolicyRule, PolicyTarget, PolicyWhen
 from gateway.config.checks import missing_commands
 from gateway.config.credentials import (
     ApiKey,
@@ -61,10 +62,6 @@ from gateway.config.model import (
     Listen,
     ListenerLimits,
     Namespacing,
-    PolicyConfig,
-    PolicyRule,
-    PolicyTarget,
-    PolicyWhen,
     Root,
     ServerTls,
     SseTarget,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gateway.config.access import RULE_EFFECTS, PolicyConfig, PolicyTarget, PolicyWhen
 from gateway.config.credentials import ApiKey, AuthConfig, BackendAuth, ClusterConfig, Introspection
 from gateway.config.key import NAME_PATTERN, Key, keys_of
 from gateway.config.model import (
@@ -30,7 +31,6 @@ from gateway.config.model import (
     DEFAULT_START_TIMEOUT,
     ERAS,
     ISOLATIONS,
-    RULE_EFFECTS,
     AdminListen,
     BackendConfig,
     BackendLimits,
@@ -42,9 +42,6 @@ from gateway.config.model import (
     Listen,
     ListenerLimits,
     Namespacing,
-    PolicyConfig,
-    PolicyTarget,
-    PolicyWhen,
     RetrySettings,
     Root,
     ServerTls,

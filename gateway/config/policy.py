@@ -8,16 +8,16 @@ from collections.abc import Collection
 from typing import Any
 
 from gateway.config import keys
-from gateway.config.key import Key
-from gateway.config.model import (
+from gateway.config.access import (
     POLICY_DEFAULTS,
     RULE_EFFECTS,
-    ConfiguredIdentity,
     PolicyConfig,
     PolicyRule,
     PolicyTarget,
     PolicyWhen,
 )
+from gateway.config.key import Key
+from gateway.config.model import ConfiguredIdentity
 from gateway.config.reader import _Check
 
 # A scope token (RFC 6749, section 3.3): what a `scope` challenge can carry unquoted-safely.
