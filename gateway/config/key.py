@@ -59,6 +59,7 @@ PEM = "A PEM file, relative to the config file."
 # the section its dataclass reads (`fan_out.grace` fills Config.fan_out_grace).
 KEY = "gateway.config.key"
 AT = "gateway.config.key.at"
+NAME = "gateway.config.key.name"
 _FROM_FIELD: Any = object()
 
 
@@ -78,17 +79,23 @@ def key(
     secret: bool = False,
     kw_only: bool = False,
     at: str | None = None,
+    name: str | None = None,
 ) -> Any:
     """A dataclass field that is also a config key. The key's default (the loader's, and the
     schema's) is the field's when that is a scalar other than "", else none; `shown` overrides
     it where the file's default is not the model's. A `secret` is never in a repr; `kw_only`
     lets a required key follow keys with defaults (the file's order); `at` ("section.name")
-    places a key whose section is not its dataclass's."""
+    places a key whose section is not its dataclass's; `name` is the file's name for a field
+    named otherwise."""
     if shown is _FROM_FIELD:
         plain = isinstance(default, (str, int, float, bool)) and default != ""
         shown = default if plain else None
     spec = Key(kind, doc, shown, choices, minimum, maximum, pattern, section, required)
-    meta: dict[str, Any] = {KEY: spec} if at is None else {KEY: spec, AT: at}
+    meta: dict[str, Any] = {KEY: spec}
+    if at is not None:
+        meta[AT] = at
+    if name is not None:
+        meta[NAME] = name
     if factory is not None:
         return dataclasses.field(
             default_factory=factory, repr=not secret, kw_only=kw_only, metadata=meta
@@ -105,7 +112,7 @@ def keys_of(cls: type, section: str | None = None) -> dict[str, Key]:
             continue
         at = f.metadata.get(AT)
         if section is None and at is None:
-            out[f.name] = f.metadata[KEY]
+            out[f.metadata.get(NAME, f.name)] = f.metadata[KEY]
         elif section is not None and at is not None and at.startswith(section + "."):
             out[at[len(section) + 1 :]] = f.metadata[KEY]
     return out

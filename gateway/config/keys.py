@@ -18,19 +18,12 @@ from collections.abc import Mapping
 
 from gateway.config.access import RULE_EFFECTS, PolicyConfig, PolicyTarget, PolicyWhen
 from gateway.config.credentials import ApiKey, AuthConfig, BackendAuth, ClusterConfig, Introspection
-from gateway.config.key import NAME_PATTERN, Key, keys_of
+from gateway.config.key import Key, keys_of
 from gateway.config.model import (
-    DEFAULT_BACKEND_MAX_IN_FLIGHT,
-    DEFAULT_CHILD_IDLE_TIMEOUT,
     DEFAULT_HTTP_HOST,
     DEFAULT_HTTP_PATH,
     DEFAULT_HTTP_PORT,
-    DEFAULT_MAX_CHILDREN,
-    DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SESSION_IDLE_TIMEOUT,
-    DEFAULT_START_TIMEOUT,
-    ERAS,
-    ISOLATIONS,
     AdminListen,
     BackendConfig,
     BackendLimits,
@@ -56,6 +49,37 @@ from gateway.config.operations import (
     TapConfig,
     TelemetryConfig,
 )
+
+# Keys that fill no field of their own, only nest others: a backend's transport (its Target) and
+# its `tools:` (allow, deny, and each tool's own settings).
+_TRANSPORT_KEYS = {
+    "stdio": Key("section", "A command the gateway starts.", section="stdio"),
+    "http": Key("section", "A Streamable HTTP server.", section="http_target"),
+    "sse": Key(
+        "section", "A 2024-11-05 HTTP+SSE server (its SSE endpoint).", section="http_target"
+    ),
+}
+_TOOLS_KEY = {
+    "tools": Key(
+        "section",
+        "Which of the backend's tools are offered; any other key names a tool (as the "
+        "backend has it) and holds its own settings.",
+        section="tools",
+    ),
+}
+
+
+def _placed(
+    fields: dict[str, Key], first: dict[str, Key], nested: dict[str, Key], after: str
+) -> dict[str, Key]:
+    """A section's keys in the file's order: `first`, the fields' keys, `nested` after `after`."""
+    out = dict(first)
+    for name, k in fields.items():
+        out[name] = k
+        if name == after:
+            out.update(nested)
+    return out
+
 
 SECTIONS: dict[str, dict[str, Key]] = {
     "config": {
@@ -120,83 +144,13 @@ SECTIONS: dict[str, dict[str, Key]] = {
     "listener_limits": keys_of(ListenerLimits),
     "server_tls": keys_of(ServerTls),
     "admin": keys_of(AdminListen),
-    "backend": {
-        "stdio": Key("section", "A command the gateway starts.", section="stdio"),
-        "http": Key("section", "A Streamable HTTP server.", section="http_target"),
-        "sse": Key(
-            "section", "A 2024-11-05 HTTP+SSE server (its SSE endpoint).", section="http_target"
-        ),
-        "era": Key(
-            "string", "auto probes; modern or legacy pins the protocol era.", "auto", choices=ERAS
-        ),
-        "connect_timeout": Key(
-            "number",
-            "Seconds to connect and answer the first message (default 30 for stdio, 10 for HTTP).",
-        ),
-        "request_timeout": Key("number", "Seconds one request may take.", DEFAULT_REQUEST_TIMEOUT),
-        "start_timeout": Key(
-            "number",
-            "stdio: seconds a child has from its start to finish its opening; then it is down.",
-            DEFAULT_START_TIMEOUT,
-        ),
-        "namespace": Key(
-            "string", "Prefix of this backend's names (default: its name).", pattern=NAME_PATTERN
-        ),
-        "tools": Key(
-            "section",
-            "Which of the backend's tools are offered; any other key names a tool (as the "
-            "backend has it) and holds its own settings.",
-            section="tools",
-        ),
-        "retries": Key(
-            "section", "Retries of requests that cannot have effects.", section="retries"
-        ),
-        "breaker": Key(
-            "switch",
-            "A circuit breaker: true, or a mapping of its settings (default: off).",
-            False,
-            section="breaker",
-        ),
-        "rename": Key("string_map", "Tool names, as the backend has them, to the names offered."),
-        "forward_unknown": Key(
-            "boolean",
-            "Under a policy or rate limits, forward names and URIs missing from the catalog.",
-            False,
-        ),
-        "isolation": Key(
-            "string", "per_session: a stdio child per client.", "shared", choices=ISOLATIONS
-        ),
-        "child_idle_timeout": Key(
-            "number", "per_session: seconds before an idle child stops.", DEFAULT_CHILD_IDLE_TIMEOUT
-        ),
-        "max_children": Key(
-            "count", "per_session: children at most.", DEFAULT_MAX_CHILDREN, minimum=1
-        ),
-        "max_in_flight": Key(
-            "count",
-            "Requests sent to this backend at once (listen streams aside); then overload's queue.",
-            DEFAULT_BACKEND_MAX_IN_FLIGHT,
-            minimum=1,
-        ),
-        "roots": Key("roots", "Roots told to a legacy backend when no client's can be asked."),
-        "auth": Key(
-            "section",
-            "How the gateway logs in to this HTTP backend (OAuth).",
-            section="backend_auth",
-        ),
-    },
+    "backend": _placed(keys_of(BackendConfig), _TRANSPORT_KEYS, _TOOLS_KEY, after="namespace"),
     "stdio": keys_of(StdioTarget),
     "http_target": keys_of(HttpTarget),
     "client_tls": keys_of(ClientTls),
     "backend_limits": keys_of(BackendLimits),
     "tools": keys_of(BackendConfig, "tools"),
-    "tool": {
-        "timeout": Key(
-            "number",
-            "Seconds its tools/call may go without a reply or a progress notification "
-            "(instead of request_timeout).",
-        ),
-    },
+    "tool": keys_of(BackendConfig, "tool"),
     "retries": keys_of(RetrySettings),
     "breaker": keys_of(BreakerSettings),
     "root": keys_of(Root),

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from gateway.config.access import PolicyConfig
 from gateway.config.credentials import AuthConfig, BackendAuth, ClusterConfig
-from gateway.config.key import PEM, URL_PATTERN, key
+from gateway.config.key import NAME_PATTERN, PEM, URL_PATTERN, key
 from gateway.config.operations import (
     AuditConfig,
     Overload,
@@ -402,37 +402,98 @@ class BreakerSettings:
 class BackendConfig:
     name: str
     target: Target
-    era: str = "auto"
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
-    start_timeout: float = DEFAULT_START_TIMEOUT  # stdio only
-    namespace: str = ""  # empty: the backend's name
+    era: str = key(
+        "string", "auto probes; modern or legacy pins the protocol era.", "auto", choices=ERAS
+    )
+    connect_timeout: float = key(
+        "number",
+        "Seconds to connect and answer the first message (default 30 for stdio, 10 for HTTP).",
+        DEFAULT_CONNECT_TIMEOUT,
+        shown=None,  # the file's default depends on the transport (default_connect_timeout)
+    )
+    request_timeout: float = key("number", "Seconds one request may take.", DEFAULT_REQUEST_TIMEOUT)
+    start_timeout: float = key(  # stdio only
+        "number",
+        "stdio: seconds a child has from its start to finish its opening; then it is down.",
+        DEFAULT_START_TIMEOUT,
+    )
+    namespace: str = key(  # empty: the backend's name
+        "string",
+        "Prefix of this backend's names (default: its name).",
+        "",
+        pattern=NAME_PATTERN,
+    )
     allow_tools: tuple[str, ...] = key(
         "strings", "Only these tools (names as the backend has them).", (), at="tools.allow"
     )
     deny_tools: tuple[str, ...] = key("strings", "All but these tools.", (), at="tools.deny")
-    rename_tools: Mapping[str, str] = field(default_factory=dict)
+    # The retries of safe requests; the breaker (None: off).
+    retries: RetrySettings = key(
+        "section",
+        "Retries of requests that cannot have effects.",
+        RetrySettings(),
+        section="retries",
+    )
+    breaker: BreakerSettings | None = key(
+        "switch",
+        "A circuit breaker: true, or a mapping of its settings (default: off).",
+        None,
+        shown=False,
+        section="breaker",
+    )
+    rename_tools: Mapping[str, str] = key(
+        "string_map",
+        "Tool names, as the backend has them, to the names offered.",
+        factory=dict,
+        name="rename",
+    )
     # Under a policy or rate limits, forward a name or URI missing from the catalog on a guess
     # (after checking how a lenient server may read it); without them, names are forwarded as
     # ever to a single unprefixed backend.
-    forward_unknown: bool = False
-    isolation: str = "shared"
-    child_idle_timeout: float = DEFAULT_CHILD_IDLE_TIMEOUT
-    max_children: int = DEFAULT_MAX_CHILDREN
+    forward_unknown: bool = key(
+        "boolean",
+        "Under a policy or rate limits, forward names and URIs missing from the catalog.",
+        False,
+    )
+    isolation: str = key(
+        "string", "per_session: a stdio child per client.", "shared", choices=ISOLATIONS
+    )
+    child_idle_timeout: float = key(
+        "number", "per_session: seconds before an idle child stops.", DEFAULT_CHILD_IDLE_TIMEOUT
+    )
+    max_children: int = key(
+        "count", "per_session: children at most.", DEFAULT_MAX_CHILDREN, minimum=1
+    )
     # Requests sent to this backend at once (listen streams aside); past it, the queue of
     # `overload:`, then -31004. Catalog loads count too: they load the backend like calls.
-    max_in_flight: int = DEFAULT_BACKEND_MAX_IN_FLIGHT
+    max_in_flight: int = key(
+        "count",
+        "Requests sent to this backend at once (listen streams aside); then overload's queue.",
+        DEFAULT_BACKEND_MAX_IN_FLIGHT,
+        minimum=1,
+    )
     # The answer to a legacy backend's `roots/list` asked outside any client's request (start-up,
     # catalog refresh), for a client without the roots capability, or when it is not certain
     # whose request it is for.
-    roots: tuple[Root, ...] = ()
+    roots: tuple[Root, ...] = key(
+        "roots", "Roots told to a legacy backend when no client's can be asked.", ()
+    )
     # How the gateway logs in to an HTTP backend; None: it sends only the configured headers.
-    auth: BackendAuth | None = None
+    auth: BackendAuth | None = key(
+        "section",
+        "How the gateway logs in to this HTTP backend (OAuth).",
+        None,
+        section="backend_auth",
+    )
     # A tool's own timeout (backend's names; seconds without a reply or progress), overriding
-    # request_timeout for its tools/call; the retries of safe requests; the breaker (None: off).
-    tool_timeouts: Mapping[str, float] = field(default_factory=dict)
-    retries: RetrySettings = RetrySettings()
-    breaker: BreakerSettings | None = None
+    # request_timeout for its tools/call: each `tools.NAME.timeout`.
+    tool_timeouts: Mapping[str, float] = key(
+        "number",
+        "Seconds its tools/call may go without a reply or a progress notification "
+        "(instead of request_timeout).",
+        factory=dict,
+        at="tool.timeout",
+    )
 
     @property
     def effective_namespace(self) -> str:
