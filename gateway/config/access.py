@@ -42,10 +42,13 @@ class PolicyWhen:
 
 @dataclass(frozen=True)
 class PolicyRule:
-    effect: str  # one of RULE_EFFECTS
+    # Both from the one key of RULE_EFFECTS the rule names (keys.py: it nests a target).
+    effect: str
     target: PolicyTarget
-    when: PolicyWhen | None = None  # None: every caller, anonymous ones too
-    scopes: tuple[str, ...] = ()  # `require`: what the caller must hold
+    scopes: tuple[str, ...] = key("strings", "require: the scopes the caller must hold.", ())
+    when: PolicyWhen | None = key(  # None: every caller, anonymous ones too
+        "section", "Which callers the rule is for (default: all).", None, section="policy_when"
+    )
 
 
 @dataclass(frozen=True)

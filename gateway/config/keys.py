@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gateway.config.access import RULE_EFFECTS, PolicyConfig, PolicyTarget, PolicyWhen
+from gateway.config.access import RULE_EFFECTS, PolicyConfig, PolicyRule, PolicyTarget, PolicyWhen
 from gateway.config.credentials import ApiKey, AuthConfig, BackendAuth, ClusterConfig, Introspection
 from gateway.config.key import Key, keys_of
 from gateway.config.model import (
@@ -65,6 +65,22 @@ _TOOLS_KEY = {
         "Which of the backend's tools are offered; any other key names a tool (as the "
         "backend has it) and holds its own settings.",
         section="tools",
+    ),
+}
+# A policy rule's effect: each key names its effect and nests its target.
+_EFFECT_KEYS = {
+    "allow": Key(
+        "section", "What the rule lets its callers see and call.", section="policy_target"
+    ),
+    "deny": Key(
+        "section",
+        "What its callers never see, and get as unknown names.",
+        section="policy_target",
+    ),
+    "require": Key(
+        "section",
+        "What needs `scopes`: without them, a call gets insufficient_scope.",
+        section="policy_target",
     ),
 }
 
@@ -159,25 +175,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
     "tap": keys_of(TapConfig),
     "telemetry": keys_of(TelemetryConfig),
     "policy": keys_of(PolicyConfig),
-    "policy_rule": {
-        "allow": Key(
-            "section", "What the rule lets its callers see and call.", section="policy_target"
-        ),
-        "deny": Key(
-            "section",
-            "What its callers never see, and get as unknown names.",
-            section="policy_target",
-        ),
-        "require": Key(
-            "section",
-            "What needs `scopes`: without them, a call gets insufficient_scope.",
-            section="policy_target",
-        ),
-        "scopes": Key("strings", "require: the scopes the caller must hold."),
-        "when": Key(
-            "section", "Which callers the rule is for (default: all).", section="policy_when"
-        ),
-    },
+    "policy_rule": {**_EFFECT_KEYS, **keys_of(PolicyRule)},
     "policy_target": keys_of(PolicyTarget),
     "policy_when": keys_of(PolicyWhen),
     "rate_limits": keys_of(RateLimits),
