@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 from gateway.config import keys
 from gateway.config.credentials import DEFAULT_AUTH_ALGORITHMS, ApiKey, AuthConfig, Introspection
 from gateway.config.key import NAME_PATTERN
-from gateway.config.model import HttpListen
+from gateway.config.listeners import HttpListen
 from gateway.config.reader import _Check
 
 Path_ = tuple[str, ...]

@@ -8,13 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import keys
-from gateway.config.model import (
-    BALANCE_MODES,
-    BackendLimits,
-    ClientTls,
-    ListenerLimits,
-    ServerTls,
-)
+from gateway.config.listeners import ListenerLimits, ServerTls
+from gateway.config.model import BALANCE_MODES, BackendLimits, ClientTls
 from gateway.config.reader import _Check
 
 Path_ = tuple[str, ...]

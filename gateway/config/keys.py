@@ -19,25 +19,27 @@ from collections.abc import Mapping
 from gateway.config.access import RULE_EFFECTS, PolicyConfig, PolicyRule, PolicyTarget, PolicyWhen
 from gateway.config.credentials import ApiKey, AuthConfig, BackendAuth, ClusterConfig, Introspection
 from gateway.config.key import Key, keys_of
-from gateway.config.model import (
+from gateway.config.listeners import (
     DEFAULT_HTTP_HOST,
     DEFAULT_HTTP_PATH,
     DEFAULT_HTTP_PORT,
     DEFAULT_SESSION_IDLE_TIMEOUT,
     AdminListen,
+    ConfiguredIdentity,
+    Listen,
+    ListenerLimits,
+    ServerTls,
+)
+from gateway.config.model import (
     BackendConfig,
     BackendLimits,
     BreakerSettings,
     ClientTls,
     Config,
-    ConfiguredIdentity,
     HttpTarget,
-    Listen,
-    ListenerLimits,
     Namespacing,
     RetrySettings,
     Root,
-    ServerTls,
     StdioTarget,
 )
 from gateway.config.operations import (

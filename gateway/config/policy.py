@@ -17,7 +17,7 @@ from gateway.config.access import (
     PolicyWhen,
 )
 from gateway.config.key import Key
-from gateway.config.model import ConfiguredIdentity
+from gateway.config.listeners import ConfiguredIdentity
 from gateway.config.reader import _Check
 
 # A scope token (RFC 6749, section 3.3): what a `scope` challenge can carry unquoted-safely.

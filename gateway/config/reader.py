@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 
 from gateway.config.key import SCALAR_KINDS, Key, keys_of
-from gateway.config.model import _ENV_REF, DEFAULT_HTTP_PORT
+from gateway.config.listeners import DEFAULT_HTTP_PORT
+from gateway.config.model import _ENV_REF
 
 # --- YAML with line numbers -------------------------------------------------------------------
 
