@@ -20,12 +20,9 @@ from gateway.config.access import RULE_EFFECTS, PolicyConfig, PolicyRule, Policy
 from gateway.config.credentials import ApiKey, AuthConfig, BackendAuth, ClusterConfig, Introspection
 from gateway.config.key import Key, keys_of
 from gateway.config.listeners import (
-    DEFAULT_HTTP_HOST,
-    DEFAULT_HTTP_PATH,
-    DEFAULT_HTTP_PORT,
-    DEFAULT_SESSION_IDLE_TIMEOUT,
     AdminListen,
     ConfiguredIdentity,
+    HttpListen,
     Listen,
     ListenerLimits,
     ServerTls,
@@ -69,6 +66,19 @@ _TOOLS_KEY = {
         section="tools",
     ),
 }
+# Top-level keys that fill no field of their own: an mcp.json whose servers join `backends`,
+# and the sections whose keys fill Config's fields (`at="fan_out.grace"`).
+_IMPORT_KEY = {
+    "backends_from": Key("string", "An mcp.json (mcpServers) whose servers are added as backends.")
+}
+_FAN_OUT_KEY = {
+    "fan_out": Key("section", "What a merged list does when a backend fails.", section="fan_out")
+}
+_TASKS_KEY = {"tasks": Key("section", "Task ids of the Tasks extension.", section="tasks")}
+# listen.http.max_body_bytes: read into limits.max_body_bytes, for configs written before limits.
+_OLD_MAX_BODY_KEY = {
+    "max_body_bytes": Key("count", "Older spelling of limits.max_body_bytes.", minimum=1)
+}
 # A policy rule's effect: each key names its effect and nests its target.
 _EFFECT_KEYS = {
     "allow": Key(
@@ -88,81 +98,32 @@ _EFFECT_KEYS = {
 
 
 def _placed(
-    fields: dict[str, Key], first: dict[str, Key], nested: dict[str, Key], after: str
+    fields: dict[str, Key],
+    first: Mapping[str, Key] | None = None,
+    after: Mapping[str, Mapping[str, Key]] | None = None,
 ) -> dict[str, Key]:
-    """A section's keys in the file's order: `first`, the fields' keys, `nested` after `after`."""
-    out = dict(first)
+    """A section's keys in the file's order: `first`, then the fields' keys, each followed by
+    the keys placed `after` it."""
+    out = dict(first or {})
     for name, k in fields.items():
         out[name] = k
-        if name == after:
-            out.update(nested)
+        out.update((after or {}).get(name, {}))
     return out
 
 
 SECTIONS: dict[str, dict[str, Key]] = {
-    "config": {
-        "listen": Key(
-            "section", "The front ends: http, stdio or both, and admin.", section="listen"
-        ),
-        "backends": Key(
-            "sections", "The MCP servers behind the gateway, by name.", section="backend"
-        ),
-        "backends_from": Key(
-            "string", "An mcp.json (mcpServers) whose servers are added as backends."
-        ),
-        "namespacing": Key("section", "How merged names are prefixed.", section="namespacing"),
-        "fan_out": Key(
-            "section", "What a merged list does when a backend fails.", section="fan_out"
-        ),
-        "tap": Key("section", "Record every JSON-RPC message to a JSON-lines file.", section="tap"),
-        "telemetry": Key("section", "Traces, access log and service name.", section="telemetry"),
-        "policy": Key(
-            "section", "Who may see and call which tools, prompts and resources.", section="policy"
-        ),
-        "rate_limits": Key(
-            "section", "Token buckets per caller, per tool and overall.", section="rate_limits"
-        ),
-        "overload": Key(
-            "section",
-            "Bounds on client requests in flight; past them a short queue, then 503.",
-            section="overload",
-        ),
-        "shutdown": Key("section", "How the process stops.", section="shutdown"),
-        "audit": Key("section", "One JSON line per client request.", section="audit"),
-        "auth": Key(
-            "section", "Require OAuth bearer tokens (or API keys) on listen.http.", section="auth"
-        ),
-        "cluster": Key(
-            "section",
-            "Identical replicas behind a load balancer: the secrets they sign with.",
-            section="cluster",
-        ),
-        "tasks": Key("section", "Task ids of the Tasks extension.", section="tasks"),
-    },
+    "config": _placed(
+        keys_of(Config),
+        after={"backends": _IMPORT_KEY, "namespacing": _FAN_OUT_KEY, "cluster": _TASKS_KEY},
+    ),
     "listen": keys_of(Listen),
     "listen_stdio": keys_of(Listen, "listen_stdio"),
     "stdio_identity": keys_of(ConfiguredIdentity),
-    "listen_http": {
-        "host": Key("string", "Address to bind; loopback checks Host headers.", DEFAULT_HTTP_HOST),
-        "port": Key("port", "0 picks a free port.", DEFAULT_HTTP_PORT),
-        "path": Key("string", "The MCP endpoint's path.", DEFAULT_HTTP_PATH, pattern="^/"),
-        "allowed_origins": Key("strings", "Browser Origins allowed besides loopback ones."),
-        "allowed_hosts": Key("strings", "Extra Host names accepted while bound to loopback."),
-        "max_body_bytes": Key("count", "Older spelling of limits.max_body_bytes.", minimum=1),
-        "session_idle_timeout": Key(
-            "number",
-            "Seconds a legacy client's session may sit unused.",
-            DEFAULT_SESSION_IDLE_TIMEOUT,
-        ),
-        "limits": Key(
-            "section", "What one client may make the listener hold.", section="listener_limits"
-        ),
-        "tls": Key("section", "Serve https.", section="server_tls"),
-    },
+    "listen_http": _placed(keys_of(HttpListen), after={"allowed_hosts": _OLD_MAX_BODY_KEY}),
     "listener_limits": keys_of(ListenerLimits),
     "server_tls": keys_of(ServerTls),
     "admin": keys_of(AdminListen),
-    "backend": _placed(keys_of(BackendConfig), _TRANSPORT_KEYS, _TOOLS_KEY, after="namespace"),
+    "backend": _placed(keys_of(BackendConfig), _TRANSPORT_KEYS, after={"namespace": _TOOLS_KEY}),
     "stdio": keys_of(StdioTarget),
     "http_target": keys_of(HttpTarget),
     "client_tls": keys_of(ClientTls),

@@ -83,14 +83,27 @@ class ServerTls:
 
 @dataclass(frozen=True)
 class HttpListen:
-    host: str = DEFAULT_HTTP_HOST
-    port: int = DEFAULT_HTTP_PORT
-    path: str = DEFAULT_HTTP_PATH
-    allowed_origins: tuple[str, ...] = ()
-    allowed_hosts: tuple[str, ...] = ()
-    session_idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT
-    limits: ListenerLimits = ListenerLimits()
-    tls: ServerTls | None = None
+    host: str = key("string", "Address to bind; loopback checks Host headers.", DEFAULT_HTTP_HOST)
+    port: int = key("port", "0 picks a free port.", DEFAULT_HTTP_PORT)
+    path: str = key("string", "The MCP endpoint's path.", DEFAULT_HTTP_PATH, pattern="^/")
+    allowed_origins: tuple[str, ...] = key(
+        "strings", "Browser Origins allowed besides loopback ones.", ()
+    )
+    allowed_hosts: tuple[str, ...] = key(
+        "strings", "Extra Host names accepted while bound to loopback.", ()
+    )
+    session_idle_timeout: float = key(
+        "number",
+        "Seconds a legacy client's session may sit unused.",
+        DEFAULT_SESSION_IDLE_TIMEOUT,
+    )
+    limits: ListenerLimits = key(
+        "section",
+        "What one client may make the listener hold.",
+        ListenerLimits(),
+        section="listener_limits",
+    )
+    tls: ServerTls | None = key("section", "Serve https.", None, section="server_tls")
 
     @property
     def max_body_bytes(self) -> int:

@@ -387,10 +387,16 @@ class Namespacing:
 
 @dataclass(frozen=True)
 class Config:
-    listen: Listen
-    backends: tuple[BackendConfig, ...]
+    listen: Listen = key(
+        "section", "The front ends: http, stdio or both, and admin.", section="listen"
+    )
+    backends: tuple[BackendConfig, ...] = key(
+        "sections", "The MCP servers behind the gateway, by name.", section="backend"
+    )
     source: str = "<config>"
-    namespacing: Namespacing = Namespacing()
+    namespacing: Namespacing = key(
+        "section", "How merged names are prefixed.", Namespacing(), section="namespacing"
+    )
     on_backend_failure: str = key(
         "string",
         "fail_open leaves a failed backend out of a merged list.",
@@ -414,15 +420,44 @@ class Config:
         minimum=0,
         at="fan_out.start_wait",
     )
-    tap: TapConfig | None = None
-    telemetry: TelemetryConfig = TelemetryConfig()
-    policy: PolicyConfig | None = None  # None: every caller may see and call everything
-    rate_limits: RateLimits | None = None
-    overload: Overload = Overload()
-    shutdown: Shutdown = Shutdown()
-    audit: AuditConfig | None = None
-    auth: AuthConfig | None = None  # None: no authentication (today's behaviour)
-    cluster: ClusterConfig | None = None  # None: every key is the process's own (one replica)
+    tap: TapConfig | None = key(
+        "section", "Record every JSON-RPC message to a JSON-lines file.", None, section="tap"
+    )
+    telemetry: TelemetryConfig = key(
+        "section", "Traces, access log and service name.", TelemetryConfig(), section="telemetry"
+    )
+    policy: PolicyConfig | None = key(  # None: every caller may see and call everything
+        "section",
+        "Who may see and call which tools, prompts and resources.",
+        None,
+        section="policy",
+    )
+    rate_limits: RateLimits | None = key(
+        "section", "Token buckets per caller, per tool and overall.", None, section="rate_limits"
+    )
+    overload: Overload = key(
+        "section",
+        "Bounds on client requests in flight; past them a short queue, then 503.",
+        Overload(),
+        section="overload",
+    )
+    shutdown: Shutdown = key("section", "How the process stops.", Shutdown(), section="shutdown")
+    audit: AuditConfig | None = key(
+        "section", "One JSON line per client request.", None, section="audit"
+    )
+    auth: AuthConfig | None = key(  # None: no authentication (today's behaviour)
+        "section",
+        "Require OAuth bearer tokens (or API keys) on listen.http.",
+        None,
+        section="auth",
+    )
+    # None: every key is the process's own (one replica).
+    cluster: ClusterConfig | None = key(
+        "section",
+        "Identical replicas behind a load balancer: the secrets they sign with.",
+        None,
+        section="cluster",
+    )
     # The key file signing task ids without cluster.secrets (tasks.key_file, absolute); None:
     # the default path (gateway/taskkey.py).
     task_key_file: str | None = key(
