@@ -1,13 +1,15 @@
-"""The config's keys, section by section: what the loader accepts and what the JSON Schema says.
+"""The config's keys, section by section, derived: what the loader accepts and what the JSON
+Schema says.
 
-Derived, not declared: a section that is one dataclass of the model takes its keys from that
-class's fields (`key(...)` metadata, gateway/config/key.py), so a key is declared once, on the
-field it fills. Only the sections whose keys are not one dataclass's fields (the file's nesting:
-`backend` holds a transport and `tools:` where the model has a Target and tool lists; `fan_out`
-fills fields of Config) are still written out here, each key once. The loader takes each section's
-key set (unknown keys) and each plain scalar's kind, default and bounds from here
-(`_Check.field`), and `gateway.config.schema` turns the same table into the schema that
-`mcp-transparent-gateway schema` prints.
+Each key is declared once, on the model's field it fills (`key(...)` metadata, see
+gateway/config/key.py); each section's table here is read off its dataclass's fields. The only
+keys written out here are those that fill no field of their own: keys that only nest others (a
+backend's transport and `tools:`, a rule's effect, `fan_out:` and `tasks:`, whose keys fill
+Config's fields), `backends_from` (whose servers join `backends`) and the older spelling
+`listen.http.max_body_bytes`. The loader takes each section's key set (unknown keys) and each
+plain scalar's kind, default and bounds from here (`_Check.field`, `_Check.scalars`), and
+`gateway.config.schema` turns the same tables into the schema that `mcp-transparent-gateway
+schema` prints.
 Rules across keys (exactly one transport, `per_session` only for stdio, a fixed admin port that
 clashes) stay in the loader: the schema is an editor's aid, `check-config` the judge.
 """
@@ -155,7 +157,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
 }
 
 # A backend names exactly one of these (its transport).
-TRANSPORTS = ("stdio", "http", "sse")
+TRANSPORTS = tuple(_TRANSPORT_KEYS)
 # Sections whose mappings name exactly one of some keys (the schema's `oneOf`).
 ONE_OF: Mapping[str, tuple[str, ...]] = {
     "backend": TRANSPORTS,

@@ -1,4 +1,5 @@
-"""The config's JSON Schema (Draft 2020-12), made from the loader's own key table (keys.py).
+"""The config's JSON Schema (Draft 2020-12), made from the loader's own key tables (keys.py,
+derived from the model's fields).
 
 `mcp-transparent-gateway schema` prints it; gateway/config/schema.json is the same text shipped in
 the package (`make schema` writes it; a test fails when the two differ). `${VAR}` is substituted in
