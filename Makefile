@@ -71,8 +71,9 @@ test: lint typecheck pytest
 test-fast: $(DEV_STAMP)
 	$(PY) -m pytest -q -m fast $(PYTEST_ARGS)
 
-# The config's JSON Schema shipped in the package, made from the loader's key table
-# (gateway/config/keys.py); tests/test_config_schema.py fails when it is stale.
+# The config's JSON Schema shipped in the package, made from the loader's key tables
+# (gateway/config/keys.py, read off the model's fields); tests/test_config_schema.py fails when
+# it is stale.
 schema: install
 	$(PY) -m gateway schema > gateway/config/schema.json
 

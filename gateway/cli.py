@@ -22,8 +22,6 @@ import orjson
 from gateway import __version__, app
 from gateway.backends import fallback
 from gateway.config import (
-    CLIENT_ASSERTION_ALGORITHMS,
-    CLIENT_AUTH_METHODS,
     BackendAuth,
     BackendConfig,
     Config,
@@ -39,6 +37,7 @@ from gateway.config import (
     load_mcp_json,
     missing_commands,
 )
+from gateway.config.credentials import CLIENT_ASSERTION_ALGORITHMS, CLIENT_AUTH_METHODS
 from gateway.config.naming import backend_name
 from gateway.config.schema import schema_text
 from gateway.oauth.shared import StoreUnavailable

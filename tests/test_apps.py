@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gateway.backends.base import NotificationSink
-from gateway.config.model import Rate, RateLimits
+from gateway.config.operations import Rate, RateLimits
 from gateway.core.apps import by_visible_name
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.ratelimit import RateLimiter

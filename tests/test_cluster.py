@@ -27,7 +27,7 @@ from aiohttp import web
 from gateway.app import Gateway
 from gateway.backends.era.held import UNKNOWN_STATE
 from gateway.config import ClusterConfig, ConfigInvalid, describe, load, parse
-from gateway.config.model import MIN_CLUSTER_SECRET_LENGTH
+from gateway.config.credentials import MIN_CLUSTER_SECRET_LENGTH
 from gateway.protocol import codes
 from gateway.routing import cursor as cursors
 from tests.support import (

@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from gateway.config import BackendLimits, ConfigInvalid, ListenerLimits, Shutdown, parse
-from gateway.config.keys import SECTIONS, Key
+from gateway.config.key import Key
+from gateway.config.keys import SECTIONS
 from gateway.config.schema import schema, schema_text, shipped_text
 from tests.support import PYTHON, ROOT, START_BOUND
 

@@ -23,11 +23,9 @@ SLACK = 50
 # when its module shrinks; remove it when the module is under LIMIT. Never raise one.
 ALLOWED: dict[str, int] = {
     "backends/http.py": 998,
-    "config/keys.py": 832,
     "oauth/authorizer.py": 764,
     "core/dispatcher.py": 755,
     "frontends/http.py": 711,
-    "config/model.py": 695,
     "cli.py": 641,
     "config/__init__.py": 629,
 }

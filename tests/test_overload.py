@@ -31,7 +31,7 @@ from mcp import Client
 from gateway import errors
 from gateway.app import Gateway
 from gateway.config import ConfigInvalid, Overload, parse
-from gateway.config.model import JSON_WINDOW
+from gateway.config.operations import JSON_WINDOW
 from gateway.core.overload import BACKEND, OVERALL, Bound
 from gateway.frontends import http as http_frontend
 from gateway.protocol import codes

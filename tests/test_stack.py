@@ -19,7 +19,7 @@ from gateway.backends.login_gate import LoginGate
 from gateway.backends.resilience import Resilient, needed
 from gateway.backends.stdio import StdioBackend
 from gateway.config import parse
-from gateway.config.model import Overload
+from gateway.config.operations import Overload
 from gateway.core.instrument import InstrumentedBackend
 from gateway.core.overload import BoundedBackend
 from gateway.telemetry.otel import GatewayTelemetry

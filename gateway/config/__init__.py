@@ -22,69 +22,70 @@ from gateway.config import keys, resilience
 from gateway.config import limits as limit_sections
 from gateway.config import policy as policy_sections
 from gateway.config import roots as root_sections
+from gateway.config.access import PolicyConfig, PolicyRule, PolicyTarget, PolicyWhen
 from gateway.config.checks import missing_commands
+from gateway.config.credentials import (
+    ApiKey,
+    AuthConfig,
+    BackendAuth,
+    ClusterConfig,
+    Introspection,
+    redacted_url,
+)
+from gateway.config.listeners import (
+    DEFAULT_ADMIN_PORT,
+    DEFAULT_HTTP_HOST,
+    DEFAULT_HTTP_PATH,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_MAX_BODY_BYTES,
+    AdminListen,
+    ConfiguredIdentity,
+    HttpListen,
+    Listen,
+    ListenerLimits,
+    ServerTls,
+)
 from gateway.config.mcpjson import load_mcp_json
 from gateway.config.model import (
     _HEADER_NAME,
     _NAME,
     _REDACT_PATH,
-    ACCESS_LOG_STDERR,
-    AUDIT_STDERR,
-    CLIENT_ASSERTION_ALGORITHMS,
-    CLIENT_AUTH_METHODS,
-    DEFAULT_ADMIN_PORT,
     DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_HTTP_HOST,
-    DEFAULT_HTTP_PATH,
-    DEFAULT_HTTP_PORT,
-    DEFAULT_MAX_BODY_BYTES,
     DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_SERVICE_NAME,
     DEFAULT_STDIO_CONNECT_TIMEOUT,
-    DEFAULT_STDOUT_STALL_TIMEOUT,
-    DEFAULT_TAP_BACKUPS,
-    DEFAULT_TAP_MAX_BYTES,
-    DEFAULT_TAP_MAX_MESSAGE_BYTES,
     ERAS,
     FAILURE_POLICIES,
     ISOLATIONS,
     PREFIX_MODES,
     WILDCARD_HOSTS,
-    AdminListen,
-    ApiKey,
-    AuditConfig,
-    AuthConfig,
-    BackendAuth,
     BackendConfig,
     BackendLimits,
     ClientTls,
-    ClusterConfig,
     Config,
     ConfigInvalid,
-    ConfiguredIdentity,
-    HttpListen,
     HttpTarget,
-    Introspection,
-    Listen,
-    ListenerLimits,
     Namespacing,
-    Overload,
-    PolicyConfig,
-    PolicyRule,
-    PolicyTarget,
-    PolicyWhen,
-    Rate,
-    RateLimits,
     Root,
-    ServerTls,
-    Shutdown,
     SseTarget,
     StdioTarget,
-    TapConfig,
     Target,
-    TelemetryConfig,
     default_connect_timeout,
-    redacted_url,
+)
+from gateway.config.operations import (
+    ACCESS_LOG_STDERR,
+    AUDIT_STDERR,
+    DEFAULT_SERVICE_NAME,
+    DEFAULT_STDOUT_STALL_TIMEOUT,
+    DEFAULT_TAP_BACKUPS,
+    DEFAULT_TAP_MAX_BYTES,
+    DEFAULT_TAP_MAX_MESSAGE_BYTES,
+    AuditConfig,
+    Overload,
+    Rate,
+    RateLimits,
+    Shutdown,
+    TapConfig,
+    TelemetryConfig,
 )
 from gateway.config.reader import _Check, _Reader
 
@@ -350,9 +351,7 @@ def _tap(c: _Check, raw: Any, source: str) -> TapConfig | None:
         path=str(_beside(source, file)) if file else "",
         redact=redact,
         redact_headers=headers,
-        max_bytes=c.field(body, path, "max_bytes", t["max_bytes"]),
-        backups=c.field(body, path, "backups", t["backups"]),
-        max_message_bytes=c.field(body, path, "max_message_bytes", t["max_message_bytes"]),
+        **c.scalars(body, path, TapConfig, skip={"path", "redact", "redact_headers"}),
     )
 
 
@@ -374,9 +373,10 @@ def _telemetry(c: _Check, raw: Any, source: str) -> TelemetryConfig:
     return TelemetryConfig(
         service_name=service or DEFAULT_SERVICE_NAME,
         otlp_endpoint=endpoint,
-        record_payloads=c.field(body, path, "record_payloads", t["record_payloads"]),
-        backend_spans=c.field(body, path, "backend_spans", t["backend_spans"]),
         access_log=access_log or None,
+        **c.scalars(
+            body, path, TelemetryConfig, skip={"service_name", "otlp_endpoint", "access_log"}
+        ),
     )
 
 
@@ -569,8 +569,6 @@ def _mib(size: int) -> str:
 __all__ = [
     "ACCESS_LOG_STDERR",
     "AUDIT_STDERR",
-    "CLIENT_ASSERTION_ALGORITHMS",
-    "CLIENT_AUTH_METHODS",
     "DEFAULT_ADMIN_PORT",
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_HTTP_HOST",

@@ -9,13 +9,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.config import keys
-from gateway.config.model import (
-    DEFAULT_AUTH_ALGORITHMS,
-    ApiKey,
-    AuthConfig,
-    HttpListen,
-    Introspection,
-)
+from gateway.config.credentials import DEFAULT_AUTH_ALGORITHMS, ApiKey, AuthConfig, Introspection
+from gateway.config.key import NAME_PATTERN
+from gateway.config.listeners import HttpListen
 from gateway.config.reader import _Check
 
 Path_ = tuple[str, ...]
@@ -74,8 +70,7 @@ def _introspection(c: _Check, raw: Any, path: Path_) -> Introspection | None:
     return Introspection(
         client_id=client_id or "",
         client_secret=secret or "",
-        cache_ttl=c.field(body, path, "cache_ttl", t["cache_ttl"]),
-        cache_size=c.field(body, path, "cache_size", t["cache_size"]),
+        **c.scalars(body, path, Introspection, skip={"client_id", "client_secret"}),
     )
 
 
@@ -100,7 +95,7 @@ def _api_keys(c: _Check, raw: Any, path: Path_) -> tuple[ApiKey, ...]:
             # An unquoted digest of digits (and an `e`) reads as a number: its text is meant.
             body = {**body, "sha256": c.r.text.get(where + ("sha256",), "")}
         digest = c.field(body, where, "sha256", t["sha256"])
-        if not name or not re.fullmatch(keys._NAME_PATTERN, name):
+        if not name or not re.fullmatch(NAME_PATTERN, name):
             c.r.problem(where + ("name",), "is required: letters, digits, '_', '.' and '-'")
             continue
         if name in names:
@@ -135,6 +130,9 @@ def _algorithms(c: _Check, body: dict[str, Any], path: Path_) -> tuple[str, ...]
     return values
 
 
+_OWN_RULES = {"resource", "issuer", "audience", "scopes_supported", "required_scopes", "algorithms"}
+
+
 def auth(c: _Check, raw: Any, http: HttpListen | None) -> AuthConfig | None:
     """`auth:`, or None when absent (no authentication, as before)."""
     if raw is None:
@@ -167,14 +165,6 @@ def auth(c: _Check, raw: Any, http: HttpListen | None) -> AuthConfig | None:
         introspection=introspection,
         api_keys=api_keys,
         algorithms=_algorithms(c, body, path),
-        leeway=c.field(body, path, "leeway", t["leeway"]),
-        jwks_refresh_interval=c.field(
-            body, path, "jwks_refresh_interval", t["jwks_refresh_interval"]
-        ),
-        jwks_max_age=c.field(body, path, "jwks_max_age", t["jwks_max_age"]),
-        fetch_timeout=c.field(body, path, "fetch_timeout", t["fetch_timeout"]),
-        max_response_bytes=c.field(body, path, "max_response_bytes", t["max_response_bytes"]),
-        token_cache_size=c.field(body, path, "token_cache_size", t["token_cache_size"]),
-        login_client_id=c.field(body, path, "login_client_id", t["login_client_id"]),
-        login_client_secret=c.field(body, path, "login_client_secret", t["login_client_secret"]),
+        # The plain keys; those above are read with rules of their own.
+        **c.scalars(body, path, AuthConfig, skip=_OWN_RULES),
     )

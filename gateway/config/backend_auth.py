@@ -8,7 +8,7 @@ from typing import Any
 
 from gateway.config import keys
 from gateway.config.auth import _SCOPE, url_problem
-from gateway.config.model import (
+from gateway.config.credentials import (
     BACKEND_AUTH_TYPES,
     CLIENT_ASSERTION_ALGORITHMS,
     CLIENT_AUTH_METHODS,
@@ -28,8 +28,7 @@ def backend_auth(c: _Check, raw: Any, path: Path_, base: Path, kind: str) -> Bac
         c.r.problem(path, "is for http and sse backends (give a stdio server env instead)")
         return None
     body = c.mapping(raw, path, keys.names(SECTION))
-    t = keys.table(SECTION)
-    values: dict[str, Any] = {name: c.field(body, path, name, key) for name, key in t.items()}
+    values = c.scalars(body, path, BackendAuth)
     kind_ = values["type"]
     if not kind_:
         c.r.problem(path + ("type",), "is required")

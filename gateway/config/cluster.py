@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.config import keys
-from gateway.config.model import MIN_CLUSTER_SECRET_LENGTH, REDIS_SCHEMES, ClusterConfig
+from gateway.config.credentials import MIN_CLUSTER_SECRET_LENGTH, REDIS_SCHEMES, ClusterConfig
 from gateway.config.reader import _Check
 
 _SOURCES = ("secrets", "secrets_file")
@@ -56,13 +56,8 @@ def _redis(c: _Check, body: dict[str, Any], path: tuple[str, ...]) -> dict[str, 
             elif parts.path.strip("/") and not parts.path.strip("/").isdigit():
                 c.r.problem(where, "names its database by number (redis://HOST:PORT/0)")
 
-    return {
-        "redis": url,
-        "redis_timeout": c.field(body, path, "redis_timeout", table["redis_timeout"]),
-        "redis_retry_interval": c.field(
-            body, path, "redis_retry_interval", table["redis_retry_interval"]
-        ),
-    }
+    # The secrets are read by the caller: exactly one of two keys.
+    return {"redis": url, **c.scalars(body, path, ClusterConfig, skip={"redis", *_SOURCES})}
 
 
 def _listed(c: _Check, raw: Any, path: tuple[str, ...]) -> ClusterConfig | None:

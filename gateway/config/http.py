@@ -8,13 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import keys
-from gateway.config.model import (
-    BALANCE_MODES,
-    BackendLimits,
-    ClientTls,
-    ListenerLimits,
-    ServerTls,
-)
+from gateway.config.listeners import ListenerLimits, ServerTls
+from gateway.config.model import BALANCE_MODES, BackendLimits, ClientTls
 from gateway.config.reader import _Check
 
 Path_ = tuple[str, ...]
@@ -29,23 +24,17 @@ BACKEND_LIMIT_KEYS = keys.names("backend_limits")
 def listener_limits(c: _Check, raw: Any, path: Path_, legacy_body: Any) -> ListenerLimits:
     """`listen.http.limits`; `listen.http.max_body_bytes` (older configs) is still read."""
     body = c.mapping(raw, path, LISTENER_LIMIT_KEYS)
-    table = keys.table("listener_limits")
     max_body = ListenerLimits().max_body_bytes
     if legacy_body is not None:
         max_body = c.count(legacy_body, path[:-1] + ("max_body_bytes",), max_body)
-    values: dict[str, Any] = {
-        "max_body_bytes": c.count(body.get("max_body_bytes"), path + ("max_body_bytes",), max_body)
-    }
-    for name, key in table.items():
-        if name != "max_body_bytes":
-            values[name] = c.field(body, path, name, key)
-    return ListenerLimits(**values)
+    max_body = c.count(body.get("max_body_bytes"), path + ("max_body_bytes",), max_body)
+    values = c.scalars(body, path, ListenerLimits, skip={"max_body_bytes"})
+    return ListenerLimits(max_body_bytes=max_body, **values)
 
 
 def backend_limits(c: _Check, raw: Any, path: Path_) -> BackendLimits:
     body = c.mapping(raw, path, BACKEND_LIMIT_KEYS)
-    table = keys.table("backend_limits")
-    return BackendLimits(**{name: c.field(body, path, name, key) for name, key in table.items()})
+    return BackendLimits(**c.scalars(body, path, BackendLimits))
 
 
 def _pem(c: _Check, raw: Any, path: Path_, base: Path, required: bool) -> str | None:

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import keys
-from gateway.config.model import (
-    _REDACT_PATH,
+from gateway.config.model import _REDACT_PATH
+from gateway.config.operations import (
     AUDIT_STDERR,
     JSON_WINDOW,
     AuditConfig,
@@ -29,7 +29,6 @@ def rate_limits(c: _Check, raw: Any) -> RateLimits | None:
         return None
     path = ("rate_limits",)
     body = c.mapping(raw, path, keys.names("rate_limits"))
-    t = keys.table("rate_limits")
     tools: dict[str, Rate] = {}
     for name, section in c.mapping(body.get("tools"), path + ("tools",)).items():
         found = _rate(c, section, path + ("tools", name))
@@ -40,7 +39,7 @@ def rate_limits(c: _Check, raw: Any) -> RateLimits | None:
         per_tool=_rate(c, body.get("per_tool"), path + ("per_tool",)),
         overall=_rate(c, body.get("overall"), path + ("overall",)),
         tools=tools,
-        max_keys=c.field(body, path, "max_keys", t["max_keys"]),
+        **c.scalars(body, path, RateLimits),
     )
 
 
@@ -48,35 +47,29 @@ def overload(c: _Check, raw: Any) -> Overload:
     """Always on: absent, every bound has its default."""
     path = ("overload",)
     body = c.mapping(raw, path, keys.names("overload"))
-    t = keys.table("overload")
-    queue_timeout = c.field(body, path, "queue_timeout", t["queue_timeout"])
+    queue_timeout = c.field(body, path, "queue_timeout", keys.table("overload")["queue_timeout"])
     if queue_timeout >= JSON_WINDOW:
         # Past the window the HTTP reply has become a stream with status 200: the refusal
         # could no longer be the 503 with Retry-After a load balancer and a client act on.
         why = f"must be below {JSON_WINDOW:g} s (an HTTP reply turns into a stream then)"
         c.r.problem(path + ("queue_timeout",), why)
-        queue_timeout = t["queue_timeout"].default
-    return Overload(
-        max_in_flight=c.field(body, path, "max_in_flight", t["max_in_flight"]),
-        max_queued=c.field(body, path, "max_queued", t["max_queued"]),
-        queue_timeout=queue_timeout,
-        retry_after=c.field(body, path, "retry_after", t["retry_after"]),
-    )
+        queue_timeout = Overload.queue_timeout
+    values = c.scalars(body, path, Overload, skip={"queue_timeout"})
+    return Overload(queue_timeout=queue_timeout, **values)
 
 
 def shutdown(c: _Check, raw: Any) -> Shutdown:
     path = ("shutdown",)
     body = c.mapping(raw, path, keys.names("shutdown"))
-    t = keys.table("shutdown")
-    stall = c.field(body, path, "stdout_stall_timeout", t["stdout_stall_timeout"])
+    values = c.scalars(body, path, Shutdown, skip={"pre_stop_delay"})
     value = body.get("pre_stop_delay")
     if value is None:
-        return Shutdown(stdout_stall_timeout=stall)
+        return Shutdown(**values)
     # 0 is a valid delay (none), unlike the positive numbers `c.field` reads.
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         c.r.problem(path + ("pre_stop_delay",), "must be a number of seconds, 0 or more")
-        return Shutdown(stdout_stall_timeout=stall)
-    return Shutdown(pre_stop_delay=float(value), stdout_stall_timeout=stall)
+        return Shutdown(**values)
+    return Shutdown(pre_stop_delay=float(value), **values)
 
 
 def _rate(c: _Check, raw: Any, path: Path_) -> Rate | None:
@@ -108,11 +101,5 @@ def audit(c: _Check, raw: Any, beside: Callable[[str], Path]) -> AuditConfig | N
     for i, rule in enumerate(redact):
         if not _REDACT_PATH.fullmatch(rule):
             c.r.problem(path + ("redact", str(i)), "must be a dotted path like params.arguments.*")
-    return AuditConfig(
-        path=target or "",
-        include_arguments=c.field(body, path, "include_arguments", t["include_arguments"]),
-        redact=redact,
-        max_arguments_bytes=c.field(body, path, "max_arguments_bytes", t["max_arguments_bytes"]),
-        max_bytes=c.field(body, path, "max_bytes", t["max_bytes"]),
-        backups=c.field(body, path, "backups", t["backups"]),
-    )
+    values = c.scalars(body, path, AuditConfig, skip={"path", "redact"})
+    return AuditConfig(path=target or "", redact=redact, **values)

@@ -1,36 +1,30 @@
-"""The config's frozen objects, its defaults and its one exception (a leaf of the package)."""
+"""The config's frozen objects, its defaults and its one exception (with access.py,
+credentials.py, listeners.py and operations.py, a leaf of the package)."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
 
-DEFAULT_HTTP_HOST = "127.0.0.1"
-DEFAULT_HTTP_PORT = 8080
-DEFAULT_HTTP_PATH = "/mcp"
-# 4 MiB holds any realistic tool call; larger bodies are far more likely abuse than use.
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-# The listener's limits (listen.http.limits). Each bounds what one client can make the gateway
-# hold; the defaults leave room for any well-behaved MCP client.
-# Open client connections; more are closed as they arrive (a team gateway sees tens).
-DEFAULT_MAX_CONNECTIONS = 1024
-# Requests served on one keep-alive connection before it is closed (the client reconnects),
-# so one connection cannot hold a worker's attention forever.
-DEFAULT_MAX_REQUESTS_PER_CONNECTION = 10_000
-# One header line (and the request line); aiohttp's own default, as most servers use.
-DEFAULT_MAX_HEADER_BYTES = 8190
-# Header (and trailer) fields per request; MCP requests carry a dozen or so.
-DEFAULT_MAX_HEADERS = 100
-# A keep-alive connection with no request is closed after this long (seconds).
-DEFAULT_IDLE_TIMEOUT = 75.0
-# A new connection must deliver its first request head within this long (slow-header abuse).
-DEFAULT_HEADER_TIMEOUT = 10.0
-# A request body must arrive within this long once its head has.
-DEFAULT_BODY_TIMEOUT = 30.0
+from gateway.config.access import PolicyConfig
+from gateway.config.credentials import AuthConfig, BackendAuth, ClusterConfig
+from gateway.config.key import NAME_PATTERN, PEM, URL_PATTERN, key
+from gateway.config.listeners import (
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_HEADERS,
+    DEFAULT_SESSION_IDLE_TIMEOUT,
+    Listen,
+)
+from gateway.config.operations import (
+    AuditConfig,
+    Overload,
+    RateLimits,
+    Shutdown,
+    TapConfig,
+    TelemetryConfig,
+)
+
 # A backend's limits (backends.NAME.http.limits / .sse.limits).
 # Open connections per backend; more concurrent calls wait for one.
 DEFAULT_BACKEND_MAX_CONNECTIONS = 100
@@ -46,8 +40,6 @@ DEFAULT_MAX_EVENT_BYTES = 16 * 1024 * 1024
 # reconnections in a row that bring nothing, each after the server's `retry` capped at this.
 DEFAULT_MAX_RESUMPTIONS = 3
 DEFAULT_MAX_RESUME_DELAY = 30.0
-# A legacy client's HTTP session ends after this long without a request (seconds).
-DEFAULT_SESSION_IDLE_TIMEOUT = 1800.0
 # How long a backend may take to accept a connection (HTTP), or to answer its first message
 # (the era probe: stdio, and HTTP too). A stdio child gets longer: a first `npx`/`uvx` run
 # downloads the server, and a loaded machine starts an interpreter slowly.
@@ -78,113 +70,10 @@ DEFAULT_CHILD_IDLE_TIMEOUT = DEFAULT_SESSION_IDLE_TIMEOUT
 # Children of one per-session backend at most (besides the one for the gateway's own requests):
 # each is a process, and every new client would otherwise start one more.
 DEFAULT_MAX_CHILDREN = 64
-# The admin listener (/metrics, health) defaults to the port OpenTelemetry's Prometheus exporter
-# uses by convention, so scrape configs written for it need no change.
-DEFAULT_ADMIN_PORT = 9464
-# A recording is for looking at, not an archive: 64 MiB per file is hours of busy traffic, and
-# (1 + backups) files bound the disk it can take.
-DEFAULT_TAP_MAX_BYTES = 64 * 1024 * 1024
-DEFAULT_TAP_BACKUPS = 3
-# One message beyond this (a huge resource read) is recorded as its size only, so one blob cannot
-# push hours of traffic out of the rotation.
-DEFAULT_TAP_MAX_MESSAGE_BYTES = 1024 * 1024
-DEFAULT_SERVICE_NAME = "mcp-gateway"
-# Rate limits (rate_limits:): buckets are kept for at most this many callers (and caller-tool
-# pairs) per limit; the least recently used goes first. A bucket idle long enough to be full
-# again is forgotten anyway, so this bounds memory under a flood of new callers only.
-DEFAULT_RATE_LIMIT_MAX_KEYS = 10_000
-# Overload protection (overload:, and max_in_flight per backend): client requests being served at
-# once, all backends together. Below the HTTP listener's 1024 connections, so that on the
-# defaults a flood is shed with a 503 and Retry-After (which clients and load balancers act on)
-# before connections are refused (which they see as a network failure).
-DEFAULT_MAX_IN_FLIGHT = 512
-# Requests past a bound wait this many at most (per bound, FIFO), each at most this long, then
-# get -31004: a short queue smooths a burst without hiding an overload. One second is long
-# next to a call's usual latency and short next to a client's retry with Retry-After.
-DEFAULT_MAX_QUEUED = 128
-DEFAULT_QUEUE_TIMEOUT = 1.0
-# What a refusal's Retry-After (and data.retryAfter) tells the client, in seconds.
-DEFAULT_OVERLOAD_RETRY_AFTER = 1.0
-# The HTTP front end answers with plain JSON within this many seconds, then turns the reply into
-# an SSE stream (gateway/frontends/http.py JSON_WINDOW, which tests hold equal to this). A
-# request still queued by then could no longer get its 503 and Retry-After (the status is
-# sent), so `overload.queue_timeout` must stay below it.
-JSON_WINDOW = 10.0
-# Seconds between SIGTERM and the start of shutdown (`shutdown.pre_stop_delay`), /readyz 503
-# and requests still served meanwhile. 0 for a plain run: Ctrl-C or a service manager's stop
-# should not wait; an orchestrator's config sets it (deploy/kubernetes).
-DEFAULT_PRE_STOP_DELAY = 0.0
-# Seconds a stdio client may read nothing of the replies still to be written at the end
-# (`shutdown.stdout_stall_timeout`): a slow reader slows the exit, one that stopped reading
-# would hold it forever. A reader that takes any bytes at all within it is given more.
-DEFAULT_STDOUT_STALL_TIMEOUT = 10.0
 # Requests one backend is sent at once. Above an HTTP backend's pool (100 connections), so the
 # pool is used in full, while one slow backend cannot take more than a quarter of the overall
 # bound: the others are still served.
 DEFAULT_BACKEND_MAX_IN_FLIGHT = 128
-# The audit log (audit:) rotates like the tap; audit lines are small, so 64 MiB is a long time,
-# and more old files are kept than of a recording: an audit trail is looked back on.
-DEFAULT_AUDIT_MAX_BYTES = 64 * 1024 * 1024
-DEFAULT_AUDIT_BACKUPS = 5
-# Recorded arguments (include_arguments) longer than this, encoded, are recorded as their size
-# only, so one large call cannot push the audit trail of many others out of the rotation.
-DEFAULT_AUDIT_MAX_ARGUMENTS_BYTES = 64 * 1024
-# `audit.path: stderr` writes audit lines to the gateway's stderr; any other value is a file path.
-AUDIT_STDERR = "stderr"
-# `auth:` (the HTTP listener as an OAuth 2.1 resource server). Asymmetric algorithms only: an
-# HMAC key would be a secret shared with the authorization server, and `none` is no signature.
-DEFAULT_AUTH_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "EdDSA")
-# Clock skew tolerated on exp/nbf/iat (seconds): small, since an expired token must fail.
-DEFAULT_AUTH_LEEWAY = 30.0
-# A JWT with a key id the cached JWKS lacks refetches it, at most once per this many seconds,
-# so tokens with invented key ids cannot make the gateway hammer the authorization server.
-DEFAULT_JWKS_REFRESH_INTERVAL = 30.0
-# The JWKS is fetched again once this old (seconds), so a key the server withdrew stops working.
-DEFAULT_JWKS_MAX_AGE = 600.0
-# One fetch from the authorization server (metadata, JWKS, introspection), in seconds.
-DEFAULT_AUTH_FETCH_TIMEOUT = 5.0
-# A metadata document, JWKS or introspection answer larger than this is refused: they are small.
-DEFAULT_AUTH_MAX_RESPONSE_BYTES = 256 * 1024
-# An introspection answer is reused this long (never past the token's exp), and at most this
-# many are kept, so a revoked token stops working soon and invented tokens cannot fill memory.
-DEFAULT_INTROSPECTION_CACHE_TTL = 60.0
-DEFAULT_INTROSPECTION_CACHE_SIZE = 10_000
-# Verified JWTs remembered by digest until their exp, so a client's repeated token skips the
-# signature check (most of the cost of one); bounded so that many tokens cannot fill memory.
-DEFAULT_TOKEN_CACHE_SIZE = 10_000
-# A backend's `auth:` (the gateway as an OAuth 2.1 client of that backend, basic/authorization).
-BACKEND_AUTH_TYPES = ("oauth", "client_credentials", "token_exchange")
-# How the gateway proves itself at a token endpoint (RFC 8414 names; private_key_jwt: RFC 7523).
-CLIENT_AUTH_METHODS = ("none", "client_secret_basic", "client_secret_post", "private_key_jwt")
-# Algorithms for a private_key_jwt assertion: asymmetric, as the key is the gateway's own.
-CLIENT_ASSERTION_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "EdDSA")
-DEFAULT_OAUTH_CLIENT_NAME = "mcp-transparent-gateway"
-# RFC 8693: what the exchanged token is (the caller's access token, by default).
-ACCESS_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:access_token"
-# A request whose token the backend refuses (401, or 403 insufficient_scope) is sent again after
-# a new token at most this many times: a server that refuses every token cannot make a loop.
-DEFAULT_OAUTH_MAX_ATTEMPTS = 3
-# A token is refreshed this many seconds before it expires, so none is sent as it runs out.
-DEFAULT_OAUTH_REFRESH_MARGIN = 60.0
-# Per-user logins (per_user: true) wait this long for their user at most; the link expires then.
-DEFAULT_OAUTH_LOGIN_TIMEOUT = 600.0
-# `cluster.secrets`: each at least this many characters. The keys derived from a secret sign
-# what replicas hand each other through clients (cursors); a short one could be guessed
-# offline from one signed cursor. 32 characters of `openssl rand -base64 32` carry 192 bits.
-MIN_CLUSTER_SECRET_LENGTH = 32
-# `cluster.redis_timeout`: seconds one Redis call (a rate-limit check, a legacy session's
-# record) may wait, connecting included. A Redis on the replicas' network answers in well under
-# a millisecond; past this it is stalled, and the replica's own buckets decide instead (a legacy
-# session request is refused, 503), so a slow Redis costs a request at most this.
-DEFAULT_REDIS_TIMEOUT = 0.1
-# `cluster.redis_retry_interval`: after Redis failed, the replica's own buckets decide (and
-# legacy session requests are refused) for this many seconds before Redis is tried again, so a
-# Redis that is down costs no request a timeout (one request a second pays at most one), and a
-# recovered one is used again within a second.
-DEFAULT_REDIS_RETRY_INTERVAL = 1.0
-REDIS_SCHEMES = ("redis", "rediss")
-# `telemetry.access_log: stderr` logs to the gateway's stderr; any other value is a file path.
-ACCESS_LOG_STDERR = "stderr"
 
 # Addresses that bind every interface, and so clash with any other host on the same port.
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
@@ -205,246 +94,94 @@ class ConfigInvalid(Exception):
 
 
 @dataclass(frozen=True)
-class ListenerLimits:
-    """Everything one client may make an HTTP listener hold, in one place."""
-
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
-    max_headers: int = DEFAULT_MAX_HEADERS
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    max_requests_per_connection: int = DEFAULT_MAX_REQUESTS_PER_CONNECTION
-    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT
-    body_timeout: float = DEFAULT_BODY_TIMEOUT
-
-
-@dataclass(frozen=True)
-class ServerTls:
-    """The listener's certificate chain and key (PEM files)."""
-
-    cert_file: str
-    key_file: str
-
-
-@dataclass(frozen=True)
-class HttpListen:
-    host: str = DEFAULT_HTTP_HOST
-    port: int = DEFAULT_HTTP_PORT
-    path: str = DEFAULT_HTTP_PATH
-    allowed_origins: tuple[str, ...] = ()
-    allowed_hosts: tuple[str, ...] = ()
-    session_idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT
-    limits: ListenerLimits = ListenerLimits()
-    tls: ServerTls | None = None
-
-    @property
-    def max_body_bytes(self) -> int:
-        return self.limits.max_body_bytes
-
-    @property
-    def scheme(self) -> str:
-        return "https" if self.tls is not None else "http"
-
-
-@dataclass(frozen=True)
-class AdminListen:
-    """A separate HTTP listener for /metrics and health, so a stdio-only gateway can be scraped."""
-
-    host: str = DEFAULT_HTTP_HOST
-    port: int = DEFAULT_ADMIN_PORT
-
-
-@dataclass(frozen=True)
-class ConfiguredIdentity:
-    """Who the stdio front end's caller is (`listen.stdio.identity`): stdio has no credentials
-    (its caller is the parent process), so the policy judges this identity instead."""
-
-    subject: str
-    client_id: str | None = None
-    scopes: tuple[str, ...] = ()
-    claims: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Listen:
-    http: HttpListen | None = None
-    stdio: bool = False
-    admin: AdminListen | None = None  # not a front end: it serves no MCP
-    stdio_identity: ConfiguredIdentity | None = None  # None: the stdio caller is anonymous
-
-
-@dataclass(frozen=True)
-class TapConfig:
-    """Opt-in recording of every JSON-RPC message on both hops to a JSON-lines file."""
-
-    path: str  # absolute: a relative path in the file is resolved against the file's directory
-    redact: tuple[str, ...] = ()  # dotted paths into a message; `*` matches one level
-    redact_headers: tuple[str, ...] = ()  # besides Authorization and Cookie, always redacted
-    max_bytes: int = DEFAULT_TAP_MAX_BYTES
-    backups: int = DEFAULT_TAP_BACKUPS
-    max_message_bytes: int = DEFAULT_TAP_MAX_MESSAGE_BYTES
-
-
-@dataclass(frozen=True)
-class Rate:
-    """A token bucket: `rate` requests a second on average, `burst` at once."""
-
-    rate: float
-    burst: int
-
-
-@dataclass(frozen=True)
-class RateLimits:
-    """Token buckets a client request must find a token in (absent: no limit of that kind)."""
-
-    per_identity: Rate | None = None  # per caller
-    per_tool: Rate | None = None  # per caller and tool (tools/call)
-    overall: Rate | None = None  # all callers together
-    tools: Mapping[str, Rate] = field(default_factory=dict)  # per_tool for these tools
-    max_keys: int = DEFAULT_RATE_LIMIT_MAX_KEYS
-
-
-@dataclass(frozen=True)
-class Overload:
-    """Bounds on client requests in flight (`overload:`): overall here, per backend on each
-    backend (`max_in_flight`); past one, a short FIFO queue, then -31004 (HTTP 503 with
-    Retry-After). Listen streams are not counted (they last as long as their client)."""
-
-    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
-    max_queued: int = DEFAULT_MAX_QUEUED  # per bound
-    queue_timeout: float = DEFAULT_QUEUE_TIMEOUT
-    retry_after: float = DEFAULT_OVERLOAD_RETRY_AFTER
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    """How the process stops (`shutdown:`)."""
-
-    # Unready at once, still serving for this long, then the drain: the time a load balancer
-    # (a Kubernetes Service's endpoints) takes to stop sending to this replica.
-    pre_stop_delay: float = DEFAULT_PRE_STOP_DELAY
-    # The stdio front end's last replies: given up on (exit 1) once the client has read nothing
-    # of them for this long.
-    stdout_stall_timeout: float = DEFAULT_STDOUT_STALL_TIMEOUT
-
-
-@dataclass(frozen=True)
-class AuditConfig:
-    """One JSON line per client request: who asked what, where it went and how it ended."""
-
-    path: str  # "stderr", or absolute: a relative path is resolved against the file's directory
-    include_arguments: bool = False  # tools/call and prompts/get arguments, after `redact`
-    redact: tuple[str, ...] = ()  # dotted paths into the request, as the tap's rules
-    max_arguments_bytes: int = DEFAULT_AUDIT_MAX_ARGUMENTS_BYTES
-    max_bytes: int = DEFAULT_AUDIT_MAX_BYTES
-    backups: int = DEFAULT_AUDIT_BACKUPS
-
-
-@dataclass(frozen=True)
-class TelemetryConfig:
-    service_name: str = DEFAULT_SERVICE_NAME
-    otlp_endpoint: str | None = None  # None: no traces are exported
-    record_payloads: bool = False  # put message bodies on spans (they may hold secrets)
-    # False: a request routed to one backend gets one span, the SERVER span, whose context the
-    # backend continues (as proxies such as Envoy and nginx trace); True adds its CLIENT span.
-    backend_spans: bool = False
-    access_log: str | None = None  # None: off; "stderr"; or an absolute file path
-
-
-@dataclass(frozen=True)
-class Introspection:
-    """RFC 7662 introspection of opaque tokens, as a confidential client (client_secret_basic)."""
-
-    client_id: str
-    client_secret: str = field(repr=False)  # never in a repr, a log line or an error
-    cache_ttl: float = DEFAULT_INTROSPECTION_CACHE_TTL
-    cache_size: int = DEFAULT_INTROSPECTION_CACHE_SIZE
-
-
-@dataclass(frozen=True)
-class ApiKey:
-    """A static bearer key, stored as the hex SHA-256 digest of the key (never the key)."""
-
-    name: str
-    sha256: str = field(repr=False)
-    scopes: tuple[str, ...] = ()
-    subject: str = ""  # empty: the name
-
-
-@dataclass(frozen=True)
-class AuthConfig:
-    """The HTTP listener as an OAuth 2.1 resource server (basic/authorization)."""
-
-    resource: str  # the canonical URI of the MCP endpoint (RFC 8707, RFC 9728 `resource`)
-    issuer: str | None = None  # None: API keys only
-    audience: str = ""  # empty: `resource`
-    scopes_supported: tuple[str, ...] = ()
-    required_scopes: tuple[str, ...] = ()
-    introspection: Introspection | None = None
-    api_keys: tuple[ApiKey, ...] = ()
-    algorithms: tuple[str, ...] = DEFAULT_AUTH_ALGORITHMS
-    leeway: float = DEFAULT_AUTH_LEEWAY
-    jwks_refresh_interval: float = DEFAULT_JWKS_REFRESH_INTERVAL
-    jwks_max_age: float = DEFAULT_JWKS_MAX_AGE
-    fetch_timeout: float = DEFAULT_AUTH_FETCH_TIMEOUT
-    max_response_bytes: int = DEFAULT_AUTH_MAX_RESPONSE_BYTES
-    token_cache_size: int = DEFAULT_TOKEN_CACHE_SIZE
-    # The gateway's own client at `issuer`, for checking who opens a per-user login link (the
-    # browser's user logs in there first, and must be the caller the link was made for).
-    login_client_id: str | None = None
-    login_client_secret: str | None = field(default=None, repr=False)
-
-    @property
-    def expected_audience(self) -> str:
-        return self.audience or self.resource
-
-
-@dataclass(frozen=True)
 class StdioTarget:
-    command: str
-    args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    cwd: str | None = None
+    command: str = key("string", "The program, looked up on PATH.", required=True)
+    args: tuple[str, ...] = key("strings", "Its arguments.", ())
+    env: Mapping[str, str] = key("string_map", "Variables set for the child.", factory=dict)
+    cwd: str | None = key("string", "Its working directory.", None)
     # The child gets the gateway's whole environment (then `env`) instead of a short safe list
     # (PATH, HOME, ...) plus `env`. Off for config files: a team gateway's own secrets must not
     # leak into every child; ad hoc commands (`expose`) turn it on, as a shell would.
-    inherit_env: bool = False
+    inherit_env: bool = key(
+        "boolean", "Pass the gateway's whole environment, not a safe short list.", False
+    )
 
 
 @dataclass(frozen=True)
 class ClientTls:
     """How the gateway checks an https backend and proves itself to it (PEM files)."""
 
-    ca_file: str | None = None  # None: the system's trust store
-    cert_file: str | None = None  # a client certificate, for servers that ask for one
-    key_file: str | None = None  # its key (None: in cert_file)
-    verify: bool = True  # False accepts any certificate: for tests, never for production
+    ca_file: str | None = key("string", PEM + " Default: the system's trust store.", None)
+    # A client certificate, for servers that ask for one.
+    cert_file: str | None = key("string", PEM + " A client certificate.", None)
+    key_file: str | None = key("string", PEM + " Its key (default: in cert_file).", None)
+    # False accepts any certificate: for tests, never for production.
+    verify: bool = key("boolean", "false accepts any certificate (tests only).", True)
 
 
 @dataclass(frozen=True)
 class BackendLimits:
     """What one HTTP backend may make the gateway hold."""
 
-    max_connections: int = DEFAULT_BACKEND_MAX_CONNECTIONS
-    idle_timeout: float = DEFAULT_BACKEND_IDLE_TIMEOUT
-    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES
-    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
-    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
-    max_headers: int = DEFAULT_MAX_HEADERS
-    max_resumptions: int = DEFAULT_MAX_RESUMPTIONS
-    max_resume_delay: float = DEFAULT_MAX_RESUME_DELAY
+    max_connections: int = key(
+        "count", "Open connections to this backend.", DEFAULT_BACKEND_MAX_CONNECTIONS, minimum=1
+    )
+    idle_timeout: float = key(
+        "number",
+        "Seconds before an idle pooled connection is closed.",
+        DEFAULT_BACKEND_IDLE_TIMEOUT,
+    )
+    max_reply_bytes: int = key(
+        "count",
+        "A JSON reply, or all events of one SSE reply.",
+        DEFAULT_MAX_REPLY_BYTES,
+        minimum=1,
+    )
+    max_event_bytes: int = key("count", "One SSE event.", DEFAULT_MAX_EVENT_BYTES, minimum=1)
+    max_header_bytes: int = key(
+        "count", "One reply header line.", DEFAULT_MAX_HEADER_BYTES, minimum=256
+    )
+    max_headers: int = key("count", "Header fields per reply.", DEFAULT_MAX_HEADERS, minimum=8)
+    max_resumptions: int = key(
+        "count",
+        "Reconnections in a row that bring nothing before a dropped legacy stream is lost.",
+        DEFAULT_MAX_RESUMPTIONS,
+        minimum=0,
+    )
+    max_resume_delay: float = key(
+        "number",
+        "The longest wait (seconds) before resuming a dropped legacy stream.",
+        DEFAULT_MAX_RESUME_DELAY,
+    )
 
 
 @dataclass(frozen=True)
 class HttpTarget:
-    url: str  # the first replica's, with `urls`: the backend's identity (OAuth resource, logs)
-    headers: Mapping[str, str] = field(default_factory=dict)
-    tls: ClientTls = ClientTls()
-    limits: BackendLimits = BackendLimits()
+    # The first replica's, with `urls`: the backend's identity (OAuth resource, logs).
+    url: str = key("string", "An http:// or https:// URL.", pattern=URL_PATTERN)
     # Replicas of one server (`urls:`): every URL, the first being `url`; () with `url:` alone.
-    urls: tuple[str, ...] = ()
-    balance: str = "round_robin"  # one of BALANCE_MODES
-    eject_for: float = DEFAULT_EJECT_FOR
+    urls: tuple[str, ...] = key(
+        "strings", "Replicas of one server (http only): each an http:// or https:// URL.", ()
+    )
+    balance: str = key(
+        "string",
+        "With urls: how a replica is picked for a request.",
+        "round_robin",
+        choices=BALANCE_MODES,
+    )
+    eject_for: float = key(
+        "number", "With urls: seconds a failed replica is skipped.", DEFAULT_EJECT_FOR
+    )
+    headers: Mapping[str, str] = key("string_map", "Headers sent with every request.", factory=dict)
+    tls: ClientTls = key(
+        "section", "How the backend's certificate is checked.", ClientTls(), section="client_tls"
+    )
+    limits: BackendLimits = key(
+        "section",
+        "What this backend may make the gateway hold.",
+        BackendLimits(),
+        section="backend_limits",
+    )
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -475,37 +212,11 @@ class Root:
     """A root the gateway tells a backend of when no client's can be asked (client/roots): a
     `file://` URI and an optional display name, as `roots/list` returns them."""
 
-    uri: str
-    name: str | None = None
+    uri: str = key("string", "A file:// URI.", pattern="^file://", required=True)
+    name: str | None = key("string", "A display name.", None)
 
     def as_wire(self) -> dict[str, str]:
         return {"uri": self.uri} if self.name is None else {"uri": self.uri, "name": self.name}
-
-
-@dataclass(frozen=True)
-class BackendAuth:
-    """How the gateway logs in to one HTTP backend (the client half of basic/authorization)."""
-
-    type: str  # one of BACKEND_AUTH_TYPES
-    client_id: str | None = None  # None: a Client ID Metadata Document, else registration
-    client_secret: str | None = field(default=None, repr=False)
-    token_endpoint_auth_method: str | None = None  # None: chosen from what the server offers
-    client_metadata_url: str | None = None  # a CIMD URL (https) used as the client id
-    client_name: str = DEFAULT_OAUTH_CLIENT_NAME
-    private_key_file: str | None = None  # private_key_jwt: a PEM private key
-    signing_algorithm: str = "RS256"
-    key_id: str | None = None  # the assertion's kid
-    scopes: tuple[str, ...] = ()  # asked for when no challenge names any
-    per_user: bool = False  # each caller logs in for themselves
-    open_browser: bool = True
-    redirect_port: int = 0  # the loopback redirect listener's port (0: any free one)
-    authorization_server: str | None = None  # an issuer, when the backend advertises none
-    subject_token_type: str = ACCESS_TOKEN_TYPE
-    audience: str | None = None  # token_exchange: the audience asked for (default: none)
-    max_attempts: int = DEFAULT_OAUTH_MAX_ATTEMPTS
-    refresh_margin: float = DEFAULT_OAUTH_REFRESH_MARGIN
-    login_timeout: float = DEFAULT_OAUTH_LOGIN_TIMEOUT
-    store: bool = True  # keep tokens on disk (under $XDG_STATE_HOME/mcp-gateway)
 
 
 # `auto` probes each backend (server/discover, falling back to initialize); the others pin it.
@@ -529,9 +240,16 @@ DEFAULT_BREAKER_COOLDOWN = 10.0
 class RetrySettings:
     """`backends.NAME.retries`: only requests that cannot have effects are ever retried."""
 
-    attempts: int = DEFAULT_RETRY_ATTEMPTS  # tries in all, the first included; 1: no retry
-    backoff: float = DEFAULT_RETRY_BACKOFF  # seconds before the first retry, doubling
-    max_backoff: float = DEFAULT_RETRY_MAX_BACKOFF  # the doubling stops here
+    attempts: int = key(
+        "count",
+        "Tries in all of a request that cannot have effects (1: never retried).",
+        DEFAULT_RETRY_ATTEMPTS,
+        minimum=1,
+    )
+    backoff: float = key(
+        "number", "Seconds before the first retry, doubling.", DEFAULT_RETRY_BACKOFF
+    )
+    max_backoff: float = key("number", "The longest wait between tries.", DEFAULT_RETRY_MAX_BACKOFF)
 
 
 @dataclass(frozen=True)
@@ -539,90 +257,117 @@ class BreakerSettings:
     """`backends.NAME.breaker`: open after `failures` within `window` seconds; a probe after
     `cooldown` seconds open."""
 
-    failures: int = DEFAULT_BREAKER_FAILURES
-    window: float = DEFAULT_BREAKER_WINDOW
-    cooldown: float = DEFAULT_BREAKER_COOLDOWN
+    failures: int = key(
+        "count", "Failures within the window that open it.", DEFAULT_BREAKER_FAILURES, minimum=1
+    )
+    window: float = key("number", "Seconds the failures are counted over.", DEFAULT_BREAKER_WINDOW)
+    cooldown: float = key(
+        "number",
+        "Seconds open before one probe request is let through.",
+        DEFAULT_BREAKER_COOLDOWN,
+    )
 
 
 @dataclass(frozen=True)
 class BackendConfig:
     name: str
     target: Target
-    era: str = "auto"
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
-    start_timeout: float = DEFAULT_START_TIMEOUT  # stdio only
-    namespace: str = ""  # empty: the backend's name
-    allow_tools: tuple[str, ...] = ()
-    deny_tools: tuple[str, ...] = ()
-    rename_tools: Mapping[str, str] = field(default_factory=dict)
+    era: str = key(
+        "string", "auto probes; modern or legacy pins the protocol era.", "auto", choices=ERAS
+    )
+    connect_timeout: float = key(
+        "number",
+        "Seconds to connect and answer the first message (default 30 for stdio, 10 for HTTP).",
+        DEFAULT_CONNECT_TIMEOUT,
+        shown=None,  # the file's default depends on the transport (default_connect_timeout)
+    )
+    request_timeout: float = key("number", "Seconds one request may take.", DEFAULT_REQUEST_TIMEOUT)
+    start_timeout: float = key(  # stdio only
+        "number",
+        "stdio: seconds a child has from its start to finish its opening; then it is down.",
+        DEFAULT_START_TIMEOUT,
+    )
+    namespace: str = key(  # empty: the backend's name
+        "string",
+        "Prefix of this backend's names (default: its name).",
+        "",
+        pattern=NAME_PATTERN,
+    )
+    allow_tools: tuple[str, ...] = key(
+        "strings", "Only these tools (names as the backend has them).", (), at="tools.allow"
+    )
+    deny_tools: tuple[str, ...] = key("strings", "All but these tools.", (), at="tools.deny")
+    # The retries of safe requests; the breaker (None: off).
+    retries: RetrySettings = key(
+        "section",
+        "Retries of requests that cannot have effects.",
+        RetrySettings(),
+        section="retries",
+    )
+    breaker: BreakerSettings | None = key(
+        "switch",
+        "A circuit breaker: true, or a mapping of its settings (default: off).",
+        None,
+        shown=False,
+        section="breaker",
+    )
+    rename_tools: Mapping[str, str] = key(
+        "string_map",
+        "Tool names, as the backend has them, to the names offered.",
+        factory=dict,
+        name="rename",
+    )
     # Under a policy or rate limits, forward a name or URI missing from the catalog on a guess
     # (after checking how a lenient server may read it); without them, names are forwarded as
     # ever to a single unprefixed backend.
-    forward_unknown: bool = False
-    isolation: str = "shared"
-    child_idle_timeout: float = DEFAULT_CHILD_IDLE_TIMEOUT
-    max_children: int = DEFAULT_MAX_CHILDREN
+    forward_unknown: bool = key(
+        "boolean",
+        "Under a policy or rate limits, forward names and URIs missing from the catalog.",
+        False,
+    )
+    isolation: str = key(
+        "string", "per_session: a stdio child per client.", "shared", choices=ISOLATIONS
+    )
+    child_idle_timeout: float = key(
+        "number", "per_session: seconds before an idle child stops.", DEFAULT_CHILD_IDLE_TIMEOUT
+    )
+    max_children: int = key(
+        "count", "per_session: children at most.", DEFAULT_MAX_CHILDREN, minimum=1
+    )
     # Requests sent to this backend at once (listen streams aside); past it, the queue of
     # `overload:`, then -31004. Catalog loads count too: they load the backend like calls.
-    max_in_flight: int = DEFAULT_BACKEND_MAX_IN_FLIGHT
+    max_in_flight: int = key(
+        "count",
+        "Requests sent to this backend at once (listen streams aside); then overload's queue.",
+        DEFAULT_BACKEND_MAX_IN_FLIGHT,
+        minimum=1,
+    )
     # The answer to a legacy backend's `roots/list` asked outside any client's request (start-up,
     # catalog refresh), for a client without the roots capability, or when it is not certain
     # whose request it is for.
-    roots: tuple[Root, ...] = ()
+    roots: tuple[Root, ...] = key(
+        "roots", "Roots told to a legacy backend when no client's can be asked.", ()
+    )
     # How the gateway logs in to an HTTP backend; None: it sends only the configured headers.
-    auth: BackendAuth | None = None
+    auth: BackendAuth | None = key(
+        "section",
+        "How the gateway logs in to this HTTP backend (OAuth).",
+        None,
+        section="backend_auth",
+    )
     # A tool's own timeout (backend's names; seconds without a reply or progress), overriding
-    # request_timeout for its tools/call; the retries of safe requests; the breaker (None: off).
-    tool_timeouts: Mapping[str, float] = field(default_factory=dict)
-    retries: RetrySettings = RetrySettings()
-    breaker: BreakerSettings | None = None
+    # request_timeout for its tools/call: each `tools.NAME.timeout`.
+    tool_timeouts: Mapping[str, float] = key(
+        "number",
+        "Seconds its tools/call may go without a reply or a progress notification "
+        "(instead of request_timeout).",
+        factory=dict,
+        at="tool.timeout",
+    )
 
     @property
     def effective_namespace(self) -> str:
         return self.namespace or self.name
-
-
-# `policy:`: what no rule decides, and what a rule does with what it matches.
-POLICY_DEFAULTS = ("allow", "deny")
-RULE_EFFECTS = ("allow", "deny", "require")
-
-
-@dataclass(frozen=True)
-class PolicyTarget:
-    """What a rule covers: backends by name (none: every backend) and globs on the backend's own
-    tool and prompt names and resource URIs. A target naming none of tools, prompts and
-    resources covers all three; one naming some covers only those."""
-
-    backends: tuple[str, ...] = ()
-    tools: tuple[str, ...] = ()
-    prompts: tuple[str, ...] = ()
-    resources: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class PolicyWhen:
-    """Which callers a rule is for; every condition given must hold. Scopes and claims: all of
-    them; subjects and clients: any of them."""
-
-    scopes: tuple[str, ...] = ()
-    subjects: tuple[str, ...] = ()
-    clients: tuple[str, ...] = ()
-    claims: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class PolicyRule:
-    effect: str  # one of RULE_EFFECTS
-    target: PolicyTarget
-    when: PolicyWhen | None = None  # None: every caller, anonymous ones too
-    scopes: tuple[str, ...] = ()  # `require`: what the caller must hold
-
-
-@dataclass(frozen=True)
-class PolicyConfig:
-    default: str = "allow"
-    rules: tuple[PolicyRule, ...] = ()
 
 
 PREFIX_MODES = ("auto", "always", "never")
@@ -631,65 +376,94 @@ FAILURE_POLICIES = ("fail_open", "fail_closed")
 
 @dataclass(frozen=True)
 class Namespacing:
-    prefix: str = "auto"
-    separator: str = "_"
-    max_name_length: int = 64
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    """What identical replicas behind a load balancer share (`cluster:`): the secrets that
-    replace each process's own random keys, so what one replica signs another accepts."""
-
-    # The first signs, every one is accepted (rotation: add the new one second, then move it
-    # first, then drop the old one). Never in a repr, a log line or an error.
-    secrets: tuple[str, ...] = field(repr=False)
-    secrets_file: str | None = None  # the absolute path they were read from, if a file
-    # redis:// or rediss:// URL whose Redis holds the rate-limit buckets and the legacy
-    # sessions the replicas share (None: each replica's own). May carry a password: shown only
-    # through `redacted_url`.
-    redis: str | None = field(default=None, repr=False)
-    redis_timeout: float = DEFAULT_REDIS_TIMEOUT
-    redis_retry_interval: float = DEFAULT_REDIS_RETRY_INTERVAL
-
-    def keys(self, purpose: bytes) -> tuple[bytes, ...]:
-        """One key per secret, in the secrets' order, for one use (`purpose`, e.g.
-        b"mcp-gateway cursor v1"): HMAC-SHA256(secret, purpose), so a key for one use is
-        worth nothing for another, and none reveals its secret."""
-        return tuple(hmac.new(s.encode(), purpose, hashlib.sha256).digest() for s in self.secrets)
-
-
-def redacted_url(url: str) -> str:
-    """`url` with its password (and a user name, which may be a token) replaced by `***`, for
-    `check-config` and logs."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"  # an IPv6 address, bracketed again
-    netloc = f"***@{host}" + (f":{parts.port}" if parts.port is not None else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    prefix: str = key(
+        "string", "auto prefixes only when names collide.", "auto", choices=PREFIX_MODES
+    )
+    separator: str = key(
+        "string", "Between namespace and name.", "_", pattern=r"^[A-Za-z0-9_.-]{1,3}$"
+    )
+    max_name_length: int = key("number", "Longest name offered.", 64, minimum=16, maximum=128)
 
 
 @dataclass(frozen=True)
 class Config:
-    listen: Listen
-    backends: tuple[BackendConfig, ...]
+    listen: Listen = key(
+        "section", "The front ends: http, stdio or both, and admin.", section="listen"
+    )
+    backends: tuple[BackendConfig, ...] = key(
+        "sections", "The MCP servers behind the gateway, by name.", section="backend"
+    )
     source: str = "<config>"
-    namespacing: Namespacing = Namespacing()
-    on_backend_failure: str = "fail_open"
-    fan_out_grace: float = DEFAULT_FAN_OUT_GRACE
-    fan_out_start_wait: float = DEFAULT_FAN_OUT_START_WAIT
-    tap: TapConfig | None = None
-    telemetry: TelemetryConfig = TelemetryConfig()
-    policy: PolicyConfig | None = None  # None: every caller may see and call everything
-    rate_limits: RateLimits | None = None
-    overload: Overload = Overload()
-    shutdown: Shutdown = Shutdown()
-    audit: AuditConfig | None = None
-    auth: AuthConfig | None = None  # None: no authentication (today's behaviour)
-    cluster: ClusterConfig | None = None  # None: every key is the process's own (one replica)
+    namespacing: Namespacing = key(
+        "section", "How merged names are prefixed.", Namespacing(), section="namespacing"
+    )
+    on_backend_failure: str = key(
+        "string",
+        "fail_open leaves a failed backend out of a merged list.",
+        "fail_open",
+        choices=FAILURE_POLICIES,
+        at="fan_out.on_failure",
+    )
+    fan_out_grace: float = key(
+        "number",
+        "Under fail_open, seconds a merged list waits for the backends still out once "
+        "another has answered.",
+        DEFAULT_FAN_OUT_GRACE,
+        at="fan_out.grace",
+    )
+    fan_out_start_wait: float = key(
+        "number",
+        "Seconds after a backend began starting that a merged list or listen waits for its "
+        "first catalog; past it (or once the backend is down) it is left out, and open "
+        "listens are told of the change when it arrives.",
+        DEFAULT_FAN_OUT_START_WAIT,
+        minimum=0,
+        at="fan_out.start_wait",
+    )
+    tap: TapConfig | None = key(
+        "section", "Record every JSON-RPC message to a JSON-lines file.", None, section="tap"
+    )
+    telemetry: TelemetryConfig = key(
+        "section", "Traces, access log and service name.", TelemetryConfig(), section="telemetry"
+    )
+    policy: PolicyConfig | None = key(  # None: every caller may see and call everything
+        "section",
+        "Who may see and call which tools, prompts and resources.",
+        None,
+        section="policy",
+    )
+    rate_limits: RateLimits | None = key(
+        "section", "Token buckets per caller, per tool and overall.", None, section="rate_limits"
+    )
+    overload: Overload = key(
+        "section",
+        "Bounds on client requests in flight; past them a short queue, then 503.",
+        Overload(),
+        section="overload",
+    )
+    shutdown: Shutdown = key("section", "How the process stops.", Shutdown(), section="shutdown")
+    audit: AuditConfig | None = key(
+        "section", "One JSON line per client request.", None, section="audit"
+    )
+    auth: AuthConfig | None = key(  # None: no authentication (today's behaviour)
+        "section",
+        "Require OAuth bearer tokens (or API keys) on listen.http.",
+        None,
+        section="auth",
+    )
+    # None: every key is the process's own (one replica).
+    cluster: ClusterConfig | None = key(
+        "section",
+        "Identical replicas behind a load balancer: the secrets they sign with.",
+        None,
+        section="cluster",
+    )
     # The key file signing task ids without cluster.secrets (tasks.key_file, absolute); None:
     # the default path (gateway/taskkey.py).
-    task_key_file: str | None = None
+    task_key_file: str | None = key(
+        "string",
+        "The key signing task ids without cluster.secrets, made once (mode 0600); relative "
+        "to the config file. Default: $XDG_STATE_HOME/mcp-gateway/task-key.",
+        None,
+        at="tasks.key_file",
+    )

@@ -8,16 +8,16 @@ from collections.abc import Collection
 from typing import Any
 
 from gateway.config import keys
-from gateway.config.keys import Key
-from gateway.config.model import (
+from gateway.config.access import (
     POLICY_DEFAULTS,
     RULE_EFFECTS,
-    ConfiguredIdentity,
     PolicyConfig,
     PolicyRule,
     PolicyTarget,
     PolicyWhen,
 )
+from gateway.config.key import Key
+from gateway.config.listeners import ConfiguredIdentity
 from gateway.config.reader import _Check
 
 # A scope token (RFC 6749, section 3.3): what a `scope` challenge can carry unquoted-safely.
@@ -109,20 +109,11 @@ def _target(c: _Check, raw: Any, path: tuple[str, ...], backends: Collection[str
         if name not in backends:
             known = ", ".join(sorted(backends)) or "none"
             c.r.problem(path + ("backends", str(i)), f"no backend {name!r} (backends: {known})")
-    return PolicyTarget(
-        backends=named,
-        tools=c.field(body, path, "tools", t["tools"]),
-        prompts=c.field(body, path, "prompts", t["prompts"]),
-        resources=c.field(body, path, "resources", t["resources"]),
-    )
+    return PolicyTarget(backends=named, **c.scalars(body, path, PolicyTarget, skip={"backends"}))
 
 
 def _when(c: _Check, raw: Any, path: tuple[str, ...]) -> PolicyWhen:
     body = c.mapping(raw, path, keys.names("policy_when"))
     t = keys.table("policy_when")
-    return PolicyWhen(
-        scopes=_scopes(c, body, path, t["scopes"]),
-        subjects=c.field(body, path, "subjects", t["subjects"]),
-        clients=c.field(body, path, "clients", t["clients"]),
-        claims=c.field(body, path, "claims", t["claims"]),
-    )
+    scopes = _scopes(c, body, path, t["scopes"])
+    return PolicyWhen(scopes=scopes, **c.scalars(body, path, PolicyWhen, skip={"scopes"}))

@@ -4,13 +4,14 @@ every problem with its file, line and dotted path."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import yaml
 
-from gateway.config.keys import Key
-from gateway.config.model import _ENV_REF, DEFAULT_HTTP_PORT
+from gateway.config.key import SCALAR_KINDS, Key, keys_of
+from gateway.config.listeners import DEFAULT_HTTP_PORT
+from gateway.config.model import _ENV_REF
 
 # --- YAML with line numbers -------------------------------------------------------------------
 
@@ -89,6 +90,17 @@ class _Check:
             for key in value.keys() - keys:
                 self.r.problem(path + (key,), f"unknown key (expected one of: {allowed})")
         return value
+
+    def scalars(
+        self, body: Mapping[str, Any], path: tuple[str, ...], cls: type, skip: Collection[str] = ()
+    ) -> dict[str, Any]:
+        """Every plain key declared on `cls`'s fields, read as declared (`field`), by field name:
+        the loader reads the sections within, and the keys in `skip` under a rule of its own."""
+        return {
+            name: self.field(body, path, name, key)
+            for name, key in keys_of(cls).items()
+            if key.kind in SCALAR_KINDS and name not in skip
+        }
 
     def field(self, body: Mapping[str, Any], path: tuple[str, ...], name: str, key: Key) -> Any:
         """`body[name]` checked as the table's `key` says, its default when absent."""

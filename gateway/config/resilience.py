@@ -32,12 +32,7 @@ def tool_timeouts(c: _Check, raw: Any, path: Path_) -> dict[str, float]:
 
 def retries(c: _Check, raw: Any, path: Path_) -> RetrySettings:
     body = c.mapping(raw, path, keys.names("retries"))
-    t = keys.table("retries")
-    return RetrySettings(
-        attempts=c.field(body, path, "attempts", t["attempts"]),
-        backoff=c.field(body, path, "backoff", t["backoff"]),
-        max_backoff=c.field(body, path, "max_backoff", t["max_backoff"]),
-    )
+    return RetrySettings(**c.scalars(body, path, RetrySettings))
 
 
 def breaker(c: _Check, raw: Any, path: Path_) -> BreakerSettings | None:
@@ -50,9 +45,4 @@ def breaker(c: _Check, raw: Any, path: Path_) -> BreakerSettings | None:
         c.r.problem(path, "must be true, false or a mapping of the breaker's settings")
         return None
     body = c.mapping(raw, path, keys.names("breaker"))
-    t = keys.table("breaker")
-    return BreakerSettings(
-        failures=c.field(body, path, "failures", t["failures"]),
-        window=c.field(body, path, "window", t["window"]),
-        cooldown=c.field(body, path, "cooldown", t["cooldown"]),
-    )
+    return BreakerSettings(**c.scalars(body, path, BreakerSettings))

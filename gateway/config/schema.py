@@ -1,4 +1,5 @@
-"""The config's JSON Schema (Draft 2020-12), made from the loader's own key table (keys.py).
+"""The config's JSON Schema (Draft 2020-12), made from the loader's own key tables (keys.py,
+derived from the model's fields).
 
 `mcp-transparent-gateway schema` prints it; gateway/config/schema.json is the same text shipped in
 the package (`make schema` writes it; a test fails when the two differ). `${VAR}` is substituted in
@@ -15,7 +16,8 @@ from typing import Any
 
 import orjson
 
-from gateway.config.keys import ENTRIES, ONE_OF, SECTIONS, Key
+from gateway.config.key import Key
+from gateway.config.keys import ENTRIES, ONE_OF, SECTIONS
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 # What the loader substitutes (model._ENV_REF), found anywhere in a string.

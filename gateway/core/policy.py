@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from gateway.auth.identity import Identity
-from gateway.config.model import PolicyConfig, PolicyRule, PolicyWhen
+from gateway.config.access import PolicyConfig, PolicyRule, PolicyWhen
 from gateway.routing.fold import folded_pattern
 from gateway.routing.table import CatalogData
 

@@ -1,0 +1,67 @@
+"""The config's frozen objects for `policy:`: who may see and call which tools, prompts and
+resources (with model.py, a leaf of the package)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gateway.config.key import key
+
+# `policy:`: what no rule decides, and what a rule does with what it matches.
+POLICY_DEFAULTS = ("allow", "deny")
+RULE_EFFECTS = ("allow", "deny", "require")
+
+
+@dataclass(frozen=True)
+class PolicyTarget:
+    """What a rule covers: backends by name (none: every backend) and globs on the backend's own
+    tool and prompt names and resource URIs. A target naming none of tools, prompts and
+    resources covers all three; one naming some covers only those."""
+
+    backends: tuple[str, ...] = key("strings", "Backends by name (default: all).", ())
+    tools: tuple[str, ...] = key("strings", "Globs on tool names as the backend has them.", ())
+    prompts: tuple[str, ...] = key("strings", "Globs on prompt names as the backend has them.", ())
+    resources: tuple[str, ...] = key(
+        "strings", "Globs on resource URIs and templates as the backend has them.", ()
+    )
+
+
+@dataclass(frozen=True)
+class PolicyWhen:
+    """Which callers a rule is for; every condition given must hold. Scopes and claims: all of
+    them; subjects and clients: any of them."""
+
+    scopes: tuple[str, ...] = key("strings", "The caller holds all of these scopes.", ())
+    subjects: tuple[str, ...] = key("strings", "The caller's subject is one of these.", ())
+    clients: tuple[str, ...] = key("strings", "The caller's client id is one of these.", ())
+    claims: Mapping[str, str] = key(
+        "string_map", "Each claim has this value (or, a list claim, holds it).", factory=dict
+    )
+
+
+@dataclass(frozen=True)
+class PolicyRule:
+    # Both from the one key of RULE_EFFECTS the rule names (keys.py: it nests a target).
+    effect: str
+    target: PolicyTarget
+    scopes: tuple[str, ...] = key("strings", "require: the scopes the caller must hold.", ())
+    when: PolicyWhen | None = key(  # None: every caller, anonymous ones too
+        "section", "Which callers the rule is for (default: all).", None, section="policy_when"
+    )
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    default: str = key(
+        "string",
+        "What a tool, prompt or resource no rule decides gets.",
+        "allow",
+        choices=POLICY_DEFAULTS,
+    )
+    rules: tuple[PolicyRule, ...] = key(
+        "section_list",
+        "Each names one of allow, deny or require; deny wins.",
+        (),
+        section="policy_rule",
+    )
