@@ -24,6 +24,7 @@ from gateway.routing import table as routes
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import CatalogData, Exposure
 from gateway.telemetry.api import Origin
+from tests.memory_backend import MemoryBackend
 from tests.test_policy_dispatch import FakeBackend, _listen, caller, gateway, policy
 
 pytestmark = pytest.mark.anyio
@@ -244,15 +245,13 @@ def test_client_declares_the_extension_in_its_capabilities() -> None:
 # --- the dispatcher, in memory ----------------------------------------------------------------
 
 
-class AppServer:
+class AppServer(MemoryBackend):
     """A modern app server in memory: it declares the ui extension and serves a view, a tool
     bound to it, an app-only one, a model-only one and one of its own name; it answers calls
     and reads with its name, and keeps what it was sent."""
 
-    transport = "memory"
-
     def __init__(self, name: str, ui: bool = True) -> None:
-        self.name = name
+        super().__init__(name)
         self.received: list[Message] = []
         data = catalogs()[name] if ui else catalogs()["plain"]
         self.tools = list(data.tools)
@@ -260,16 +259,6 @@ class AppServer:
         self.caps: dict[str, Any] = {"tools": {}, "resources": {"subscribe": True}}
         if ui:
             self.caps["extensions"] = {UI: {}}
-
-    @property
-    def up(self) -> bool:
-        return True
-
-    async def run(self) -> None:
-        return None
-
-    async def notify(self, msg: Message) -> None:
-        return None
 
     async def request(
         self, msg: Message, sink: NotificationSink, *, long_lived: bool = False

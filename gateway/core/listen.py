@@ -428,6 +428,15 @@ class _Stream:
             return  # later acknowledgements are re-subscriptions the client never sees
         if isinstance(method, str) and method.endswith("/list_changed"):
             self._invalidate(backend)
+        await self._show(backend, note)
+
+    async def announce(self, backend: str, notes: list[Message]) -> None:
+        """The gateway's own notices of the backend's lists (not the backend's: its catalog,
+        just loaded, stays as it is)."""
+        for note in notes:
+            await self._show(backend, note)
+
+    async def _show(self, backend: str, note: Message) -> None:
         shown = self._for_client(backend, note)
         if shown is None:
             return
@@ -435,18 +444,6 @@ class _Stream:
             self._held.append(shown)  # nothing may precede the acknowledgement
             return
         await self._sink(shown)
-
-    async def announce(self, backend: str, notes: list[Message]) -> None:
-        """The gateway's own notices of the backend's lists (not the backend's: its catalog,
-        just loaded, stays as it is)."""
-        for note in notes:
-            shown = self._for_client(backend, note)
-            if shown is None:
-                continue
-            if not self._acknowledged:
-                self._held.append(shown)  # nothing may precede the acknowledgement
-                continue
-            await self._sink(shown)
 
     def _for_client(self, backend: str, note: Message) -> Message | None:
         plan = self.plans[backend]

@@ -23,13 +23,18 @@ from __future__ import annotations
 
 import argparse
 import signal
-import socket
 import sys
+from pathlib import Path
 
 import anyio
 import orjson
 from mcp.server.apps import Apps, ResourceCsp
 from mcp.server.mcpserver import Context, MCPServer
+
+if not __package__:
+    # Run as a script: serve HTTP as the SDK test server does (one copy of that code).
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.servers.sdk_server import serve_http
 
 VIEW = "<!DOCTYPE html><html><body><p>{label}</p></body></html>"
 
@@ -79,29 +84,6 @@ def build(label: str) -> MCPServer:
     return mcp
 
 
-async def serve_http(mcp: MCPServer, port: int) -> None:
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
-    sock.listen(128)
-    app = mcp.streamable_http_app(host="127.0.0.1")
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1, lifespan="on")
-    server = uvicorn.Server(config)
-
-    async def announce() -> None:
-        while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for "started"
-            await anyio.sleep(0.01)
-        print(f"READY {sock.getsockname()[1]}", flush=True)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(announce)
-        await server.serve(sockets=[sock])
-        tg.cancel_scope.cancel()
-    sock.close()
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("transport", choices=["stdio", "http"])
@@ -115,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         # uvicorn re-raises a captured SIGTERM after its graceful shutdown; a no-op handler
         # makes that harmless, so the process exits with status 0.
         signal.signal(signal.SIGTERM, lambda *_: None)
-        anyio.run(serve_http, mcp, args.port)
+        anyio.run(serve_http, mcp, args.port, False)
     sys.exit(0)
 
 
