@@ -20,6 +20,9 @@ import click
 import orjson
 
 from gateway import __version__, app
+from gateway.backend_auth.shared import StoreUnavailable
+from gateway.backend_auth.store import TokenStore, state_dir
+from gateway.backend_auth.wire import outbound_problem
 from gateway.backends import fallback
 from gateway.config import (
     BackendAuth,
@@ -40,9 +43,6 @@ from gateway.config import (
 from gateway.config.credentials import CLIENT_ASSERTION_ALGORITHMS, CLIENT_AUTH_METHODS
 from gateway.config.naming import backend_name
 from gateway.config.schema import schema_text
-from gateway.oauth.shared import StoreUnavailable
-from gateway.oauth.store import TokenStore, state_dir
-from gateway.oauth.wire import outbound_problem
 from gateway.telemetry import logs
 from gateway.telemetry.tap import DEFAULT_TOP, Summarizer, follow, format_call, format_summary
 

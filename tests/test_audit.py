@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.app import Gateway, StartupError
-from gateway.auth.identity import API_KEY, Identity
+from gateway.caller_auth.identity import API_KEY, Identity
 from gateway.config import AuditConfig, Rate, RateLimits, load, parse
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.ratelimit import RateLimiter

@@ -604,7 +604,7 @@ async def test_an_unreachable_authorization_server_is_503_with_retry_after(
         Gateway(parse(gateway_yaml(backend, issuer))) as gw,
     ):
         assert gw.http_url is not None
-        caplog.set_level(logging.DEBUG, logger="gateway.auth")
+        caplog.set_level(logging.DEBUG, logger="gateway.caller_auth")
         for _ in range(3):
             reply = await send("POST", gw.http_url, call(), signer)
             assert reply.status == 503
@@ -669,7 +669,7 @@ async def test_a_malformed_jwks_refetch_keeps_the_cached_keys(
     ):
         assert gw.http_url is not None
         assert (await send("POST", gw.http_url, call(), auth.mint())).status == 200
-        caplog.set_level(logging.DEBUG, logger="gateway.auth")
+        caplog.set_level(logging.DEBUG, logger="gateway.caller_auth")
         auth.jwks_document = {"keys": "nope"}
         unknown = auth.mint(kid="rotated", key=rsa_key(1))
         refused = await send("POST", gw.http_url, call(), unknown)

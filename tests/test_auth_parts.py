@@ -12,14 +12,15 @@ from typing import Any
 
 import pytest
 
-from gateway.auth import challenge
-from gateway.auth.authenticator import Authenticator
-from gateway.auth.discovery import ServerMetadata, metadata_urls, parse_metadata
-from gateway.auth.fetch import Fetcher, FetchFailed
-from gateway.auth.identity import Identity
-from gateway.auth.introspection import Introspector
-from gateway.auth.jwks import Jwks, signing_keys
-from gateway.auth.tokens import (
+from gateway.backends.era.layer import EraBackend
+from gateway.caller_auth import challenge
+from gateway.caller_auth.authenticator import Authenticator
+from gateway.caller_auth.discovery import ServerMetadata, metadata_urls, parse_metadata
+from gateway.caller_auth.fetch import Fetcher, FetchFailed
+from gateway.caller_auth.identity import Identity
+from gateway.caller_auth.introspection import Introspector
+from gateway.caller_auth.jwks import Jwks, signing_keys
+from gateway.caller_auth.tokens import (
     Rejected,
     api_key_identity,
     check_header,
@@ -27,7 +28,6 @@ from gateway.auth.tokens import (
     jwt_header,
     scopes_of,
 )
-from gateway.backends.era.layer import EraBackend
 from gateway.config import AuthConfig, ConfigInvalid, Introspection, describe, parse
 from gateway.errors import Refused
 from gateway.protocol import codes

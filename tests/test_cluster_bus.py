@@ -1,4 +1,4 @@
-"""The replicas' messages to each other (`core/bus.py`, `shared/bus.py`) over a real
+"""The replicas' messages to each other (`core/bus.py`, `cluster/bus.py`) over a real
 `redis-server`: what one replica publishes every other hears and it does not; what Redis
 carries is input (a malformed message is dropped and counted, a handler's failure does not end
 the bus); Redis stopped loses messages, logged once, and the bus subscribes again by itself
@@ -17,8 +17,8 @@ import yaml
 from redis.asyncio import Redis
 
 from gateway.app import Gateway
+from gateway.cluster.bus import PREFIX, RedisBus
 from gateway.config import parse
-from gateway.shared.bus import PREFIX, RedisBus
 from gateway.telemetry.api import Stats
 from tests.redis_support import free_port, launch, redis_server, redis_url
 from tests.support import BOUND, DEMO_STDIO, START_BOUND, until

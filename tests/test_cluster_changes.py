@@ -33,10 +33,10 @@ from mcp_types import TextContent
 from redis.asyncio import Redis
 
 from gateway.app import Gateway
+from gateway.cluster.bus import PREFIX
 from gateway.config import parse
 from gateway.core import interest
 from gateway.core.changes import TOPIC
-from gateway.shared.bus import PREFIX
 from tests.redis_support import free_port, launch, need_redis, redis_url
 from tests.support import (
     BOUND,

@@ -83,18 +83,18 @@ def test_the_capped_read_imports_nothing_of_the_package() -> None:
     assert not ours(CAPPED)
 
 
-@pytest.mark.parametrize("name", in_layer("auth"))
-def test_auth_sees_only_the_config_and_itself(name: str) -> None:
+@pytest.mark.parametrize("name", in_layer("caller_auth"))
+def test_caller_auth_sees_only_the_config_and_itself(name: str) -> None:
     """Checking a token needs the config and nothing of the data path (which reads only the
     Identity it yields); the front end that asks is the one that answers."""
-    assert all(i.startswith(("gateway.auth", "gateway.config", CAPPED)) for i in ours(name))
+    assert all(i.startswith(("gateway.caller_auth", "gateway.config", CAPPED)) for i in ours(name))
 
 
-@pytest.mark.parametrize("name", in_layer("oauth"))
+@pytest.mark.parametrize("name", in_layer("backend_auth"))
 def test_the_oauth_client_sees_only_the_config_and_itself(name: str) -> None:
     """Logging in to a backend needs its config and nothing of the data path: the HTTP
     backend asks it for a header and tells it of a refusal."""
-    allowed = ("gateway.oauth", "gateway.config", CAPPED)
+    allowed = ("gateway.backend_auth", "gateway.config", CAPPED)
     assert all(i == "gateway" or i.startswith(allowed) for i in ours(name))
 
 
@@ -128,7 +128,11 @@ def test_core_imports_nothing_of_the_legacy_wing(name: str) -> None:
 # Who may import the legacy clients' wing: the front ends that hand a legacy client over to it,
 # and the Redis adapter of its session records. Removing legacy clients is deleting the wing and
 # these callers' legacy branches.
-LEGACY_WING_USERS = {"gateway.frontends.http", "gateway.frontends.stdio", "gateway.shared.sessions"}
+LEGACY_WING_USERS = {
+    "gateway.frontends.http",
+    "gateway.frontends.stdio",
+    "gateway.cluster.sessions",
+}
 
 
 @pytest.mark.parametrize(
@@ -139,27 +143,27 @@ def test_the_legacy_wing_is_entered_from_the_transports_only(name: str) -> None:
         assert not any(i.startswith("gateway.frontends.legacy") for i in ours(name))
 
 
-@pytest.mark.parametrize("name", in_layer("shared"))
-def test_shared_state_implements_cores_protocol_and_nothing_more(name: str) -> None:
+@pytest.mark.parametrize("name", in_layer("cluster"))
+def test_the_cluster_adapters_implement_cores_protocol_and_nothing_more(name: str) -> None:
     """The Redis side of shared state sees the protocols it implements (core's
     `SharedBuckets` and its `Want`, the bus; the legacy wing's session records; the OAuth client's
-    `SharedStore` in oauth/shared.py) and the stats, and nothing of the data path or of the
+    `SharedStore` in backend_auth/shared.py) and the stats, and nothing of the data path or of the
     OAuth client's workings: core, the front ends and the OAuth client call it through those
     protocols, the composition root (gateway/app/) wires it."""
     allowed = {
-        "gateway.shared",
+        "gateway.cluster",
         "gateway.core.ratelimit",
         "gateway.core.bus",
         "gateway.frontends.legacy.records",
-        "gateway.oauth.shared",
+        "gateway.backend_auth.shared",
         "gateway.telemetry.api",
     }
-    assert {m for m in ours(name) if not m.startswith("gateway.shared.")} <= allowed
+    assert {m for m in ours(name) if not m.startswith("gateway.cluster.")} <= allowed
 
 
-@pytest.mark.parametrize("name", [m for m in MODULES if not m.startswith("gateway.shared")])
-def test_only_the_shared_state_package_uses_redis(name: str) -> None:
-    """redis-py is the one way to Redis (cluster.redis), and only `gateway/shared` holds it."""
+@pytest.mark.parametrize("name", [m for m in MODULES if not m.startswith("gateway.cluster")])
+def test_only_the_cluster_adapters_use_redis(name: str) -> None:
+    """redis-py is the one way to Redis (cluster.redis), and only `gateway/cluster` holds it."""
     assert not any(i == "redis" or i.startswith("redis.") for i in imports(MODULES[name]))
 
 
@@ -208,10 +212,10 @@ HTTP_MODULES = {
     "gateway.backends.web",
     "gateway.backends.fallback",
     "gateway.frontends.bearer",
-    "gateway.auth.fetch",
-    "gateway.oauth.fetch",
+    "gateway.caller_auth.fetch",
+    "gateway.backend_auth.fetch",
     "gateway.capped",
-    "gateway.oauth.redirect",
+    "gateway.backend_auth.redirect",
     "gateway.frontends.logins",
     "gateway.telemetry.otlp",
 }

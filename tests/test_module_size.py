@@ -23,7 +23,7 @@ SLACK = 50
 # when its module shrinks; remove it when the module is under LIMIT. Never raise one.
 ALLOWED: dict[str, int] = {
     "backends/http.py": 998,
-    "oauth/authorizer.py": 764,
+    "backend_auth/authorizer.py": 764,
     "core/dispatcher.py": 755,
     "frontends/http.py": 711,
     "cli.py": 641,

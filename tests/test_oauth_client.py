@@ -30,12 +30,12 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import ElicitRequestParams, ElicitRequestURLParams, ElicitResult, TextContent
 
 from gateway.app import Gateway
+from gateway.backend_auth.authorizer import GATEWAY, Authorizer, Opener
+from gateway.backend_auth.failures import AuthFailed
+from gateway.backend_auth.fetch import FetchFailed, OAuthHttp
+from gateway.backend_auth.redirect import RedirectListener
+from gateway.backend_auth.store import TokenStore
 from gateway.config import BackendAuth, ConfigInvalid, parse
-from gateway.oauth.authorizer import GATEWAY, Authorizer, Opener
-from gateway.oauth.failures import AuthFailed
-from gateway.oauth.fetch import FetchFailed, OAuthHttp
-from gateway.oauth.redirect import RedirectListener
-from gateway.oauth.store import TokenStore
 from tests.auth_support import VERSION, serving
 from tests.oauth_support import (
     CLIENT_ID,
@@ -291,7 +291,7 @@ class LinkWatch(logging.Handler):
 @contextmanager
 def watching(said: str = "operator's login") -> Iterator[LinkWatch]:
     watch = LinkWatch(said)
-    logger = logging.getLogger("gateway.oauth")
+    logger = logging.getLogger("gateway.backend_auth")
     logger.addHandler(watch)
     try:
         yield watch

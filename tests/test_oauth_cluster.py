@@ -31,11 +31,11 @@ from click.testing import CliRunner
 from redis.asyncio import Redis
 
 from gateway.app import Gateway
+from gateway.backend_auth.shared import PURPOSE
+from gateway.backend_auth.store import Key
 from gateway.cli import main
+from gateway.cluster.logins import PREFIX, RedisLogins, token_key
 from gateway.config import parse
-from gateway.oauth.shared import PURPOSE
-from gateway.oauth.store import Key
-from gateway.shared.logins import PREFIX, RedisLogins, token_key
 from tests.oauth_support import Backend, TokenServer, protected_backend, token_server
 from tests.oidc_support import free_ports
 from tests.redis_support import launch, need_redis, redis_url
@@ -101,7 +101,7 @@ class Links(logging.Handler):
 @contextmanager
 def operator_links() -> Iterator[Links]:
     links = Links()
-    logger = logging.getLogger("gateway.oauth")
+    logger = logging.getLogger("gateway.backend_auth")
     logger.addHandler(links)
     try:
         yield links

@@ -17,12 +17,12 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from gateway.backend_auth import grants, store, tokens, wire
+from gateway.backend_auth.grants import Client
+from gateway.backend_auth.tokens import Token
 from gateway.backends.era import probe
 from gateway.config import BackendAuth, ConfigInvalid, parse
 from gateway.errors import BackendLoginNeeded
-from gateway.oauth import grants, store, tokens, wire
-from gateway.oauth.grants import Client
-from gateway.oauth.tokens import Token
 from gateway.protocol.jsonrpc import Message
 
 # --- challenges -------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.auth.identity import CONFIGURED, Identity
+from gateway.caller_auth.identity import CONFIGURED, Identity
 from gateway.config import ConfigInvalid, PolicyConfig, describe, parse
 from gateway.core import policy as policies
 from gateway.core.policy import ALLOW, DENY, PROMPT, RESOURCE, TEMPLATE, TOOL, Policy, Verdict

@@ -15,8 +15,8 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway.auth.identity import Identity
 from gateway.backends.base import NotificationSink
+from gateway.caller_auth.identity import Identity
 from gateway.config import parse
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.policy import Policy

@@ -24,7 +24,7 @@ import yaml
 
 from gateway import errors
 from gateway.app import Gateway
-from gateway.auth.identity import Identity
+from gateway.caller_auth.identity import Identity
 from gateway.config import ConfigInvalid, Rate, RateLimits, parse
 from gateway.core.ratelimit import RateLimiter, caller_key, retry_after_header
 from gateway.errors import RateLimited

@@ -1,4 +1,4 @@
-"""The one Redis breaker (gateway/shared/outage.py) every cluster adapter calls Redis through:
+"""The one Redis breaker (gateway/cluster/outage.py) every cluster adapter calls Redis through:
 a failed call is reported, not retried; while a retry interval runs Redis is not asked; each
 change of state is one log line. In memory, on a clock the test moves (the adapters' tests run
 the same breaker against a real Redis that goes away: test_shared_rate_limits.py,
@@ -12,7 +12,7 @@ import anyio
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.shared.outage import Breaker, RedisDown
+from gateway.cluster.outage import Breaker, RedisDown
 
 pytestmark = pytest.mark.anyio
 

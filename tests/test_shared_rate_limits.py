@@ -26,10 +26,10 @@ import yaml
 from redis.asyncio import Redis
 
 from gateway.app import Gateway
+from gateway.cluster.buckets import PREFIX, bucket_key, waits_from
 from gateway.config import ConfigInvalid, describe, parse
 from gateway.core.ratelimit import IDENTITY, TOOL, Want
 from gateway.protocol import codes
-from gateway.shared.buckets import PREFIX, bucket_key, waits_from
 from tests.redis_support import free_port, launch, need_redis, redis_server
 from tests.support import BOUND, DEMO_STDIO, START_BOUND, Proc, call, mirrored_headers
 

@@ -16,8 +16,8 @@ import orjson
 import pytest
 
 from gateway import taskkey
-from gateway.auth.identity import Identity
 from gateway.backends.base import NotificationSink
+from gateway.caller_auth.identity import Identity
 from gateway.config import AuditConfig, Rate, RateLimits
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.ratelimit import RateLimiter

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.backend_auth.desk import LoginDesk
+from gateway.backend_auth.shared import PURPOSE as LOGINS_PURPOSE
+from gateway.cluster.buckets import RedisBuckets
+from gateway.cluster.bus import RedisBus
+from gateway.cluster.logins import RedisLogins
+from gateway.cluster.sessions import RedisSessions
 from gateway.config import Config
 from gateway.core.changes import ClusterChanges
 from gateway.core.dispatcher import Dispatcher
-from gateway.oauth.desk import LoginDesk
-from gateway.oauth.shared import PURPOSE as LOGINS_PURPOSE
-from gateway.shared.buckets import RedisBuckets
-from gateway.shared.bus import RedisBus
-from gateway.shared.logins import RedisLogins
-from gateway.shared.sessions import RedisSessions
 from gateway.telemetry.api import Stats
 
 
@@ -60,7 +60,7 @@ def cluster_changes(bus: RedisBus | None, dispatcher: Dispatcher) -> ClusterChan
 
 
 # --- cluster: the backends' logins, shared by the replicas (cluster.redis) ------------------
-# (oauth/shared.py, shared/logins.py; docs/decisions/0013-backend-logins-in-a-cluster.md)
+# (backend_auth/shared.py, cluster/logins.py; docs/decisions/0013-backend-logins-in-a-cluster.md)
 
 # Each operation on the shared logins waits this long for Redis at most (or redis_timeout, if
 # longer). Not the rate limits' 0.1 s: these run once per login step, per renewal, and per

@@ -50,7 +50,6 @@ from gateway.app.wiring import (
     rate_limiters,
     stdio_origin,
 )
-from gateway.auth.authenticator import Authenticator
 from gateway.backends.base import Backend
 from gateway.backends.era.layer import EraBackend
 from gateway.backends.health import Guarded, Health
@@ -58,6 +57,7 @@ from gateway.backends.http import HttpBackend
 from gateway.backends.isolated import IsolatedBackend
 from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
+from gateway.caller_auth.authenticator import Authenticator
 from gateway.config import BackendConfig, Config, ConfigInvalid, ListenerLimits
 from gateway.core.overload import Bound
 from gateway.core.policy import Policy

@@ -13,10 +13,11 @@ from urllib.parse import urlsplit
 import anyio
 
 from gateway import __version__, taskkey
-from gateway.auth.authenticator import Authenticator
-from gateway.auth.identity import CONFIGURED, Identity
-from gateway.auth.outage import Unavailable
-from gateway.auth.tokens import Rejected
+from gateway.backend_auth.authorizer import Authorizer
+from gateway.backend_auth.caller_check import CallerCheck
+from gateway.backend_auth.desk import LoginDesk
+from gateway.backend_auth.fetch import OAuthHttp
+from gateway.backend_auth.shared import LoginBook
 from gateway.backends import resilience
 from gateway.backends.base import Backend
 from gateway.backends.breaker import Breaker
@@ -27,23 +28,22 @@ from gateway.backends.isolated import IsolatedBackend
 from gateway.backends.login_gate import LoginGate
 from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
+from gateway.caller_auth.authenticator import Authenticator
+from gateway.caller_auth.identity import CONFIGURED, Identity
+from gateway.caller_auth.outage import Unavailable
+from gateway.caller_auth.tokens import Rejected
+from gateway.cluster.buckets import RedisBuckets
+from gateway.cluster.logins import RedisLogins
 from gateway.config import BackendConfig, Config, Overload, SseTarget, StdioTarget
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.instrument import InstrumentedBackend
 from gateway.core.overload import BACKEND, OVERALL, Bound, BoundedBackend
 from gateway.core.policy import Policy
 from gateway.core.ratelimit import RateLimiter, SharedRateLimiter
-from gateway.oauth.authorizer import Authorizer
-from gateway.oauth.caller_check import CallerCheck
-from gateway.oauth.desk import LoginDesk
-from gateway.oauth.fetch import OAuthHttp
-from gateway.oauth.shared import LoginBook
 from gateway.routing import cursor as cursors
 from gateway.routing import taskids
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
-from gateway.shared.buckets import RedisBuckets
-from gateway.shared.logins import RedisLogins
 from gateway.telemetry.api import STDIO_ORIGIN, Origin, Stats
 from gateway.telemetry.otel import GatewayTelemetry
 
@@ -67,7 +67,7 @@ def login_desk(
 ) -> LoginDesk | None:
     """Where callers log in to per-user backends: the origin of the listener's own resource URI
     (the address clients already reach the gateway at), when some backend needs it; whoever
-    opens a link signs in at the listener's issuer first (oauth/caller_check.py). `book`: the
+    opens a link signs in at the listener's issuer first (backend_auth/caller_check.py). `book`: the
     cluster's shared logins in progress (None: the desk's memory)."""
     auth = config.auth
     if auth is None or not any(b.auth and b.auth.per_user for b in config.backends):

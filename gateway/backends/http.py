@@ -26,6 +26,9 @@ import aiohttp
 import anyio
 from multidict import CIMultiDict
 
+from gateway.backend_auth import setup as oauth_setup
+from gateway.backend_auth.authorizer import Authorizer
+from gateway.backend_auth.failures import AuthFailed
 from gateway.backends import deadline, hop, ids, safety, web
 from gateway.backends.base import NotificationSink
 from gateway.backends.era import questions, resume
@@ -43,9 +46,6 @@ from gateway.errors import (
     Refused,
     SessionExpired,
 )
-from gateway.oauth import setup as oauth_setup
-from gateway.oauth.authorizer import Authorizer
-from gateway.oauth.failures import AuthFailed
 from gateway.protocol import codes, headers, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
 from gateway.proxies import env_proxy

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.backend_auth.desk import LoginRequired
 from gateway.backends.base import Backend, Layer, NotificationSink
-from gateway.oauth.desk import LoginRequired
 from gateway.protocol import meta
 from gateway.protocol.jsonrpc import Message
 

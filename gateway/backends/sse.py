@@ -18,12 +18,12 @@ import anyio
 from multidict import CIMultiDict
 from yarl import URL
 
+from gateway.backend_auth import setup as oauth_setup
+from gateway.backend_auth.authorizer import Authorizer
 from gateway.backends import web
 from gateway.backends.channel import Channel
 from gateway.config import BackendConfig, SseTarget
 from gateway.errors import BackendError, BackendUnavailable
-from gateway.oauth import setup as oauth_setup
-from gateway.oauth.authorizer import Authorizer
 from gateway.protocol import codes, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
 from gateway.proxies import env_proxy

@@ -20,7 +20,9 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from gateway import __version__
-from gateway.auth.identity import INTROSPECTION, JWT
+from gateway.backend_auth.authorizer import GATEWAY, Authorizer, Caller
+from gateway.backend_auth.failures import AuthFailed
+from gateway.caller_auth.identity import INTROSPECTION, JWT
 from gateway.config import BackendConfig, ConfigInvalid, HttpTarget, SseTarget
 from gateway.errors import (
     BackendConnectionLost,
@@ -30,8 +32,6 @@ from gateway.errors import (
     BackendTimeout,
     BackendUnavailable,
 )
-from gateway.oauth.authorizer import GATEWAY, Authorizer, Caller
-from gateway.oauth.failures import AuthFailed
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import SERVING
 

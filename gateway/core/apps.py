@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.auth.identity import Identity
+from gateway.caller_auth.identity import Identity
 from gateway.core.policy import TOOL, Policy, View
 from gateway.errors import Refused
 from gateway.protocol import codes

@@ -5,7 +5,7 @@ replica never hears its own. Delivery is at most once and only to replicas liste
 time: what is sent while Redis is away is lost, so nothing may depend on a message arriving
 (a session's record, the catalogs' refresh on a miss) except what is only ever a shortcut.
 
-`gateway/shared/bus.py` implements it over Redis pub/sub; `gateway/app/` wires it. Without
+`gateway/cluster/bus.py` implements it over Redis pub/sub; `gateway/app/` wires it. Without
 `cluster.redis` there is no bus, and each replica is alone.
 """
 

@@ -15,8 +15,8 @@ from typing import Any
 import anyio
 
 from gateway import errors
-from gateway.auth.identity import Identity
 from gateway.backends.base import Backend, NotificationSink
+from gateway.caller_auth.identity import Identity
 from gateway.config.model import DEFAULT_FAN_OUT_GRACE, DEFAULT_FAN_OUT_START_WAIT
 from gateway.core import apps, tasks, unknown
 from gateway.core.catalog import Catalogs

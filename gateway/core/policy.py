@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gateway.auth.identity import Identity
+from gateway.caller_auth.identity import Identity
 from gateway.config.access import PolicyConfig, PolicyRule, PolicyWhen
 from gateway.routing.fold import folded_pattern
 from gateway.routing.table import CatalogData

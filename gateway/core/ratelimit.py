@@ -12,7 +12,7 @@ starts again with a full bucket, which is logged once: raise the bound).
 
 Replicas share their buckets through `SharedRateLimiter` (`cluster.redis`): the same limits,
 taken from a `SharedBuckets` store that core sees only through that protocol (the Redis one is
-`gateway/shared/buckets.py`). When the store cannot answer, this replica's own buckets decide.
+`gateway/cluster/buckets.py`). When the store cannot answer, this replica's own buckets decide.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class Want:
 
 
 class SharedBuckets(Protocol):
-    """Buckets kept outside the process and shared by replicas (`gateway/shared/buckets.py`)."""
+    """Buckets kept outside the process and shared by replicas (`gateway/cluster/buckets.py`)."""
 
     async def take(self, wants: Sequence[Want]) -> Sequence[float] | None:
         """Take a token from every bucket in `wants` or from none, atomically: per bucket the

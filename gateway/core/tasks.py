@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from gateway import errors
-from gateway.auth.identity import Identity
 from gateway.backends.base import Backend, NotificationSink
+from gateway.caller_auth.identity import Identity
 from gateway.core.catalog import Catalogs
 from gateway.core.policy import TOOL, View
 from gateway.core.ratelimit import RateLimiter, SharedRateLimiter

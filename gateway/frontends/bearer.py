@@ -14,11 +14,11 @@ import orjson
 from aiohttp import hdrs, web
 
 from gateway import errors
-from gateway.auth import challenge
-from gateway.auth.authenticator import Authenticator
-from gateway.auth.identity import Identity
-from gateway.auth.outage import Unavailable
-from gateway.auth.tokens import Rejected
+from gateway.caller_auth import challenge
+from gateway.caller_auth.authenticator import Authenticator
+from gateway.caller_auth.identity import Identity
+from gateway.caller_auth.outage import Unavailable
+from gateway.caller_auth.tokens import Rejected
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Stats

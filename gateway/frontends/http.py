@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from aiohttp import HttpVersion11, hdrs, web
 
 from gateway import errors, timers
-from gateway.auth.authenticator import Authenticator
-from gateway.auth.identity import Identity
+from gateway.backend_auth.desk import LoginDesk
+from gateway.caller_auth.authenticator import Authenticator
+from gateway.caller_auth.identity import Identity
 from gateway.config import HttpListen
 from gateway.core.bus import Bus
 from gateway.core.dispatcher import Dispatcher
@@ -44,7 +45,6 @@ from gateway.frontends.legacy.stores import (
 )
 from gateway.frontends.listener import CLOSE, CUT, Handler, read_body, start_stream
 from gateway.frontends.ops import Operations, operation_routes
-from gateway.oauth.desk import LoginDesk
 from gateway.protocol import codes, headers, jsonrpc, meta, sse
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message

@@ -1,7 +1,7 @@
 """The HTTP listener's routes for per-user backend logins (`per_user: true`): the link a caller
 is sent (`/oauth/login?id=...`, a redirect to the authorization server) and the redirect back
 (`/oauth/callback`). Plain pages for a browser; no bearer token is asked, since the link and the
-flow's one-time `state` are what bind a login to its caller (gateway/oauth/desk.py)."""
+flow's one-time `state` are what bind a login to its caller (gateway/backend_auth/desk.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.oauth.desk import CALLBACK_PATH, LOGIN_PATH, DeskError, LoginDesk
+from gateway.backend_auth.desk import CALLBACK_PATH, LOGIN_PATH, DeskError, LoginDesk
 
-log = logging.getLogger("gateway.oauth")
+log = logging.getLogger("gateway.backend_auth")
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 # The pages say nothing the browser's user did not already know; no caching of either.

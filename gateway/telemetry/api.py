@@ -15,7 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.auth.identity import Identity
+from gateway.caller_auth.identity import Identity
 
 Message = dict[str, Any]
 Sink = Callable[[Message], Awaitable[None]]

@@ -4,7 +4,7 @@ A legacy HTTP session is a record any replica can read: what the handshake estab
 version, client info and capabilities), what the client set since (its log level, the resources
 it subscribed to), and who owns it (a digest: never a token). `SessionRecords` keeps records
 under a digest of the session id, each expiring after the session's idle timeout, which every
-use renews; `gateway/shared/sessions.py` implements it in Redis and `gateway/app/` wires it. Each
+use renews; `gateway/cluster/sessions.py` implements it in Redis and `gateway/app/` wires it. Each
 replica keeps its own runtime copy of a session it serves (requests in flight, questions asked
 of the client, the GET stream), made from the record on demand (stores.py).
 

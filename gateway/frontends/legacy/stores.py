@@ -18,7 +18,7 @@ import secrets
 import time
 from typing import Any
 
-from gateway.auth.identity import Identity
+from gateway.caller_auth.identity import Identity
 from gateway.core.bus import Bus
 from gateway.frontends.legacy.front import LegacyFront, Session
 from gateway.frontends.legacy.records import (

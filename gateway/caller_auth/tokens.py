@@ -15,7 +15,7 @@ from typing import Any
 
 import jwt
 
-from gateway.auth.identity import API_KEY, INTROSPECTION, JWT, Identity
+from gateway.caller_auth.identity import API_KEY, INTROSPECTION, JWT, Identity
 from gateway.config import ApiKey, AuthConfig
 
 # RFC 6750 2.1 b64token: what may follow `Bearer `.

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.oauth.fetch import FetchFailed, OAuthHttp
-from gateway.oauth.wire import (
+from gateway.backend_auth.fetch import FetchFailed, OAuthHttp
+from gateway.backend_auth.wire import (
     Challenge,
     canonical_resource,
     metadata_urls,

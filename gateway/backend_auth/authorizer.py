@@ -29,18 +29,18 @@ from typing import Any
 
 import anyio
 
+from gateway.backend_auth import grants, store, wire
+from gateway.backend_auth.desk import LoginDesk, LoginRequired
+from gateway.backend_auth.discovery import DiscoveryFailed, ServerInfo, discover
+from gateway.backend_auth.failures import AuthFailed
+from gateway.backend_auth.fetch import FetchFailed, OAuthHttp
+from gateway.backend_auth.grants import Client, GrantFailed
+from gateway.backend_auth.redirect import RedirectListener, open_browser
+from gateway.backend_auth.shared import Record, SharedStore, StoreUnavailable
+from gateway.backend_auth.tokens import Token
 from gateway.config import BackendAuth
-from gateway.oauth import grants, store, wire
-from gateway.oauth.desk import LoginDesk, LoginRequired
-from gateway.oauth.discovery import DiscoveryFailed, ServerInfo, discover
-from gateway.oauth.failures import AuthFailed
-from gateway.oauth.fetch import FetchFailed, OAuthHttp
-from gateway.oauth.grants import Client, GrantFailed
-from gateway.oauth.redirect import RedirectListener, open_browser
-from gateway.oauth.shared import Record, SharedStore, StoreUnavailable
-from gateway.oauth.tokens import Token
 
-log = logging.getLogger("gateway.oauth")
+log = logging.getLogger("gateway.backend_auth")
 
 Opener = Callable[[str], Awaitable[None]]
 # After a login refused in the browser (error=access_denied, say), no other is started for this
@@ -49,7 +49,7 @@ LOGIN_PAUSE = 30.0
 # How a dynamically registered client is named in the store's key.
 REGISTERED = "registered"
 # A refresh in a cluster holds the store's lock of its token at most this long: one token
-# request (10 s at most, oauth/setup.py) and a discovery before it, with room to spare. A
+# request (10 s at most, backend_auth/setup.py) and a discovery before it, with room to spare. A
 # replica that dies holding it costs the others this much at most.
 REFRESH_LOCK = 30.0
 # While another replica holds that lock, this one looks at the store this often for the token

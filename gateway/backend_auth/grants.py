@@ -13,9 +13,9 @@ from urllib.parse import quote
 
 import jwt
 
-from gateway.oauth import tokens
-from gateway.oauth.fetch import OAuthHttp
-from gateway.oauth.tokens import Token
+from gateway.backend_auth import tokens
+from gateway.backend_auth.fetch import OAuthHttp
+from gateway.backend_auth.tokens import Token
 
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 TOKEN_EXCHANGE = "urn:ietf:params:oauth:grant-type:token-exchange"

@@ -28,11 +28,11 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from redis.asyncio import Redis
 
-from gateway.oauth.shared import Key, Record, StoreUnavailable
-from gateway.shared.connection import connect
-from gateway.shared.outage import Breaker, RedisDown
+from gateway.backend_auth.shared import Key, Record, StoreUnavailable
+from gateway.cluster.connection import connect
+from gateway.cluster.outage import Breaker, RedisDown
 
-log = logging.getLogger("gateway.oauth")
+log = logging.getLogger("gateway.backend_auth")
 
 PREFIX = "mcp-gateway:oauth:"
 # A sealed value: this version byte, a 96-bit random nonce, then AES-GCM's ciphertext and tag.

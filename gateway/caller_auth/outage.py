@@ -11,9 +11,9 @@ import math
 import time
 from collections.abc import Callable
 
-from gateway.auth.fetch import FetchFailed
+from gateway.caller_auth.fetch import FetchFailed
 
-log = logging.getLogger("gateway.auth")
+log = logging.getLogger("gateway.caller_auth")
 
 FIRST_RETRY_DELAY = 1.0
 MAX_RETRY_DELAY = 30.0

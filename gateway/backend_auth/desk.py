@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
-from gateway.oauth import wire
-from gateway.oauth.caller_check import CallerCheck, CheckFailed
-from gateway.oauth.failures import AuthFailed
-from gateway.oauth.shared import LoginBook, Record, StoreUnavailable
+from gateway.backend_auth import wire
+from gateway.backend_auth.caller_check import CallerCheck, CheckFailed
+from gateway.backend_auth.failures import AuthFailed
+from gateway.backend_auth.shared import LoginBook, Record, StoreUnavailable
 
-log = logging.getLogger("gateway.oauth")
+log = logging.getLogger("gateway.backend_auth")
 
 LOGIN_PATH = "/oauth/login"
 CALLBACK_PATH = "/oauth/callback"

@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from gateway.backend_auth.wire import outbound_problem
 from gateway.capped import TooLarge, read_capped
-from gateway.oauth.wire import outbound_problem
 
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"

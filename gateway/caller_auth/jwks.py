@@ -16,10 +16,10 @@ from typing import Any
 
 import jwt
 
-from gateway.auth.fetch import Fetcher, FetchFailed
-from gateway.auth.outage import Outage, Unavailable
+from gateway.caller_auth.fetch import Fetcher, FetchFailed
+from gateway.caller_auth.outage import Outage, Unavailable
 
-log = logging.getLogger("gateway.auth")
+log = logging.getLogger("gateway.caller_auth")
 
 
 def signing_keys(doc: Any) -> dict[str | None, dict[str, Any]] | None:

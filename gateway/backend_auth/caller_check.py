@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gateway.oauth import grants, wire
-from gateway.oauth.discovery import DiscoveryFailed, server_metadata
-from gateway.oauth.fetch import OAuthHttp
-from gateway.oauth.grants import Client
+from gateway.backend_auth import grants, wire
+from gateway.backend_auth.discovery import DiscoveryFailed, server_metadata
+from gateway.backend_auth.fetch import OAuthHttp
+from gateway.backend_auth.grants import Client
 
 # A token of the listener's issuer -> (issuer, subject) of its caller; raises ValueError when
 # the token is not good.

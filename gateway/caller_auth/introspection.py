@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from urllib.parse import quote_plus
 
-from gateway.auth.fetch import Fetcher
-from gateway.auth.identity import Identity
-from gateway.auth.tokens import Rejected, digest, introspected
+from gateway.caller_auth.fetch import Fetcher
+from gateway.caller_auth.identity import Identity
+from gateway.caller_auth.tokens import Rejected, digest, introspected
 from gateway.config import AuthConfig, Introspection
 
 

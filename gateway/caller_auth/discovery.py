@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from gateway.auth.fetch import Fetcher, FetchFailed
+from gateway.caller_auth.fetch import Fetcher, FetchFailed
 from gateway.config.auth import url_problem
 
 OAUTH = "/.well-known/oauth-authorization-server"

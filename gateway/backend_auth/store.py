@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-log = logging.getLogger("gateway.oauth")
+log = logging.getLogger("gateway.backend_auth")
 
 SUFFIX = ".json"
 

@@ -22,9 +22,9 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
+from gateway.cluster.connection import connect
+from gateway.cluster.outage import FAILURES, Breaker, RedisDown
 from gateway.core.ratelimit import Want
-from gateway.shared.connection import connect
-from gateway.shared.outage import FAILURES, Breaker, RedisDown
 from gateway.telemetry.api import Stats
 
 # Every key the gateway writes starts with this, so its keys are recognisable (and deletable)

@@ -13,7 +13,7 @@ import orjson
 
 from gateway.capped import TooLarge, read_capped
 
-log = logging.getLogger("gateway.auth")
+log = logging.getLogger("gateway.caller_auth")
 
 JSON = "application/json"
 

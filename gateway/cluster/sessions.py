@@ -19,9 +19,9 @@ from typing import TypeVar
 
 import orjson
 
+from gateway.cluster.connection import connect
+from gateway.cluster.outage import Breaker, RedisDown
 from gateway.frontends.legacy.records import Record, SessionsUnavailable, valid
-from gateway.shared.connection import connect
-from gateway.shared.outage import Breaker, RedisDown
 from gateway.telemetry.api import Stats
 
 PREFIX = "mcp-gateway:session:"

@@ -3,7 +3,7 @@ client sees it: the stored logins (tokens, registrations) and the per-user login
 (login links and their flows' one-time `state`s), so that a link made by one replica, opened at
 another and called back at a third completes, and the token it gives serves every replica.
 
-`gateway/shared/logins.py` implements `SharedStore` over Redis, every value sealed (AES-GCM)
+`gateway/cluster/logins.py` implements `SharedStore` over Redis, every value sealed (AES-GCM)
 with keys derived from `cluster.secrets` for `PURPOSE`; `gateway/app/` wires it. Without
 `cluster.redis` there is none: tokens are the file store's (`store.py`) and logins in progress
 live in the desk's memory (`desk.MemoryLogins`, the same `LoginBook` contract).
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from gateway.oauth.store import Key
+from gateway.backend_auth.store import Key
 
 # (Key is the store's, named here so the implementation needs this module alone.)
 __all__ = ["PURPOSE", "Key", "LoginBook", "Record", "SharedStore", "StoreUnavailable"]

@@ -15,13 +15,13 @@ import logging
 import time
 from collections.abc import Callable
 
-from gateway.auth.discovery import ServerMetadata, discover
-from gateway.auth.fetch import Fetcher, FetchFailed
-from gateway.auth.identity import Identity
-from gateway.auth.introspection import Introspector
-from gateway.auth.jwks import Jwks
-from gateway.auth.outage import Outage
-from gateway.auth.tokens import (
+from gateway.caller_auth.discovery import ServerMetadata, discover
+from gateway.caller_auth.fetch import Fetcher, FetchFailed
+from gateway.caller_auth.identity import Identity
+from gateway.caller_auth.introspection import Introspector
+from gateway.caller_auth.jwks import Jwks
+from gateway.caller_auth.outage import Outage
+from gateway.caller_auth.tokens import (
     Rejected,
     api_key_identity,
     check_header,
@@ -32,7 +32,7 @@ from gateway.auth.tokens import (
 )
 from gateway.config import AuthConfig
 
-log = logging.getLogger("gateway.auth")
+log = logging.getLogger("gateway.caller_auth")
 
 
 class Authenticator:

@@ -12,7 +12,7 @@ import webbrowser
 import anyio
 from aiohttp import web
 
-log = logging.getLogger("gateway.oauth")
+log = logging.getLogger("gateway.backend_auth")
 
 CALLBACK_PATH = "/callback"
 HOST = "127.0.0.1"

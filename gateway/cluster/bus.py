@@ -21,9 +21,9 @@ import anyio
 import orjson
 from redis.exceptions import RedisError
 
+from gateway.cluster.connection import connect
+from gateway.cluster.outage import Breaker, RedisDown
 from gateway.core.bus import Handler
-from gateway.shared.connection import connect
-from gateway.shared.outage import Breaker, RedisDown
 from gateway.telemetry.api import Stats
 
 log = logging.getLogger("gateway")

@@ -4,10 +4,10 @@ token store, with their limits."""
 from __future__ import annotations
 
 from gateway import __version__
+from gateway.backend_auth.authorizer import Authorizer
+from gateway.backend_auth.fetch import OAuthHttp
+from gateway.backend_auth.store import TokenStore, state_dir
 from gateway.config import BackendConfig, HttpTarget, SseTarget
-from gateway.oauth.authorizer import Authorizer
-from gateway.oauth.fetch import OAuthHttp
-from gateway.oauth.store import TokenStore, state_dir
 
 # One request to an authorization server or for a metadata document, in seconds.
 FETCH_TIMEOUT = 10.0
