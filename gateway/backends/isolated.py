@@ -138,8 +138,8 @@ class IsolatedBackend:
         long_lived: bool = False,
     ) -> Message:
         if self._tg is None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._running.wait(), self._config.connect_timeout)
+            with anyio.move_on_after(self._config.connect_timeout):
+                await self._running.wait()
         child = self._child(msg)
         loop = asyncio.get_running_loop()
         child.busy += 1

@@ -135,7 +135,7 @@ class SseBackend(Channel):
             report = log.debug if self._reconnecting else log.warning
             report("backend %s: reconnecting in %.2fs (%s)", self.name, backoff, self._last_problem)
             self._reconnecting = True
-            await asyncio.sleep(backoff)
+            await anyio.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
             self.restarts += 1
 

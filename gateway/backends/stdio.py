@@ -336,7 +336,7 @@ class StdioBackend(Channel):
         if stdin.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
             # A child that stops reading its stdin: bounded like a request.
             try:
-                async with asyncio.timeout(self._request_timeout):
+                with anyio.fail_after(self._request_timeout):
                     await stdin.drain()
             except TimeoutError:
                 raise BackendTimeout(self.name, "the child stopped reading its input") from None

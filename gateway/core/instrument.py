@@ -5,7 +5,7 @@ and the transport renumbers, so the transports record what they write and read."
 
 from __future__ import annotations
 
-import asyncio
+import anyio
 
 from gateway.backends.base import Backend, Layer, NotificationSink
 from gateway.protocol import jsonrpc
@@ -36,7 +36,7 @@ class InstrumentedBackend(Layer[Backend]):
                 params = jsonrpc.params(msg)
                 msg = {**msg, "params": {**params, "_meta": {**jsonrpc.meta(msg), **carrier}}}
             reply = await self.inner.request(msg, sink, long_lived=long_lived)
-        except asyncio.CancelledError:
+        except anyio.get_cancelled_exc_class():
             # The client went away (or the gateway stopped waiting): not the backend's failure.
             observed.cancel()
             raise

@@ -4,16 +4,16 @@ the delay of this one wake-up is the delay every ready callback saw then."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
+
+import anyio
 
 INTERVAL = 0.5
 
 
 async def measure_lag(observe: Callable[[float], None], interval: float = INTERVAL) -> None:
     """Runs until cancelled: one observation (seconds late, >= 0) per wake-up."""
-    loop = asyncio.get_running_loop()
     while True:
-        due = loop.time() + interval
-        await asyncio.sleep(interval)
-        observe(max(0.0, loop.time() - due))
+        due = anyio.current_time() + interval
+        await anyio.sleep(interval)
+        observe(max(0.0, anyio.current_time() - due))

@@ -127,9 +127,9 @@ class EraBackend(Layer[Link]):
             if self._session_link is None:
                 await self.inner.run()
                 return
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(self.inner.run())
-                tg.create_task(self._watch(self._session_link))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.inner.run)
+                tg.start_soon(self._watch, self._session_link)
         finally:
             if self._lanes is not None:
                 with anyio.CancelScope(shield=True):
@@ -156,7 +156,7 @@ class EraBackend(Layer[Link]):
                 # No GET stream on this server: changes come only inside calls.
                 await self.ended.wait()
                 continue
-            await asyncio.sleep(delay)
+            await anyio.sleep(delay)
             delay = min(delay * 2, MAX_RETRY)
 
     # --- opening -----------------------------------------------------------------------------
@@ -270,8 +270,8 @@ class EraBackend(Layer[Link]):
         self.ended.clear()
         self.opened.set()
         if self._session_link is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._session_link.stream_ready.wait(), STREAM_READY_WAIT)
+            with anyio.move_on_after(STREAM_READY_WAIT):
+                await self._session_link.stream_ready.wait()
         log.info(
             "backend %s: legacy session open (version %s, server %s)",
             self.name,

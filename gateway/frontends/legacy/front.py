@@ -310,7 +310,8 @@ class LegacyFront:
                 question["params"] = request["params"]
             try:
                 await sink(question)
-                response = await asyncio.wait_for(waiter, ASK_TIMEOUT)
+                with anyio.fail_after(ASK_TIMEOUT):
+                    response = await waiter
             except TimeoutError:
                 return _failed(codes.INTERNAL_ERROR, f"No answer to {request['method']} in time")
             finally:
