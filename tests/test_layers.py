@@ -302,3 +302,117 @@ ERA_TIES = {
 @pytest.mark.parametrize("name", [m for m in in_layer("backends") if not m.startswith(ERA)])
 def test_the_other_backend_modules_reach_into_the_era_wing_only_where_listed(name: str) -> None:
     assert era_modules(name) <= ERA_TIES.get(name, set())
+
+
+# --- one concurrency idiom per layer (ARCHITECTURE.md, rule 11) ------------------------------
+
+
+def asyncio_names(name: str) -> set[str]:
+    """What of asyncio a module uses: its `asyncio.X` attributes and `from asyncio import X`."""
+    found: set[str] = set()
+    for node in ast.walk(MODULES[name]):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "asyncio"
+        ):
+            found.add(node.attr)
+        elif isinstance(node, ast.ImportFrom) and node.module == "asyncio":
+            found.update(a.name for a in node.names)
+    return found
+
+
+def uses_asyncio(name: str) -> bool:
+    return any(i == "asyncio" or i.startswith("asyncio.") for i in imports(MODULES[name]))
+
+
+PURE = in_layer("protocol") + in_layer("routing") + in_layer("config") + ["gateway.errors"]
+
+
+@pytest.mark.parametrize("name", PURE)
+def test_the_pure_layers_never_wait(name: str) -> None:
+    assert not any(i.split(".")[0] in ("asyncio", "anyio") for i in imports(MODULES[name]))
+
+
+# The layers that speak anyio alone (task groups, cancel scopes and deadlines, anyio's Event and
+# Lock, memory streams, threads): the engine, the composition root, the cluster's adapters (redis-py
+# is imported as `redis.asyncio`, its objects awaited like any), telemetry and the package's own
+# top-level modules. The transports and the two auth clients use the loop's objects too.
+TOP_LEVEL = ["gateway"] + [
+    f"gateway.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__init__"
+]
+ANYIO_ONLY = TOP_LEVEL + [
+    m for layer in ("core", "app", "cluster", "telemetry", "demo") for m in in_layer(layer)
+]
+
+# Who among them imports asyncio, and why anyio will not do there. Shrink it.
+ASYNCIO_USERS = {
+    # A loop future and a loop timer per queued request: the per-request bound is the hot path,
+    # and anyio has no future (docs/decisions/0034-overload-protection.md).
+    "gateway.core.overload",
+    # The signal watcher is a plain task that outlives the gateway's task group, and is joined
+    # with gather (docs/decisions/0054-signals-and-stdio-replies.md).
+    "gateway.app.process",
+    # The SDK calls the exporter from its own threads: it keeps the loop to hand work to it
+    # (run_coroutine_threadsafe), and its Event and Lock are made on that loop.
+    "gateway.telemetry.otlp",
+    # `LegacyClient.ended` is the legacy session's asyncio.Event (frontends/legacy/front.py).
+    "gateway.telemetry.api",
+    # The coarse timer wheel is one loop timer (call_later) per tick, for every lane.
+    "gateway.timers",
+}
+
+
+@pytest.mark.parametrize("name", ANYIO_ONLY)
+def test_the_anyio_layers_import_asyncio_only_where_listed(name: str) -> None:
+    assert uses_asyncio(name) == (name in ASYNCIO_USERS)
+
+
+# What anyio has, asyncio is not used for, in any layer: structure (task groups, deadlines),
+# sleeping, threads. asyncio's own (futures, plain tasks, loop timers, `shield` of a shared
+# task, protocols and streams) stays where anyio has no word for it.
+STRUCTURE = {
+    "TaskGroup",
+    "gather",
+    "wait",
+    "wait_for",
+    "timeout",
+    "timeout_at",
+    "sleep",
+    "to_thread",
+    "run",
+    "Semaphore",
+    "BoundedSemaphore",
+    "Condition",
+    "Barrier",
+}
+
+# Where asyncio's structure remains, and why. Exact: a module that stops using a name leaves the
+# list with it. Modules marked (*) are being restructured elsewhere in issue 32.
+ASYNCIO_STRUCTURE = {
+    # gather joins plain tasks it spawned (a task group's child could not outlive the request);
+    # `_cut` answers after `uncancel()`, an edge-triggered cancellation a cancel scope would repeat.
+    "gateway.frontends.stdio": {"gather", "timeout"},
+    # Per request on the hot path (the body's deadline: one loop timer, a cancel scope costs
+    # more); `close` races aiohttp's own shutdown future against a second signal.
+    "gateway.frontends.listener": {"timeout", "wait", "wait_for"},
+    # (*) The GET stream's keep-alive wait and tick.
+    "gateway.frontends.http": {"wait_for", "sleep"},
+    # (*) A renewal joined with shield under a bound: the login goes on for the next request.
+    "gateway.backend_auth.authorizer": {"wait_for"},
+    # (*) A resumed stream raced against its reply arriving elsewhere.
+    "gateway.backends.http": {"wait"},
+    # The connect and ready deadlines span aiohttp and the token loop, whose clean-up awaits a
+    # level-triggered cancel scope would cancel again.
+    "gateway.backends.sse": {"timeout"},
+    # A failure of one of the three lists is the caller's error as itself, not a group.
+    "gateway.backends.era.discovery": {"gather"},
+    # The handshake's deadline spans a transport's clean-up (as sse); gather joins plain tasks.
+    "gateway.backends.era.dual": {"timeout", "gather"},
+    "gateway.app.process": {"gather"},
+}
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_structure_is_anyio_except_where_listed(name: str) -> None:
+    assert asyncio_names(name) & STRUCTURE == ASYNCIO_STRUCTURE.get(name, set())
