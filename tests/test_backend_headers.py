@@ -1,4 +1,4 @@
-"""What the HTTP backend sends (backends/http.py, hop.py), read off the header lines a raw
+"""What the HTTP backend sends (backends/http_exchange.py, hop.py), read off the header lines a raw
 server on 127.0.0.1 receives: the mirrored headers derived from the body (streamable-http,
 Standard Request Headers), Mcp-Param-* from the x-mcp-header annotations learnt from tools/list
 (Custom Headers from Tool Parameters), trace context only when well-formed (basic/index,

@@ -21,6 +21,7 @@ from gateway import config as gateway_config
 from gateway import errors
 from gateway.app import Gateway
 from gateway.backends import ids
+from gateway.backends.era.http_session import HttpSession
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message
 from tests.backend_support import backend_config, code_of, ignore, running
@@ -185,8 +186,9 @@ async def test_a_legacy_server_is_told_of_a_cancellation_under_the_id_it_was_sen
         unruly_http.serving(legacy=True) as (server, url),
         running(backend_config(url)) as backend,
     ):
-        backend.begin_session()
-        backend.agreed(unruly_http.LEGACY)
+        session = HttpSession(backend)
+        session.begin_session()
+        session.agreed(unruly_http.LEGACY)
         async with anyio.create_task_group() as tg:
             tg.start_soon(backend.request, call(1, "hang"), ignore)
             await server.until(lambda: bool(tool_calls(server)))

@@ -20,6 +20,8 @@ from gateway import config as gateway_config
 from gateway import errors
 from gateway.app import Gateway
 from gateway.backends.era import resume
+from gateway.backends.era.http_session import HttpSession
+from gateway.backends.era.link import SessionLink
 from gateway.backends.http import HttpBackend
 from gateway.protocol import codes, sse
 from gateway.protocol.jsonrpc import Message
@@ -35,11 +37,26 @@ from tests.support import (
 pytestmark = pytest.mark.anyio
 
 
-def legacy(backend: HttpBackend) -> HttpBackend:
+def legacy(backend: HttpBackend) -> HttpSession:
     """The backend as the era layer leaves it after `initialize`: a legacy session."""
-    backend.begin_session()
-    backend.agreed(unruly_http.LEGACY)
-    return backend
+    session = HttpSession(backend)
+    session.begin_session()
+    session.agreed(unruly_http.LEGACY)
+    return session
+
+
+async def test_the_era_layer_holds_an_http_backend_as_a_session_link() -> None:
+    """The legacy session is the era wing's (era/http_session.py): the era layer recognises
+    it by `SessionLink` (mypy checks the annotation, the era layer `isinstance`), and the
+    backend sees it only while one is begun."""
+    backend = HttpBackend(backend_config("http://127.0.0.1:1/mcp"))
+    link: SessionLink = HttpSession(backend)
+    assert isinstance(link, SessionLink)
+    assert backend.session is None
+    link.begin_session()
+    assert backend.session is not None
+    link.forget_session()
+    assert backend.session is None
 
 
 def posts(server: unruly_http.Unruly) -> int:

@@ -208,6 +208,8 @@ HTTP_MODULES = {
     "gateway.frontends.listener",
     "gateway.frontends.ops",
     "gateway.backends.http",
+    "gateway.backends.http_exchange",
+    "gateway.backends.era.http_session",
     "gateway.backends.sse",
     "gateway.backends.web",
     "gateway.backends.fallback",
@@ -288,13 +290,12 @@ def test_only_the_backends_and_the_composition_root_import_the_era_wing(name: st
     assert not era_modules(name)
 
 
-# The era-neutral backend modules that still reach into the wing, and for what: the transports
-# answer a legacy server's own questions, and HTTP keeps a legacy session (SessionLink) whose
-# streams it resumes (the HTTP split is to confine that); per-client children each get an era
-# layer. Shrink it.
+# The era-neutral backend modules that still reach into the wing, and for what: the channels
+# answer a legacy server's own questions; per-client children each get an era layer. Shrink it.
+# (HTTP's legacy session is the wing's own, era/http_session.py: the backend sees it only as the
+# `Session` the era layer hands it, http_exchange.py.)
 ERA_TIES = {
     "gateway.backends.channel": {f"{ERA}.questions"},
-    "gateway.backends.http": {f"{ERA}.questions", f"{ERA}.resume", f"{ERA}.link"},
     "gateway.backends.isolated": {f"{ERA}.layer"},
 }
 
@@ -401,7 +402,7 @@ ASYNCIO_STRUCTURE = {
     # (*) A renewal joined with shield under a bound: the login goes on for the next request.
     "gateway.backend_auth.authorizer": {"wait_for"},
     # (*) A resumed stream raced against its reply arriving elsewhere.
-    "gateway.backends.http": {"wait"},
+    "gateway.backends.era.http_session": {"wait"},
     # The connect and ready deadlines span aiohttp and the token loop, whose clean-up awaits a
     # level-triggered cancel scope would cancel again.
     "gateway.backends.sse": {"timeout"},

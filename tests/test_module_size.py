@@ -22,7 +22,6 @@ SLACK = 50
 # Path under gateway/ -> ceiling (the module's line count when it was listed). Lower an entry
 # when its module shrinks; remove it when the module is under LIMIT. Never raise one.
 ALLOWED: dict[str, int] = {
-    "backends/http.py": 998,
     "backend_auth/authorizer.py": 764,
     "core/dispatcher.py": 755,
     "frontends/http.py": 711,

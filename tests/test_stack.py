@@ -11,6 +11,7 @@ import yaml
 
 from gateway.app.wiring import build_stack
 from gateway.backends.base import Backend, Layer
+from gateway.backends.era.http_session import HttpSession
 from gateway.backends.era.layer import EraBackend
 from gateway.backends.health import Guarded
 from gateway.backends.http import HttpBackend
@@ -40,6 +41,10 @@ def stack(backend: dict[str, Any], **top: Any) -> list[type]:
     while isinstance(layer, Layer):
         found.append(type(layer))
         layer = layer.inner
+    if isinstance(layer, HttpSession):
+        # (Not a layer: the era layer's handle on the HTTP transport, whose own methods it
+        # hands over, so a request passes no code of it.)
+        layer = layer.backend
     return [*found, type(layer)]
 
 

@@ -21,6 +21,7 @@ from gateway.backend_auth.shared import LoginBook
 from gateway.backends import resilience
 from gateway.backends.base import Backend
 from gateway.backends.breaker import Breaker
+from gateway.backends.era.http_session import HttpSession
 from gateway.backends.era.layer import EraBackend
 from gateway.backends.health import Guarded, Health
 from gateway.backends.http import HttpBackend
@@ -97,11 +98,11 @@ def login_desk(
 
 def legacy_lane(
     transport: StdioBackend | HttpBackend | SseBackend, config: BackendConfig, stats: Stats
-) -> Callable[[], StdioBackend | HttpBackend] | None:
+) -> Callable[[], StdioBackend | HttpSession] | None:
     """How to reach the server again for legacy sessions of legacy clients, should it speak
     both eras (backends/era/dual.py): HTTP, a session on the same pools; stdio, a second child."""
     if isinstance(transport, HttpBackend):
-        return transport.session_view
+        return lambda: HttpSession(transport.session_view())
     if isinstance(transport, StdioBackend):
 
         def second() -> StdioBackend:
@@ -215,8 +216,10 @@ def build_stack(
        Only for a per-user backend (`auth:` with `per_user`).
     6. `EraBackend` (backends/era/layer.py): a legacy backend shown as a modern one. Left out
        of a backend with a child per client (`isolation: per_session`): each child has its
-       own, inside the transport.
-    7. The transport (backends/stdio.py, http.py, sse.py, isolated.py).
+       own, inside the transport. Over HTTP it holds the transport through `HttpSession`
+       (backends/era/http_session.py), the legacy session's keeper, which hands the
+       transport's own methods over (no frame of its own on a request).
+    7. The transport (backends/stdio.py, http.py with http_exchange.py, sse.py, isolated.py).
 
     `shared`: the cluster's backend logins (tokens in Redis); `desk`: where per-user logins
     are served.
@@ -250,7 +253,9 @@ def era_layer(
     """The transport behind its era layer, or alone when it has an era layer per child."""
     if isinstance(transport, IsolatedBackend):
         return transport
-    return EraBackend(transport, config, legacy_lane(transport, config, stats))
+    # HTTP keeps a legacy session across requests: the era layer sees it through HttpSession.
+    link = HttpSession(transport) if isinstance(transport, HttpBackend) else transport
+    return EraBackend(link, config, legacy_lane(transport, config, stats))
 
 
 def login_gate(

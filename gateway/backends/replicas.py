@@ -6,7 +6,7 @@ flight (`least_in_flight`, ties in turn). A replica that failed (cannot connect,
 ejected: skipped for `eject_for` seconds while another replica is not (passive health checks;
 nothing is sent to probe it). When every replica is ejected, the one back soonest is tried
 first, so a request still reaches whichever has recovered. What may be sent again after a
-failure is the HTTP backend's decision (http.py with safety.py), not this module's.
+failure is the HTTP backend's decision (http_exchange.py with safety.py), not this module's.
 """
 
 from __future__ import annotations

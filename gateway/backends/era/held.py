@@ -223,7 +223,7 @@ class HeldCalls:
 
     def cancel(self, call: HeldCall) -> None:
         """Give the call up (the transport sends the backend `notifications/cancelled` under
-        the id it gave the request: channel.py, http.py)."""
+        the id it gave the request: channel.py, http_session.py)."""
         if call.task is not None:
             call.task.cancel()
 

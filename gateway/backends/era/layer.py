@@ -371,7 +371,7 @@ class EraBackend(Layer[Link]):
         call = self._held.new(self.inner, caller, fields.get(meta.CLIENT_CAPABILITIES))
         call.sink = sink
         # (The transport gives the request an id of the gateway's on the backend's session,
-        # and tells the backend when it is given up: channel.py, http.py.)
+        # and tells the backend when it is given up: channel.py, http_session.py.)
         out = to_legacy(msg)
         task = asyncio.get_running_loop().create_task(
             self._run_call(out, call, isinstance(level, str), session)

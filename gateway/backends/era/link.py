@@ -2,11 +2,11 @@
 legacy session itself (HTTP).
 
 A channel (stdio, HTTP+SSE) is one connection: its legacy session is that connection's and
-ends with it. An HTTP backend has no connection to hang a session on, so the session is the
-transport's own state (2025-11-25 transports, Session Management: the `Mcp-Session-Id` and
-agreed version sent on every request, the standing GET stream, a DELETE at the end); such a
-transport declares `SessionLink`, and the era layer asks `isinstance` once instead of probing
-for each method by name.
+ends with it. An HTTP backend has no connection to hang a session on, so the session is state
+kept across requests (2025-11-25 transports, Session Management: the `Mcp-Session-Id` and
+agreed version sent on every request, the standing GET stream, a DELETE at the end), kept by
+http_session.py's `HttpSession`, a `SessionLink` over the transport; the era layer asks
+`isinstance` once instead of probing for each method by name.
 """
 
 from __future__ import annotations

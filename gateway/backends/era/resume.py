@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from gateway.backends import hop
+from gateway.backends.http_exchange import Reading
 from gateway.config.model import DEFAULT_MAX_RESUME_DELAY, DEFAULT_MAX_RESUMPTIONS
 from gateway.errors import BackendConnectionLost, BackendTimeout, SessionExpired
 from gateway.protocol import sse
@@ -33,19 +34,6 @@ MAX_DELAY = DEFAULT_MAX_RESUME_DELAY
 DEFAULT_DELAY = 1.0
 # A refusal that another attempt will not change (408 and 429 are worth another try).
 _FINAL = frozenset(range(400, 500)) - {408, 429}
-
-
-class Reading:
-    """One reply stream across its connections: the decoder of the current one (which carries
-    the last event id and `retry` over to the next), the bytes so far, and the messages."""
-
-    __slots__ = ("decoder", "messages", "received", "strays")
-
-    def __init__(self, decoder: sse.Decoder) -> None:
-        self.decoder = decoder
-        self.received = 0
-        self.messages = 0
-        self.strays = 0  # replies under an id that was not sent: the backend is out of step
 
 
 def delay(decoder: sse.Decoder, longest: float = MAX_DELAY) -> float:
