@@ -205,6 +205,7 @@ def test_no_imports_inside_functions(name: str) -> None:
 # The modules that speak HTTP: everything else sees requests and replies as MCP messages.
 HTTP_MODULES = {
     "gateway.frontends.http",
+    "gateway.frontends.replies",
     "gateway.frontends.listener",
     "gateway.frontends.ops",
     "gateway.backends.http",

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aiohttp import HttpVersion11, hdrs, web
@@ -26,8 +25,7 @@ from gateway.caller_auth.identity import Identity
 from gateway.config import HttpListen
 from gateway.core.bus import Bus
 from gateway.core.dispatcher import Dispatcher
-from gateway.core.ratelimit import retry_after_header
-from gateway.frontends import guard
+from gateway.frontends import guard, replies
 from gateway.frontends import logins as login_routes
 from gateway.frontends.bearer import Bearer, identity_of
 from gateway.frontends.bodies import BodyError
@@ -45,37 +43,23 @@ from gateway.frontends.legacy.stores import (
 )
 from gateway.frontends.listener import CLOSE, CUT, Handler, read_body, start_stream
 from gateway.frontends.ops import Operations, operation_routes
+from gateway.frontends.replies import (
+    JSON,
+    REQUEST_AS_NOTIFICATION,
+    SSE_HEADERS,
+    Relay,
+    Replies,
+    cut_off,
+    json_response,
+    refused,
+)
 from gateway.protocol import codes, headers, jsonrpc, meta, sse
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import Origin, Stats
+from gateway.telemetry.api import Origin
 
-SSE_HEADERS = (
-    ("Content-Type", "text/event-stream"),
-    ("Cache-Control", "no-cache"),
-    ("X-Accel-Buffering", "no"),
-)
-JSON = "application/json"
 SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
-# A notification with a request's method is not accepted (streamable-http, Sending Messages: an
-# HTTP error and an error without an id); the dispatcher counts and logs it.
-REQUEST_AS_NOTIFICATION = "A request method sent as a notification is not accepted"
-# A reply that comes within this window goes out as plain JSON; after it, the response turns into
-# an SSE stream so that idle-timeouts of intermediaries see bytes during long calls.
-JSON_WINDOW = 10.0
-KEEPALIVE_INTERVAL = 15.0
-
-
-def json_response(status: int, msg: Message, **extra: str) -> web.Response:
-    return web.Response(status=status, body=jsonrpc.encode(msg), content_type=JSON, headers=extra)
-
-
-# The errors whose status tells the client when to come back (429, 503): Retry-After, from the
-# delay the error carries in `data.retryAfter`.
-RETRY_LATER = frozenset(
-    {codes.RATE_LIMITED, codes.GATEWAY_OVERLOADED, codes.SHARED_STATE_UNAVAILABLE}
-)
 # When a client refused for want of room for another legacy session may try again: sessions
 # end by DELETE or idle expiry, not on a schedule, so this is a client's pace, not a promise.
 SESSIONS_FULL_RETRY = 5.0
@@ -83,20 +67,6 @@ SESSIONS_FULL_RETRY = 5.0
 SESSION_STATE_METHODS = frozenset(
     {"logging/setLevel", "resources/subscribe", "resources/unsubscribe"}
 )
-
-
-def _reply_headers(reply: Message) -> dict[str, str] | None:
-    if jsonrpc.error_code(reply) in RETRY_LATER:
-        data = reply["error"].get("data")
-        delay = data.get("retryAfter") if isinstance(data, dict) else None
-        if isinstance(delay, int | float) and not isinstance(delay, bool):
-            return {hdrs.RETRY_AFTER: retry_after_header(delay)}
-    return None
-
-
-def refused(status: int, message: str, **extra: str) -> web.Response:
-    """A refusal before any message was read: a JSON-RPC error without an id."""
-    return json_response(status, jsonrpc.error(None, codes.INVALID_REQUEST, message), **extra)
 
 
 # What a request's screening found: (metric reason, HTTP status, message); None when it passed.
@@ -195,6 +165,11 @@ class Endpoint:
             self._routes.update(self._bearer.routes())
         if logins is not None:  # per-user backend logins (frontends/logins.py)
             self._routes.update(login_routes.routes(logins))
+        # (bound once: the hot path calls them as it called the endpoint's own methods)
+        self._replies = Replies(self._stats, self._bearer)
+        self._reject = self._replies.reject
+        self._reply = self._replies.reply
+        self._finish = self._replies.finish
 
     def closing(self) -> None:
         """The listener is about to close: end the legacy sessions' GET streams, so that they
@@ -204,17 +179,6 @@ class Endpoint:
     def close(self) -> None:
         """End every legacy session (what still runs in one is cancelled)."""
         self.sessions.close_all()
-
-    def _reject(
-        self,
-        reason: str,
-        status: int,
-        code: int,
-        message: str,
-        id_: jsonrpc.RequestId | None = None,
-    ) -> web.Response:
-        self._stats.rejections[reason] += 1
-        return json_response(status, jsonrpc.error(id_, code, message))
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         fields = request.headers
@@ -351,19 +315,13 @@ class Endpoint:
     def _sessions_full(self, id_: jsonrpc.RequestId | None) -> web.Response:
         self._stats.rejections["sessions_full"] += 1
         error = errors.Overloaded(SESSIONS_FULL_RETRY, "Too many open sessions; try again later")
-        return self._reply_error(errors.to_wire(error, id_))
+        return self._replies.error(errors.to_wire(error, id_))
 
     def _unavailable(self, exc: SessionsUnavailable, id_: jsonrpc.RequestId | None) -> web.Response:
         """Redis holds the session and does not answer: 503 with Retry-After (the session may
         be fine), never a 404 that would make the client start over."""
         self._stats.rejections["sessions_unavailable"] += 1
-        return self._reply_error(errors.to_wire(exc, id_))
-
-    def _reply_error(self, reply: Message) -> web.Response:
-        return self._reply(reply, self._stats_out(jsonrpc.encode(reply)))
-
-    def _stats_out(self, body: bytes) -> bytes:
-        return _count_out(self._stats, body)
+        return self._replies.error(errors.to_wire(exc, id_))
 
     async def _open_session(self, request: web.BaseRequest, msg: Message) -> web.StreamResponse:
         try:
@@ -444,9 +402,8 @@ class Endpoint:
         """Like `_answer`, except that the request runs in a task of the session: a legacy
         client's disconnect does not cancel its request (only `notifications/cancelled` or the
         end of the session does), so the work is not tied to this connection."""
-        relay = _Relay(request, self._stats, cancel_when_gone=False)
+        relay = Relay(request, self._stats, self._timers, cancel_when_gone=False)
         loop = asyncio.get_running_loop()
-        timer = self._timers.call_later(JSON_WINDOW, relay.window_closed)
         id_ = msg["id"]
         work = loop.create_task(self._legacy.handle(session, msg, relay.note, _origin(request)))
         session.in_flight[id_] = work
@@ -456,13 +413,13 @@ class Endpoint:
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if CUT in request:
-                reply = _cut_off(id_)  # (the session's work ends with the session)
+                reply = cut_off(id_)  # (the session's work ends with the session)
             elif task is not None and task.cancelling():
                 raise  # this connection is going; the work goes on in the session
             else:
                 reply = jsonrpc.error(id_, codes.INTERNAL_ERROR, "Request cancelled")
         finally:
-            timer.cancel()
+            relay.timer.cancel()
             if relay.keepalive is not None:
                 await relay.stop_keepalive()
         if self._shared is not None and msg["method"] in SESSION_STATE_METHODS:
@@ -536,13 +493,13 @@ class Endpoint:
                         if not await shared.touch(session):
                             shared.end(session)
                 try:
-                    msg = await asyncio.wait_for(session.outbox.get(), KEEPALIVE_INTERVAL)
+                    msg = await asyncio.wait_for(session.outbox.get(), replies.KEEPALIVE_INTERVAL)
                 except TimeoutError:
                     await stream.write(sse.KEEPALIVE)
                     continue
                 if msg is None:
                     break
-                await stream.write(_count_out(self._stats, sse.event(jsonrpc.encode(msg))))
+                await stream.write(self._replies.count_out(sse.event(jsonrpc.encode(msg))))
             await stream.write_eof()
         except ConnectionResetError:
             pass  # the client has gone; the session stays for its next GET
@@ -552,47 +509,21 @@ class Endpoint:
                 shared.stream_closed(session)
         return stream
 
-    async def _finish(
-        self, relay: _Relay, reply: Message, table: Mapping[int, int] = errors.HTTP_STATUS
-    ) -> web.StreamResponse:
-        body = relay.count_out(jsonrpc.encode(reply))
-        if relay.stream is None:
-            return self._reply(reply, body, table)
-        return await relay.finish_stream(body)
-
-    def _reply(
-        self, reply: Message, body: bytes, table: Mapping[int, int] = errors.HTTP_STATUS
-    ) -> web.Response:
-        """A reply as one JSON body, with the status its error calls for (errors.http_status,
-        by `table`: a legacy session's replies keep fewer statuses) and the headers that status
-        carries."""
-        status = errors.http_status(reply, table)
-        extra = None if status == 200 else self._status_headers(status, reply)
-        return web.Response(status=status, body=body, content_type=JSON, headers=extra)
-
-    def _status_headers(self, status: int, reply: Message) -> dict[str, str] | None:
-        """403 for want of scopes: the insufficient_scope challenge, so a client can step up;
-        429 and 503: when to retry."""
-        if status == 403 and self._bearer is not None:
-            return self._bearer.reply_headers(reply)
-        return _reply_headers(reply)
-
     async def _answer(self, request: web.BaseRequest, msg: Message) -> web.StreamResponse:
         """Answer with JSON if the reply comes quickly and alone, else as an SSE stream.
 
         The request is handled in this task: no extra task, queue or cancel scope per request
         on the common path. Only a request still running when the JSON window closes gets a
         helper task, which turns the reply into a stream and keeps it alive."""
-        relay = _Relay(request, self._stats)
-        timer = self._timers.call_later(JSON_WINDOW, relay.window_closed)
+        relay = Relay(request, self._stats, self._timers)
         try:
             reply = await self.dispatcher.handle(msg, relay.note, _origin(request))
         except asyncio.CancelledError:
             if CUT not in request:
                 raise  # the client has gone
-            reply = _cut_off(msg["id"])
+            reply = cut_off(msg["id"])
         finally:
-            timer.cancel()
+            relay.timer.cancel()
             if relay.keepalive is not None:
                 await relay.stop_keepalive()
         if relay.stream is None:  # the common case, without a coroutine
@@ -600,23 +531,8 @@ class Endpoint:
         return await self._finish(relay, reply)
 
 
-def _cut_off(id_: jsonrpc.RequestId) -> Message:
-    """The reply of a request the listener cut at the end of its grace (CUT). Its handler's
-    cancellation is handled here, so the reply can still be written."""
-    task = asyncio.current_task()
-    if task is not None:
-        task.uncancel()
-    why = "The gateway is shutting down; the request ran past the shutdown grace"
-    return jsonrpc.error(id_, codes.GATEWAY_SHUTTING_DOWN, why)
-
-
 async def _drop(_: Message) -> None:
     return None
-
-
-def _count_out(stats: Stats, data: bytes) -> bytes:
-    stats.bytes["frontend", "out"] += len(data)
-    return data
 
 
 def _origin(request: web.BaseRequest) -> Origin:
@@ -643,69 +559,3 @@ def _param_specs(
     if route is None:
         return name
     return route.param_headers if dispatcher.shows_tool(route, identity) else None
-
-
-class _Relay:
-    """The reply of one request: a JSON body, or an SSE stream once there is something to send
-    before the reply (a notification, or a keep-alive after the JSON window)."""
-
-    def __init__(
-        self, request: web.BaseRequest, stats: Stats, *, cancel_when_gone: bool = True
-    ) -> None:
-        self._request = request
-        self._stats = stats
-        self._cancel_when_gone = cancel_when_gone
-        self.stream: web.StreamResponse | None = None
-        self._lock: asyncio.Lock | None = None  # made on first use: most replies never stream
-        self.keepalive: asyncio.Task[None] | None = None
-
-    def count_out(self, data: bytes) -> bytes:
-        return _count_out(self._stats, data)
-
-    async def _write(self, data: bytes) -> None:
-        # Notifications and keep-alives come from two tasks; each event goes out whole.
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            if self.stream is None:
-                self.stream = await start_stream(self._request, SSE_HEADERS)
-            await self.stream.write(data)
-
-    async def note(self, note: Message) -> None:
-        try:
-            await self._write(self.count_out(sse.event(jsonrpc.encode(note))))
-        except ConnectionResetError:
-            if not self._cancel_when_gone:
-                return  # a legacy request outlives its connection; what it says is lost
-            # The client has gone: that cancels its request, as a disconnect does.
-            task = asyncio.current_task()
-            assert task is not None
-            task.cancel()
-            await asyncio.sleep(0)
-
-    def window_closed(self) -> None:
-        self.keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
-
-    async def _keep_alive(self) -> None:
-        # Bytes on the wire now, then at every interval, so idle-timeouts of intermediaries
-        # never cut a long call.
-        await self._write(sse.KEEPALIVE)
-        while True:
-            await asyncio.sleep(KEEPALIVE_INTERVAL)
-            await self._write(sse.KEEPALIVE)
-
-    async def stop_keepalive(self) -> None:
-        task = self.keepalive
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionResetError):
-                await task
-
-    async def finish_stream(self, body: bytes) -> web.StreamResponse:
-        """The reply as the stream's last event (lost if the client has gone meanwhile)."""
-        stream = self.stream
-        assert stream is not None
-        with contextlib.suppress(ConnectionResetError):
-            await self._write(sse.event(body))
-            await stream.write_eof()
-        return stream
