@@ -206,6 +206,7 @@ def test_no_imports_inside_functions(name: str) -> None:
 HTTP_MODULES = {
     "gateway.frontends.http",
     "gateway.frontends.replies",
+    "gateway.frontends.legacy.endpoint",
     "gateway.frontends.listener",
     "gateway.frontends.ops",
     "gateway.backends.http",
