@@ -23,6 +23,7 @@ from gateway.frontends.legacy.front import LEGACY_VERSIONS, LegacyFront
 from gateway.frontends.legacy.records import SessionRecords, SessionsUnavailable
 from gateway.frontends.legacy.stores import (
     HttpSession,
+    Sessions,
     SessionsFull,
     SessionStore,
     SharedSessionStore,
@@ -74,12 +75,13 @@ class SessionEndpoint:
         self._stats = dispatcher.telemetry.stats
         self._legacy = LegacyFront(dispatcher)
         # With cluster.redis, legacy sessions are the replicas' (their records in Redis); else
-        # this process's alone, with no Redis call on their path.
-        self._shared: SharedSessionStore | None = None
-        self.sessions = SessionStore(idle_timeout)
-        if records is not None and bus is not None:
-            self._shared = SharedSessionStore(idle_timeout, records, bus, self._legacy)
-            self.sessions = self._shared
+        # this process's alone, with no Redis call on their path. Chosen here, once: the
+        # requests go through `Sessions` alike.
+        self.sessions: Sessions = (
+            SessionStore(idle_timeout)
+            if records is None or bus is None
+            else SharedSessionStore(idle_timeout, records, bus, self._legacy)
+        )
 
     def closing(self) -> None:
         """The listener is about to close: end the sessions' GET streams, so that they finish
@@ -116,12 +118,11 @@ class SessionEndpoint:
         if not session.initialized:
             self.sessions.end(session)  # the handshake failed: no session to speak of
             return self._reply(reply, jsonrpc.encode(reply), errors.LEGACY_HTTP_STATUS)
-        if self._shared is not None:
-            try:
-                await self._shared.opened(session)
-            except SessionsUnavailable as exc:
-                self.sessions.end(session)  # no record: no replica could serve it
-                return self._unavailable(exc, msg["id"])
+        try:
+            await self.sessions.opened(session)
+        except SessionsUnavailable as exc:
+            self.sessions.end(session)  # no record: no replica could serve it
+            return self._unavailable(exc, msg["id"])
         return json_response(200, reply, **{SESSION_HEADER: session.id})
 
     async def _session(
@@ -129,16 +130,12 @@ class SessionEndpoint:
     ) -> HttpSession | web.Response:
         """The session a request names, or the response that refuses it (404, or 503 when its
         record cannot be read)."""
-        shared = self._shared
-        if shared is None:  # (one process: no await)
-            session = self.sessions.get(session_id, _owner(request))
-        else:
-            try:
-                session = await shared.lookup(session_id, _owner(request))
-            except SessionsUnavailable as exc:
-                return self._unavailable(exc, id_)
-            except SessionsFull:
-                return self._sessions_full(id_)
+        try:
+            session = await self.sessions.lookup(session_id, _owner(request))
+        except SessionsUnavailable as exc:
+            return self._unavailable(exc, id_)
+        except SessionsFull:
+            return self._sessions_full(id_)
         return self._no_session() if session is None else session
 
     async def in_session(
@@ -155,22 +152,21 @@ class SessionEndpoint:
                 codes.INVALID_REQUEST,
                 f"{VERSION_HEADER} {version!r} is not a version of this session",
             )
-        shared = self._shared
         if kind is jsonrpc.Kind.RESPONSE:
             # An answer to a question we asked; anything else is dropped. Shared: a question
             # of another replica's (its id names it) is passed on to it.
-            if not self._legacy.answer(session, msg) and shared is not None:
-                await shared.answer_elsewhere(session, msg)
+            if not self._legacy.answer(session, msg):
+                await self.sessions.answer_elsewhere(session, msg)
             return web.Response(status=202)
         if kind is jsonrpc.Kind.NOTIFICATION:
             if not self.dispatcher.accepts_notification(msg):
                 return refused(400, REQUEST_AS_NOTIFICATION)
             await self._legacy.notify(session, msg)
-            if shared is not None and msg["method"] == "notifications/cancelled":
-                # The request may run on another replica (where it was sent).
+            if msg["method"] == "notifications/cancelled":
+                # Shared, the request may run on another replica (where it was sent).
                 request_id = jsonrpc.params(msg).get("requestId")
                 if isinstance(request_id, str | int) and request_id not in session.in_flight:
-                    await shared.cancel_elsewhere(session, request_id)
+                    await self.sessions.cancel_elsewhere(session, request_id)
             return web.Response(status=202)
         if msg["method"] == "initialize":
             return self._reject(
@@ -204,7 +200,7 @@ class SessionEndpoint:
             relay.timer.cancel()
             if relay.keepalive is not None:
                 await relay.stop_keepalive()
-        if self._shared is not None and msg["method"] in SESSION_STATE_METHODS:
+        if msg["method"] in SESSION_STATE_METHODS:
             saved = await self._share_state(session, msg["method"], reply)
             if saved is not None:
                 return saved
@@ -213,18 +209,17 @@ class SessionEndpoint:
     async def _share_state(
         self, session: HttpSession, method: str, reply: Message
     ) -> web.Response | None:
-        """What the request changed, into the session's record (cluster.redis); the response
-        that replaces the reply when that failed."""
-        assert self._shared is not None
+        """What the request changed, for every replica (cluster.redis: into the session's
+        record); the response that replaces the reply when that failed."""
         if "error" in reply:
             return None
         try:
-            if not await self._shared.save(session):
+            if not await self.sessions.save(session):
                 return self._no_session()
         except SessionsUnavailable as exc:
             return self._unavailable(exc, reply.get("id"))
         if method != "logging/setLevel":
-            await self._shared.subscriptions_changed(session)
+            await self.sessions.subscriptions_changed(session)
         return None
 
     async def session_method(self, request: web.BaseRequest, session_id: str) -> web.StreamResponse:
@@ -232,13 +227,10 @@ class SessionEndpoint:
         if not isinstance(session, HttpSession):
             return session
         if request.method == "DELETE":
-            if self._shared is None:
-                self.sessions.end(session)
-            else:
-                try:
-                    await self._shared.delete(session)
-                except SessionsUnavailable as exc:
-                    return self._unavailable(exc, None)
+            try:
+                await self.sessions.delete(session)
+            except SessionsUnavailable as exc:
+                return self._unavailable(exc, None)
             return web.Response(status=204)
         if "text/event-stream" not in (request.headers.get(hdrs.ACCEPT) or ""):
             return self._reject(
@@ -256,22 +248,21 @@ class SessionEndpoint:
         """The session's GET stream: the messages the gateway starts for it (list changes,
         resource updates), with keep-alives between; it ends when the session does."""
         session.streaming = True
-        shared = self._shared
-        if shared is not None:
-            shared.stream_opened(session, origin_of(request).within(session))
+        sessions = self.sessions
+        sessions.stream_opened(session, origin_of(request).within(session))
         touched = time.monotonic()
         stream = web.StreamResponse(headers=SSE_HEADERS)
         try:
             stream = await start_stream(request, SSE_HEADERS)
             await stream.write(sse.KEEPALIVE)
             while True:
-                if shared is not None and time.monotonic() - touched > shared.touch_interval:
+                if time.monotonic() - touched > sessions.touch_interval:
                     # An open stream is use: its record must not expire meanwhile (and one
                     # gone, the message of its end lost, ends the session's copy here).
                     touched = time.monotonic()
                     with contextlib.suppress(SessionsUnavailable):
-                        if not await shared.touch(session):
-                            shared.end(session)
+                        if not await sessions.touch(session):
+                            sessions.end(session)
                 try:
                     msg = await asyncio.wait_for(session.outbox.get(), replies.KEEPALIVE_INTERVAL)
                 except TimeoutError:
@@ -285,8 +276,7 @@ class SessionEndpoint:
             pass  # the client has gone; the session stays for its next GET
         finally:
             session.streaming = False
-            if shared is not None:
-                shared.stream_closed(session)
+            sessions.stream_closed(session)
         return stream
 
 
