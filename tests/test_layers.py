@@ -143,6 +143,15 @@ def test_the_legacy_wing_is_entered_from_the_transports_only(name: str) -> None:
         assert not any(i.startswith("gateway.frontends.legacy") for i in ours(name))
 
 
+def test_the_http_front_end_enters_the_legacy_wing_at_its_session_endpoint() -> None:
+    """The modern endpoint hands a legacy request to the wing's session endpoint with one call
+    and names the record store it is given; sessions, their stores and the legacy front are
+    the session endpoint's business."""
+    http = "gateway.frontends.http"
+    wing = {i for i in ours(http) if i.startswith("gateway.frontends.legacy")}
+    assert wing <= {"gateway.frontends.legacy.endpoint", "gateway.frontends.legacy.records"}
+
+
 @pytest.mark.parametrize("name", in_layer("cluster"))
 def test_the_cluster_adapters_implement_cores_protocol_and_nothing_more(name: str) -> None:
     """The Redis side of shared state sees the protocols it implements (core's
