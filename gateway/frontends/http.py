@@ -5,7 +5,8 @@ Checks run cheapest first: origin and host (on every path of the listener: DNS r
 read /metrics too), method, media types, framing, the body (size, coding, arrival), JSON,
 mirrored headers; only then does the dispatcher see the message. A reply goes out as one JSON
 body unless the backend streams request-scoped notifications first, in which case it becomes an
-SSE stream.
+SSE stream (replies.py). A legacy client's request (its `initialize`, or one naming its
+session) is handed to the legacy wing's session endpoint (legacy/endpoint.py) once screened.
 """
 
 from __future__ import annotations
