@@ -13,7 +13,7 @@ import pytest
 
 from gateway.app import Gateway
 from gateway.config import parse
-from gateway.frontends import http as http_frontend
+from gateway.frontends import replies
 from tests.support import START_BOUND, sdk_stdio_command
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -63,8 +63,8 @@ HEADERS = {
 async def test_quiet_long_call_becomes_sse_with_keepalive_comments(
     gateway: Gateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(http_frontend, "JSON_WINDOW", 0.05)
-    monkeypatch.setattr(http_frontend, "KEEPALIVE_INTERVAL", 0.05)
+    monkeypatch.setattr(replies, "JSON_WINDOW", 0.05)
+    monkeypatch.setattr(replies, "KEEPALIVE_INTERVAL", 0.05)
     assert gateway.http_url is not None
     with anyio.fail_after(START_BOUND):
         async with (

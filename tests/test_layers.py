@@ -143,6 +143,15 @@ def test_the_legacy_wing_is_entered_from_the_transports_only(name: str) -> None:
         assert not any(i.startswith("gateway.frontends.legacy") for i in ours(name))
 
 
+def test_the_http_front_end_enters_the_legacy_wing_at_its_session_endpoint() -> None:
+    """The modern endpoint hands a legacy request to the wing's session endpoint with one call
+    and names the record store it is given; sessions, their stores and the legacy front are
+    the session endpoint's business."""
+    http = "gateway.frontends.http"
+    wing = {i for i in ours(http) if i.startswith("gateway.frontends.legacy")}
+    assert wing <= {"gateway.frontends.legacy.endpoint", "gateway.frontends.legacy.records"}
+
+
 @pytest.mark.parametrize("name", in_layer("cluster"))
 def test_the_cluster_adapters_implement_cores_protocol_and_nothing_more(name: str) -> None:
     """The Redis side of shared state sees the protocols it implements (core's
@@ -205,6 +214,8 @@ def test_no_imports_inside_functions(name: str) -> None:
 # The modules that speak HTTP: everything else sees requests and replies as MCP messages.
 HTTP_MODULES = {
     "gateway.frontends.http",
+    "gateway.frontends.replies",
+    "gateway.frontends.legacy.endpoint",
     "gateway.frontends.listener",
     "gateway.frontends.ops",
     "gateway.backends.http",
@@ -397,8 +408,10 @@ ASYNCIO_STRUCTURE = {
     # Per request on the hot path (the body's deadline: one loop timer, a cancel scope costs
     # more); `close` races aiohttp's own shutdown future against a second signal.
     "gateway.frontends.listener": {"timeout", "wait", "wait_for"},
-    # (*) The GET stream's keep-alive wait and tick.
-    "gateway.frontends.http": {"wait_for", "sleep"},
+    # The GET stream's keep-alive wait (a queue read bounded by the interval) and an SSE reply's
+    # keep-alive tick, both per stream and cheap as one loop timer.
+    "gateway.frontends.legacy.endpoint": {"wait_for"},
+    "gateway.frontends.replies": {"sleep"},
     # (*) A renewal joined with shield under a bound: the login goes on for the next request.
     "gateway.backend_auth.authorizer": {"wait_for"},
     # (*) A resumed stream raced against its reply arriving elsewhere.

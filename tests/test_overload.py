@@ -33,7 +33,7 @@ from gateway.app import Gateway
 from gateway.config import ConfigInvalid, Overload, parse
 from gateway.config.operations import JSON_WINDOW
 from gateway.core.overload import BACKEND, OVERALL, Bound
-from gateway.frontends import http as http_frontend
+from gateway.frontends import replies as front_replies
 from gateway.protocol import codes
 from tests.auth_support import serving
 from tests.support import (
@@ -95,7 +95,7 @@ def test_a_bad_bound_is_refused(where: str, bad: dict[str, Any]) -> None:
 def test_a_queue_timeout_past_the_json_window_is_refused_naming_its_key() -> None:
     """Past the HTTP front end's JSON window a reply has turned into a stream with status 200,
     so a queued request could no longer get its 503 and Retry-After."""
-    assert http_frontend.JSON_WINDOW == JSON_WINDOW  # the loader checks against the real one
+    assert front_replies.JSON_WINDOW == JSON_WINDOW  # the loader checks against the real one
 
     def doc(timeout: float) -> str:
         backends = {"b": stdio_backend(["x"])}

@@ -24,7 +24,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from gateway.app import Gateway
 from gateway.config import parse
-from gateway.frontends import http as http_frontend
+from gateway.frontends import replies
 from tests.support import (
     BOUND,
     ROOT,
@@ -237,8 +237,8 @@ async def test_quiet_listen_stream_gets_keepalive_comments(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Keep-alives begin once the JSON window closes, then come every interval.
-    monkeypatch.setattr(http_frontend, "JSON_WINDOW", 0.05)
-    monkeypatch.setattr(http_frontend, "KEEPALIVE_INTERVAL", 0.05)
+    monkeypatch.setattr(replies, "JSON_WINDOW", 0.05)
+    monkeypatch.setattr(replies, "KEEPALIVE_INTERVAL", 0.05)
     with anyio.fail_after(START_BOUND):
         async with (
             Gateway(parse(http_config_text())) as gw,

@@ -7,7 +7,7 @@ So a call that fails or takes longer than `redis_timeout` raises `SessionsUnavai
 `redis_retry_interval` after that Redis is not asked at all (the next requests fail at once,
 then one tries again: redis-py's pool reconnects). Each change of state is one log line and
 `mcp_gateway_redis_sessions_up`; every refusal counts in
-`mcp_gateway_rejections_total{reason="sessions_unavailable"}` (frontends/http.py).
+`mcp_gateway_rejections_total{reason="sessions_unavailable"}` (frontends/legacy/endpoint.py).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ DEFAULT_QUEUE_TIMEOUT = 1.0
 # What a refusal's Retry-After (and data.retryAfter) tells the client, in seconds.
 DEFAULT_OVERLOAD_RETRY_AFTER = 1.0
 # The HTTP front end answers with plain JSON within this many seconds, then turns the reply into
-# an SSE stream (gateway/frontends/http.py JSON_WINDOW, which tests hold equal to this). A
+# an SSE stream (gateway/frontends/replies.py JSON_WINDOW, which tests hold equal to this). A
 # request still queued by then could no longer get its 503 and Retry-After (the status is
 # sent), so `overload.queue_timeout` must stay below it.
 JSON_WINDOW = 10.0

@@ -21,11 +21,11 @@ from gateway.caller_auth.outage import Unavailable
 from gateway.caller_auth.tokens import Rejected
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import Stats
+from gateway.telemetry.api import Origin, Stats
 
 log = logging.getLogger("gateway.http")
 
-# Where the request's identity is kept on the aiohttp request (read by `http._origin`).
+# Where the request's identity is kept on the aiohttp request (read by `origin_of`).
 IDENTITY = web.RequestKey("gateway.identity", Identity)
 JSON = "application/json"
 # RFC 6750 2.3 names the query parameter; basic/authorization forbids tokens in the URI.
@@ -135,3 +135,8 @@ class Bearer:
 
 def identity_of(request: web.BaseRequest) -> Identity | None:
     return request.get(IDENTITY)
+
+
+def origin_of(request: web.BaseRequest) -> Origin:
+    """The request's `Origin`, as both eras of the HTTP endpoint hand it to the dispatcher."""
+    return Origin("http", request.remote, request.headers, identity=identity_of(request))

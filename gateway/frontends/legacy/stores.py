@@ -2,7 +2,9 @@
 named by an unguessable `Mcp-Session-Id`, bound to the caller that opened them, ended by
 DELETE or after a while without requests; an unknown or ended id gets 404.
 
-`SessionStore` keeps them in this process. With `cluster.redis`, `SharedSessionStore` keeps
+`Sessions` is what the session endpoint (endpoint.py) asks of a store, whichever it has:
+`SessionStore` keeps them in this process (its async methods never wait). With
+`cluster.redis`, `SharedSessionStore` keeps
 each session's record in Redis (records.py) and, on every replica that serves it, a
 runtime copy made from the record on demand: what only that replica can hold (requests in
 flight, questions asked on their streams, the GET stream and its watch). What reaches another
@@ -14,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.caller_auth.identity import Identity
 from gateway.core.bus import Bus
@@ -82,12 +85,73 @@ def owner_of(identity: Identity | None, authorization: str | None) -> str:
     return credentials_digest(authorization)
 
 
+class Sessions(Protocol):
+    """Where an HTTP listener keeps its legacy sessions: in this process (`SessionStore`) or
+    shared by the replicas (`SharedSessionStore`). The endpoint calls these and never asks
+    which store it has; what a store alone needs not do (tell other replicas, renew a record)
+    it does as nothing. The async methods raise `SessionsUnavailable` when a shared store
+    cannot be asked."""
+
+    # How often an open GET stream renews its session (`touch`): an open stream is use.
+    touch_interval: float
+
+    def open(self, owner: str) -> HttpSession | None:
+        """A new session, or None when there is no room for one (raises `SessionsUnavailable`
+        at once while a shared store is known to be down, before the handshake runs)."""
+
+    async def opened(self, session: HttpSession) -> None:
+        """The handshake is done: the session is every replica's from now on."""
+
+    async def lookup(self, session_id: str, owner: str) -> HttpSession | None:
+        """The live session of that id if `owner` opened it, its use noted; None for an
+        unknown, ended or expired id and for another owner's session alike. Raises
+        `SessionsFull` when a shared store has no room for this replica's copy."""
+
+    async def save(self, session: HttpSession) -> bool:
+        """What the session's request changed (log level, subscriptions), for every replica;
+        False when the session is gone meanwhile (then ended here too)."""
+
+    async def subscriptions_changed(self, session: HttpSession) -> None:
+        """Saved; the replica that holds the session's GET stream watches anew."""
+
+    async def delete(self, session: HttpSession) -> None:
+        """The session ends (DELETE), on every replica."""
+
+    def end(self, session: HttpSession) -> None:
+        """This process's copy of the session ends (what still runs in it is cancelled)."""
+
+    async def answer_elsewhere(self, session: HttpSession, response: Message) -> None:
+        """An answer to no question of this process: to the replica that asked it, if any."""
+
+    async def cancel_elsewhere(self, session: HttpSession, request_id: object) -> None:
+        """`notifications/cancelled` for no request in flight here: to the replica running it."""
+
+    def stream_opened(self, session: HttpSession, origin: Origin) -> None:
+        """The session's GET stream is open here."""
+
+    def stream_closed(self, session: HttpSession) -> None:
+        """The session's GET stream here has ended."""
+
+    async def touch(self, session: HttpSession) -> bool:
+        """The session's use renewed while its GET stream is open; False once it is gone."""
+
+    def end_streams(self) -> None:
+        """End every session's GET stream (the listener is closing: no new one can start)."""
+
+    def close_all(self) -> None:
+        """End every session."""
+
+
 class SessionStore:
+    """Sessions this process alone holds (`Sessions`): no other replica to tell, no record
+    to renew, so its async methods return without waiting."""
+
     def __init__(self, idle_timeout: float, limit: int | None = None) -> None:
         self._idle_timeout = idle_timeout
         self._limit = MAX_SESSIONS if limit is None else limit
         self._sessions: dict[str, HttpSession] = {}
         self._swept = time.monotonic()
+        self.touch_interval = math.inf  # (its sessions expire by the sweep, which skips them)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -108,7 +172,10 @@ class SessionStore:
     def _make(self, session_id: str, owner: str) -> HttpSession:
         return HttpSession(session_id, owner)
 
-    def get(self, session_id: str, owner: str) -> HttpSession | None:
+    async def opened(self, session: HttpSession) -> None:
+        return None
+
+    async def lookup(self, session_id: str, owner: str) -> HttpSession | None:
         """The live session of that id if `owner` opened it; a stranger learns nothing more than
         from an id that never existed."""
         self._sweep()
@@ -118,12 +185,35 @@ class SessionStore:
         session.last_used = time.monotonic()
         return session
 
+    async def save(self, session: HttpSession) -> bool:
+        return True  # (the session itself is the only copy)
+
+    async def subscriptions_changed(self, session: HttpSession) -> None:
+        return None  # (its watch runs here, from its `initialize` on, and sees them)
+
+    async def delete(self, session: HttpSession) -> None:
+        self.end(session)
+
     def end(self, session: HttpSession) -> None:
         if self._sessions.pop(session.id, None) is not None:
             session.close()
 
+    async def answer_elsewhere(self, session: HttpSession, response: Message) -> None:
+        return None  # (no question of ours: dropped)
+
+    async def cancel_elsewhere(self, session: HttpSession, request_id: object) -> None:
+        return None  # (no such request: nothing to cancel)
+
+    def stream_opened(self, session: HttpSession, origin: Origin) -> None:
+        return None  # (its watch runs from its `initialize` on, into the outbox)
+
+    def stream_closed(self, session: HttpSession) -> None:
+        return None
+
+    async def touch(self, session: HttpSession) -> bool:
+        return session.id in self._sessions
+
     def end_streams(self) -> None:
-        """End every session's GET stream (the listener is closing: no new one can start)."""
         for session in self._sessions.values():
             session.end_stream()
 
@@ -153,9 +243,9 @@ CHANGED = "session.changed"  # its subscriptions changed: the replica watching r
 
 
 class SharedSessionStore(SessionStore):
-    """Sessions whose records are in Redis (`cluster.redis`), so any replica serves any
-    request of a session; each replica keeps copies only of the sessions it serves. Lookups
-    read the record (renewing its expiry), so what another replica set (log level,
+    """Sessions whose records are in Redis (`cluster.redis`; `Sessions`), so any replica
+    serves any request of a session; each replica keeps copies only of the sessions it serves.
+    Lookups read the record (renewing its expiry), so what another replica set (log level,
     subscriptions) applies here, and a session ended or expired there is ended here too."""
 
     def __init__(
@@ -197,7 +287,7 @@ class SharedSessionStore(SessionStore):
         super().end(session)
 
     async def opened(self, session: HttpSession) -> None:
-        """The handshake is done: the record, which makes the session every replica's."""
+        """The record, which makes the session every replica's."""
         await self._records.create(record_key(session.id), record_of(session, session.owner))
 
     async def lookup(self, session_id: str, owner: str) -> HttpSession | None:
