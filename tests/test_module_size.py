@@ -23,7 +23,6 @@ SLACK = 50
 # when its module shrinks; remove it when the module is under LIMIT. Never raise one.
 ALLOWED: dict[str, int] = {
     "backends/http.py": 998,
-    "backend_auth/authorizer.py": 764,
     "frontends/http.py": 711,
 }
 
