@@ -11,7 +11,7 @@ import click
 
 from gateway import __version__
 from gateway.cli import logins, serving, single, traffic
-from gateway.cli.common import demo_config_path, listen_only_config_path
+from gateway.cli.common import demo_config_path
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -33,4 +33,4 @@ main.add_command(serving.schema)
 main.add_command(traffic.tap)
 main.add_command(logins.auth)
 
-__all__ = ["demo_config_path", "listen_only_config_path", "main"]
+__all__ = ["demo_config_path", "main"]

@@ -1,7 +1,9 @@
 """YAML config -> validated, frozen config objects.
 
 A leaf package: it imports nothing else of the gateway. Errors name the file, the line and the
-dotted path of the offending value, and all of them are reported at once.
+dotted path of the offending value, and all of them are reported at once. This module is the
+loader (the top level, the small sections, the checks across sections); a larger section has a
+module of its own (backends.py, auth.py, policy.py, ...), and describe.py summarises a config.
 """
 
 from __future__ import annotations
