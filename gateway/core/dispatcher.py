@@ -95,8 +95,6 @@ class Dispatcher:
         self._order = [b.name for b in backends]
         self._exposures = {e.backend: e for e in exposures}
         self._naming = naming
-        self._info = info
-        self._fail_open = on_failure == FAIL_OPEN
         self.catalogs = Catalogs(backends, exposures, naming, info.as_implementation(), start_wait)
         # Cursors are signed so a forged one is refused. `cursor_keys` (from cluster.secrets:
         # the signing key first, then older ones still accepted) let a page from one replica
@@ -105,9 +103,8 @@ class Dispatcher:
         keys = tuple(cursor_keys) or (os.urandom(32),)
         # Discovery and the lists (core/fanout.py).
         self.fan_out = FanOut(self.catalogs, info.as_implementation, keys, grace)
-        self.fan_out.route_over(
-            self.backends, self._order, self._exposures, naming, self._fail_open
-        )
+        fail_open = on_failure == FAIL_OPEN
+        self.fan_out.route_over(self.backends, self._order, self._exposures, naming, fail_open)
         self.fan_out_failures = self.fan_out.failures
         self.subscriptions = Subscriptions(
             self.backends, self.catalogs, self._exposures, naming, grace
@@ -135,14 +132,12 @@ class Dispatcher:
         self._order = [b.name for b in backends]
         self._exposures = {e.backend: e for e in exposures}
         self._naming = naming
-        self._fail_open = on_failure == FAIL_OPEN
         self._policy = policy
         self.limiter = limiter
         self.shared_limiter = shared_limiter
         self.tasks.attach(limiter, shared_limiter)
-        self.fan_out.route_over(
-            self.backends, self._order, self._exposures, naming, self._fail_open
-        )
+        fail_open = on_failure == FAIL_OPEN
+        self.fan_out.route_over(self.backends, self._order, self._exposures, naming, fail_open)
         loads = self.catalogs.reconfigure(backends, exposures, naming)
         # After the table: open listens are extended to the added backends by its routes.
         self.subscriptions.reconfigure(self.backends, self._exposures, naming)
