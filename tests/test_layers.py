@@ -46,9 +46,9 @@ def in_layer(layer: str) -> list[str]:
 
 @pytest.mark.parametrize("name", [m for m in MODULES if not in_the_composition_root(m)])
 def test_only_the_cli_imports_the_composition_root(name: str) -> None:
-    """Wiring flows one way: the command line starts the gateway, and nothing the gateway is
-    built from knows how it is put together."""
-    if name != "gateway.cli":
+    """Wiring flows one way: the command line (the package `gateway/cli/`) starts the gateway,
+    and nothing the gateway is built from knows how it is put together."""
+    if name != "gateway.cli" and not name.startswith("gateway.cli."):
         assert not any(in_the_composition_root(i) for i in ours(name))
         assert not any(
             a.name == "app"

@@ -3,5 +3,5 @@
 Pure pieces (`wire`, `tokens`), the HTTP of the authorization server (`fetch`, the only module
 here that uses aiohttp besides the redirect listener `redirect`), discovery, grants, the token
 store and, composing them, one `Authorizer` per backend, which the HTTP backend asks for a
-header and tells of a refusal.
+header and tells of a refusal (authorizer.py, built on codeflow.py, at_server.py and state.py).
 """

@@ -1,7 +1,9 @@
 """YAML config -> validated, frozen config objects.
 
 A leaf package: it imports nothing else of the gateway. Errors name the file, the line and the
-dotted path of the offending value, and all of them are reported at once.
+dotted path of the offending value, and all of them are reported at once. This module is the
+loader (the top level, the small sections, the checks across sections); a larger section has a
+module of its own (backends.py, auth.py, policy.py, ...), and describe.py summarises a config.
 """
 
 from __future__ import annotations
@@ -15,13 +17,12 @@ from typing import Any
 import yaml
 
 from gateway.config import auth as auth_section
-from gateway.config import backend_auth as backend_auth_section
+from gateway.config import backends as backends_section
 from gateway.config import cluster as cluster_section
 from gateway.config import http as http_sections
-from gateway.config import keys, resilience
+from gateway.config import keys
 from gateway.config import limits as limit_sections
 from gateway.config import policy as policy_sections
-from gateway.config import roots as root_sections
 from gateway.config.access import PolicyConfig, PolicyRule, PolicyTarget, PolicyWhen
 from gateway.config.checks import missing_commands
 from gateway.config.credentials import (
@@ -30,8 +31,8 @@ from gateway.config.credentials import (
     BackendAuth,
     ClusterConfig,
     Introspection,
-    redacted_url,
 )
+from gateway.config.describe import describe
 from gateway.config.listeners import (
     DEFAULT_ADMIN_PORT,
     DEFAULT_HTTP_HOST,
@@ -48,14 +49,11 @@ from gateway.config.listeners import (
 from gateway.config.mcpjson import load_mcp_json
 from gateway.config.model import (
     _HEADER_NAME,
-    _NAME,
     _REDACT_PATH,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_STDIO_CONNECT_TIMEOUT,
-    ERAS,
     FAILURE_POLICIES,
-    ISOLATIONS,
     PREFIX_MODES,
     WILDCARD_HOSTS,
     BackendConfig,
@@ -140,103 +138,6 @@ def _admin(c: _Check, raw: Any, http: HttpListen | None) -> AdminListen | None:
     return AdminListen(host=host, port=port)
 
 
-def _backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None:
-    path = ("backends", name)
-    if not _NAME.match(name):
-        c.r.problem(path, "a backend name uses letters, digits, '_', '.' and '-'")
-    body = c.mapping(raw, path, keys.names("backend"))
-    t = keys.table("backend")
-    kinds = [k for k in keys.TRANSPORTS if body.get(k) is not None]
-    if len(kinds) != 1:
-        c.r.problem(path, "needs exactly one of stdio, http or sse")
-        return None
-    target: Target
-    if kinds[0] == "stdio":
-        sp = path + ("stdio",)
-        s = c.mapping(body["stdio"], sp, keys.names("stdio"))
-        st = keys.table("stdio")
-        command = c.field(s, sp, "command", st["command"])
-        if not command:
-            c.r.problem(sp + ("command",), "is required")
-        target = StdioTarget(
-            command=command or "",
-            args=c.field(s, sp, "args", st["args"]),
-            env=c.field(s, sp, "env", st["env"]),
-            cwd=c.field(s, sp, "cwd", st["cwd"]),
-            inherit_env=c.field(s, sp, "inherit_env", st["inherit_env"]),
-        )
-    else:
-        hp = path + (kinds[0],)
-        h = c.mapping(body[kinds[0]], hp, keys.names("http_target"))
-        ht = keys.table("http_target")
-        url, replicas = http_sections.urls(c, h, hp, kinds[0] == "http")
-        kind = HttpTarget if kinds[0] == "http" else SseTarget
-        target = kind(
-            url=url,
-            headers=c.field(h, hp, "headers", ht["headers"]),
-            tls=http_sections.client_tls(c, h.get("tls"), hp + ("tls",), base),
-            limits=http_sections.backend_limits(c, h.get("limits"), hp + ("limits",)),
-            **replicas,
-        )
-    era = c.field(body, path, "era", t["era"]) or "auto"
-    if era not in ERAS:
-        c.r.problem(path + ("era",), f"must be one of {', '.join(ERAS)}")
-    elif kinds[0] == "sse" and era == "modern":
-        c.r.problem(path + ("era",), "an sse backend speaks a legacy version")
-    namespace = c.field(body, path, "namespace", t["namespace"]) or ""
-    if namespace and not _NAME.match(namespace):
-        c.r.problem(path + ("namespace",), "a namespace uses letters, digits, '_', '.' and '-'")
-    tools = c.mapping(body.get("tools"), path + ("tools",))  # (other keys: resilience.py)
-    tt = keys.table("tools")
-    isolation = _isolation(c, body, path, kinds[0])
-    return BackendConfig(
-        name=name,
-        target=target,
-        era="legacy" if kinds[0] == "sse" else era,
-        namespace=namespace,
-        allow_tools=c.field(tools, path + ("tools",), "allow", tt["allow"]),
-        deny_tools=c.field(tools, path + ("tools",), "deny", tt["deny"]),
-        rename_tools=c.field(body, path, "rename", t["rename"]),
-        forward_unknown=c.field(body, path, "forward_unknown", t["forward_unknown"]),
-        roots=root_sections.roots(c, body.get("roots"), path + ("roots",)),
-        connect_timeout=c.number(
-            body.get("connect_timeout"),
-            path + ("connect_timeout",),
-            default_connect_timeout(target),
-        ),
-        request_timeout=c.field(body, path, "request_timeout", t["request_timeout"]),
-        start_timeout=c.field(body, path, "start_timeout", t["start_timeout"]),
-        isolation=isolation,
-        child_idle_timeout=c.field(body, path, "child_idle_timeout", t["child_idle_timeout"]),
-        max_children=c.field(body, path, "max_children", t["max_children"]),
-        max_in_flight=c.field(body, path, "max_in_flight", t["max_in_flight"]),
-        auth=backend_auth_section.backend_auth(
-            c, body.get("auth"), path + ("auth",), base, kinds[0]
-        ),
-        tool_timeouts=resilience.tool_timeouts(c, body.get("tools"), path + ("tools",)),
-        retries=resilience.retries(c, body.get("retries"), path + ("retries",)),
-        breaker=resilience.breaker(c, body.get("breaker"), path + ("breaker",)),
-    )
-
-
-def _isolation(c: _Check, body: dict[str, Any], path: tuple[str, ...], kind: str) -> str:
-    """`isolation` and the keys that only mean something under `per_session`, which only a
-    stdio backend can have (an HTTP server keeps per-client state in its own sessions)."""
-    isolation = c.field(body, path, "isolation", keys.table("backend")["isolation"]) or "shared"
-    if isolation not in ISOLATIONS:
-        c.r.problem(path + ("isolation",), f"must be one of {', '.join(ISOLATIONS)}")
-        return "shared"
-    if isolation == "per_session" and kind != "stdio":
-        c.r.problem(path + ("isolation",), "per_session is for stdio backends only")
-    if kind != "stdio" and body.get("start_timeout") is not None:
-        c.r.problem(path + ("start_timeout",), "only applies to stdio backends")
-    if isolation != "per_session":
-        for key in ("child_idle_timeout", "max_children"):
-            if body.get(key) is not None:
-                c.r.problem(path + (key,), "only applies with isolation: per_session")
-    return isolation
-
-
 def parse(
     text: str,
     source: str = "<config>",
@@ -255,7 +156,7 @@ def parse(
     listen = _listen(check, top.get("listen"), base)
     backends: list[BackendConfig] = []
     for name, body in check.mapping(top.get("backends"), ("backends",)).items():
-        backend = _backend(check, name, body, base)
+        backend = backends_section.backend(check, name, body, base)
         if backend is not None:
             backends.append(backend)
     imported = check.field(top, (), "backends_from", keys.table("config")["backends_from"])
@@ -268,7 +169,7 @@ def parse(
     backends.extend(extra_backends)
     if not top.get("backends") and not imported and not extra_backends:
         reader.problem(("backends",), "name at least one backend")
-    _check_backend_names(reader, backends)
+    backends_section.check_names(reader, backends)
     namespacing = _namespacing(check, top.get("namespacing"))
     on_failure, grace, start_wait = _fan_out(check, top.get("fan_out"))
     config = Config(
@@ -380,22 +281,6 @@ def _telemetry(c: _Check, raw: Any, source: str) -> TelemetryConfig:
     )
 
 
-def _check_backend_names(reader: _Reader, backends: list[BackendConfig]) -> None:
-    seen_names: dict[str, str] = {}
-    seen_namespaces: dict[str, str] = {}
-    for b in backends:
-        if b.name in seen_names:
-            reader.problem(("backends", b.name), "is defined twice (config and imported file?)")
-        seen_names[b.name] = b.name
-        held = seen_namespaces.get(b.effective_namespace)
-        if held is not None:
-            reader.problem(
-                ("backends", b.name),
-                f"namespace {b.effective_namespace!r} is already used by backend {held!r}",
-            )
-        seen_namespaces[b.effective_namespace] = b.name
-
-
 def _namespacing(c: _Check, raw: Any) -> Namespacing:
     path = ("namespacing",)
     body = c.mapping(raw, path, keys.names("namespacing"))
@@ -442,128 +327,6 @@ def load(
         at = f"byte {exc.start + 1}"
         raise ConfigInvalid([f"{p}: not a UTF-8 text file ({at}); save it as UTF-8"]) from None
     return parse(text, str(p), env, extra_backends)
-
-
-def describe(config: Config) -> str:
-    """A human summary of what `run` would start, for `check-config`."""
-    lines = [f"config {config.source}: OK"]
-    if config.listen.http is not None:
-        h = config.listen.http
-        lines.append(f"  listen http  {h.scheme}://{h.host}:{h.port}{h.path}")
-    if config.listen.stdio:
-        who = config.listen.stdio_identity
-        lines.append("  listen stdio" + (f" (as {who.subject})" if who is not None else ""))
-    if config.listen.admin is not None:
-        a = config.listen.admin
-        lines.append(f"  listen admin http://{a.host}:{a.port} (metrics and health)")
-    n = config.namespacing
-    lines.append(
-        f"  namespacing  prefix={n.prefix} separator={n.separator!r} max={n.max_name_length}"
-        f"  on backend failure: {config.on_backend_failure}"
-    )
-    for b in config.backends:
-        if b.namespace:
-            lines.append(f"  backend {b.name}: namespace {b.namespace}")
-        era = "" if b.era == "auto" else f" (era {b.era})"
-        if isinstance(b.target, StdioTarget):
-            cmd = " ".join([b.target.command, *b.target.args])
-            each = (
-                f" (a child per session, at most {b.max_children}, idle {b.child_idle_timeout:g}s)"
-                if b.isolation == "per_session"
-                else ""
-            )
-            lines.append(f"  backend {b.name}: stdio `{cmd}`{era}{each}")
-        else:
-            kind = "sse" if isinstance(b.target, SseTarget) else "http"
-            where = b.target.url
-            if isinstance(b.target, HttpTarget) and b.target.urls:
-                where = f"{' '.join(map(redacted_url, b.target.urls))} ({b.target.balance})"
-            lines.append(f"  backend {b.name}: {kind} {where}{era}")
-        if b.roots:
-            lines.append(f"  backend {b.name}: roots {' '.join(r.uri for r in b.roots)}")
-    t = config.telemetry
-    lines.append(
-        f"  telemetry    service={t.service_name} traces={t.otlp_endpoint or 'off'}"
-        f" access log={t.access_log or 'off'}"
-        f" payloads on spans={'yes' if t.record_payloads else 'no'}"
-    )
-    if config.policy is not None:
-        p = config.policy
-        lines.append(f"  policy       default {p.default}, rules: {len(p.rules)}")
-    if config.auth is not None:
-        lines.append(_describe_auth(config.auth))
-    if config.cluster is not None:
-        lines.append(_describe_cluster(config.cluster))
-    if config.tap is not None:
-        tap = config.tap
-        lines.append(
-            f"  tap          {tap.path} (rotates at {_mib(tap.max_bytes)}, keeps {tap.backups}"
-            f" old; redacts {len(tap.redact)} paths, Authorization, Cookie"
-            f"{''.join(', ' + h for h in tap.redact_headers)})"
-        )
-    lines.extend(_limit_lines(config))
-    return "\n".join(lines)
-
-
-def _limit_lines(config: Config) -> list[str]:
-    lines = []
-    limits = config.rate_limits
-    if limits is not None:
-        parts = [
-            f"{name} {rate.rate:g}/s burst {rate.burst}"
-            for name, rate in (
-                ("per caller", limits.per_identity),
-                ("per caller and tool", limits.per_tool),
-                ("overall", limits.overall),
-            )
-            if rate is not None
-        ]
-        parts += [f"tool {name} {r.rate:g}/s burst {r.burst}" for name, r in limits.tools.items()]
-        lines.append(f"  rate limits  {'; '.join(parts) or 'none'}")
-    if config.audit is not None:
-        a = config.audit
-        rotation = (
-            ""
-            if a.path == AUDIT_STDERR
-            else f" (rotates at {_mib(a.max_bytes)}, keeps {a.backups} old)"
-        )
-        arguments = (
-            f"with arguments ({len(a.redact)} paths redacted)" if a.include_arguments else ""
-        )
-        lines.append(f"  audit log    {a.path}{rotation} {arguments or 'without arguments'}")
-    return lines
-
-
-def _describe_auth(auth: AuthConfig) -> str:
-    who = [f"issuer {auth.issuer}"] if auth.issuer else []
-    if auth.introspection is not None:
-        who.append("introspection")
-    if auth.api_keys:
-        who.append(f"{len(auth.api_keys)} API keys")
-    needs = f", requires {' '.join(auth.required_scopes)}" if auth.required_scopes else ""
-    return f"  auth         resource {auth.resource} ({', '.join(who)}){needs}"
-
-
-def _describe_cluster(cluster: ClusterConfig) -> str:
-    # How many and from where, never what: this output is pasted into tickets.
-    count = len(cluster.secrets)
-    where = f" from {cluster.secrets_file}" if cluster.secrets_file else ""
-    line = (
-        f"  cluster      {count} secret{'s' if count != 1 else ''}{where} (the first signs, "
-        "any is accepted): cursors are valid on every replica"
-    )
-    if cluster.redis is not None:
-        # Redacted: the URL may carry Redis's password.
-        line += (
-            f"\n  cluster      rate limits shared through {redacted_url(cluster.redis)} (each"
-            f" check waits {cluster.redis_timeout:g} s at most; unreachable: per replica,"
-            f" tried again after {cluster.redis_retry_interval:g} s)"
-        )
-    return line
-
-
-def _mib(size: int) -> str:
-    return f"{size / (1024 * 1024):g} MiB" if size >= 1024 * 1024 else f"{size} bytes"
 
 
 __all__ = [

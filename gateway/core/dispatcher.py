@@ -1,6 +1,6 @@
 """The engine: checks a request's protocol fields, answers what the gateway owns (discovery,
-merged lists), routes the rest to the backend that owns the name, and turns every failure into a
-JSON-RPC error (via `errors`).
+merged lists: core/fanout.py), routes the rest to the backend that owns the name, and turns
+every failure into a JSON-RPC error (via `errors`).
 """
 
 from __future__ import annotations
@@ -12,35 +12,30 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-
 from gateway import errors
 from gateway.backends.base import Backend, NotificationSink
 from gateway.caller_auth.identity import Identity
 from gateway.config.model import DEFAULT_FAN_OUT_GRACE, DEFAULT_FAN_OUT_START_WAIT
 from gateway.core import apps, tasks, unknown
 from gateway.core.catalog import Catalogs
-from gateway.core.listen import Subscriptions, first_of
+from gateway.core.fanout import FanOut
+from gateway.core.listen import Subscriptions
 from gateway.core.overload import Bound
 from gateway.core.policy import (
-    ALL_HIDDEN,
     PROMPT,
     RESOURCE,
     TEMPLATE,
     TOOL,
     Policy,
     View,
-    hidden_capabilities,
 )
 from gateway.core.ratelimit import RateLimiter, SharedRateLimiter
 from gateway.errors import InsufficientScope, Refused
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
-from gateway.routing import cursor as cursors
 from gateway.routing import merge, uris
 from gateway.routing import table as routes
-from gateway.routing.apps import app_only
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure, Route, RouteTable
 from gateway.telemetry.api import (
@@ -60,22 +55,6 @@ LOCAL_NOTIFICATIONS = frozenset({"notifications/cancelled"})
 LISTEN = "subscriptions/listen"
 FAIL_OPEN = "fail_open"
 Finder = Callable[[RouteTable, str], Route | None]
-# What the policy judges each list's items as, and by which of their fields.
-LIST_KINDS: dict[str, tuple[str, str]] = {
-    "tools": (TOOL, "name"),
-    "prompts": (PROMPT, "name"),
-    "resources": (RESOURCE, "uri"),
-    "resourceTemplates": (TEMPLATE, "uriTemplate"),
-}
-
-
-# Where a catalog (routing/table.py CatalogData) keeps each list's items.
-CATALOG_FIELDS: dict[str, str] = {
-    "tools": "tools",
-    "prompts": "prompts",
-    "resources": "resources",
-    "resourceTemplates": "templates",
-}
 
 
 @dataclass(frozen=True)
@@ -116,19 +95,17 @@ class Dispatcher:
         self._order = [b.name for b in backends]
         self._exposures = {e.backend: e for e in exposures}
         self._naming = naming
-        self._info = info
-        self._fail_open = on_failure == FAIL_OPEN
         self.catalogs = Catalogs(backends, exposures, naming, info.as_implementation(), start_wait)
         # Cursors are signed so a forged one is refused. `cursor_keys` (from cluster.secrets:
         # the signing key first, then older ones still accepted) let a page from one replica
         # continue on another; without them the key is this process's own, and a cursor from
         # another process or from before a restart is stale (the spec lets cursors expire).
-        self._cursor_keys: tuple[bytes, ...] = tuple(cursor_keys) or (os.urandom(32),)
-        self.fan_out_failures: dict[str, int] = {}
-        self._grace = grace
-        # Backends skipped by the last fan-out that asked them: logged when they start being
-        # skipped, not on every list while they stay so.
-        self._skipping: set[str] = set()
+        keys = tuple(cursor_keys) or (os.urandom(32),)
+        # Discovery and the lists (core/fanout.py).
+        self.fan_out = FanOut(self.catalogs, info.as_implementation, keys, grace)
+        fail_open = on_failure == FAIL_OPEN
+        self.fan_out.route_over(self.backends, self._order, self._exposures, naming, fail_open)
+        self.fan_out_failures = self.fan_out.failures
         self.subscriptions = Subscriptions(
             self.backends, self.catalogs, self._exposures, naming, grace
         )
@@ -155,11 +132,12 @@ class Dispatcher:
         self._order = [b.name for b in backends]
         self._exposures = {e.backend: e for e in exposures}
         self._naming = naming
-        self._fail_open = on_failure == FAIL_OPEN
         self._policy = policy
         self.limiter = limiter
         self.shared_limiter = shared_limiter
         self.tasks.attach(limiter, shared_limiter)
+        fail_open = on_failure == FAIL_OPEN
+        self.fan_out.route_over(self.backends, self._order, self._exposures, naming, fail_open)
         loads = self.catalogs.reconfigure(backends, exposures, naming)
         # After the table: open listens are extended to the added backends by its routes.
         self.subscriptions.reconfigure(self.backends, self._exposures, naming)
@@ -316,9 +294,9 @@ class Dispatcher:
         if method in tasks.METHODS:
             return await self.tasks.forward(msg, sink, origin.identity, view)
         if method == "server/discover":
-            return await self._discover(msg, view)
+            return await self.fan_out.discover(msg, view)
         if method in merge.LIST_KEYS:
-            return await self._list(msg, view)
+            return await self.fan_out.list_page(msg, view)
         if method == "prompts/get":
             name = params.get("name")
             route = await self._route_name(RouteTable.prompt, PROMPT, name, view)
@@ -350,7 +328,7 @@ class Dispatcher:
         if self._policy is None:
             return None, None
         view = self._policy.view(identity)
-        return _readable(view), functools.partial(self._hidden_capabilities, view)
+        return _readable(view), functools.partial(self.fan_out.hidden_capabilities, view)
 
     def _only_backend(self) -> Backend | None:
         return self.backends[self._order[0]] if len(self._order) == 1 else None
@@ -488,233 +466,6 @@ class Dispatcher:
         SERVING.get()[0].annotate(backend=route.backend)
         return await self.backends[route.backend].request(out, sink)
 
-    # --- fan-out -----------------------------------------------------------------------------
-
-    async def _fan_out(
-        self,
-        calls: Sequence[tuple[str, Message]],
-        *,
-        fail_open: bool | None = None,
-        late: list[str] | None = None,
-    ) -> list[tuple[str, dict[str, Any]]]:
-        """Send requests to several backends at once; each answer's result in the same order.
-
-        A failing backend is skipped under fail_open (logged when it starts failing, counted
-        every time) and fails the whole request under fail_closed; when every backend fails,
-        so does the request. Under fail_open a backend that has not answered `grace` seconds
-        after the last answer (fan_out.grace: a silent one, a black hole, a slow one) is
-        skipped too, its request cancelled (and named in `late`): one backend never holds the
-        others' lists for long. Under fail_closed every answer is awaited (each bounded by its
-        backend's request timeout)."""
-        open_policy = self._fail_open if fail_open is None else fail_open
-        replies: dict[str, Message | Exception] = {}
-        targets = self.backends  # the set `calls` was made from, should a reload come first
-        progress = [anyio.Event()]  # set (and replaced) at each answer
-        answered = 0  # how many answered with a result
-
-        async def one(backend: str, request: Message) -> None:
-            nonlocal answered
-            try:
-                reply = replies[backend] = await targets[backend].request(request, _ignore)
-                answered += isinstance(reply.get("result"), dict)
-            except errors.BackendError as exc:
-                replies[backend] = exc
-            progress[0].set()
-            progress[0] = anyio.Event()
-
-        async with anyio.create_task_group() as tg:
-            for backend, request in calls:
-                tg.start_soon(one, backend, request)
-            if open_policy and len(calls) > 1:
-                await self._until_answered(replies, calls, progress, lambda: answered)
-                tg.cancel_scope.cancel()  # the stragglers' requests (lists: nothing is lost)
-        out: list[tuple[str, dict[str, Any]]] = []
-        failed: list[Exception] = []
-        for backend, _ in calls:
-            reply = replies.get(backend)
-            if reply is None:
-                if late is not None:
-                    late.append(backend)
-                reply = errors.BackendTimeout(
-                    backend, f"no answer within {self._grace:g}s of the other backends"
-                )
-            result = reply.get("result") if isinstance(reply, dict) else None
-            if isinstance(result, dict):
-                out.append((backend, result))
-                self._skipping.discard(backend)
-                continue
-            self.fan_out_failures[backend] = self.fan_out_failures.get(backend, 0) + 1
-            if not open_policy:
-                raise _as_failure(backend, reply)
-            failed.append(_as_failure(backend, reply))
-            # A backend known to be down was logged when it went down, and an overloaded one
-            # is logged by its bound (at most every 10 s); any other once when it starts being
-            # skipped, not on every list while it stays so.
-            quiet = isinstance(reply, errors.BackendDown | errors.BackendOverloaded)
-            level = logging.DEBUG if quiet or backend in self._skipping else logging.WARNING
-            self._skipping.add(backend)
-            log.log(level, "fan-out: backend %s skipped: %s", backend, _describe(reply))
-        if failed and not out:
-            raise failed[0]  # nothing answered: an empty result would hide the outage
-        return out
-
-    async def _until_answered(
-        self,
-        replies: dict[str, Message | Exception],
-        calls: Sequence[tuple[str, Message]],
-        progress: list[anyio.Event],
-        answered: Callable[[], int],
-    ) -> None:
-        """Until every call is answered, or `grace` has passed since the last answer once one
-        backend has answered with a result (before that, the wait is the backends' own: with
-        nothing to show, a list waits for the first backend able to answer it), and no backend
-        still out is starting (within fan_out.start_wait of its start)."""
-        catalogs = self.catalogs
-        while len(replies) < len(calls):
-            changed = progress[0]
-            if not answered():
-                await changed.wait()
-                continue
-            left = max((catalogs.start_left(b) for b, _ in calls if b not in replies), default=0)
-            if left > 0:
-                # A backend still starting (its first catalog load under way) is waited for,
-                # up to fan_out.start_wait from its start: a list made at start-up shows every
-                # backend that starts that quickly (a later one is announced by list changes).
-                with anyio.move_on_after(left):
-                    await first_of(changed, catalogs.changed)
-                continue
-            with anyio.move_on_after(self._grace) as scope:
-                await changed.wait()
-            if scope.cancelled_caught:
-                return
-
-    async def _discover(self, msg: Message, view: View | None) -> Message:
-        calls = [(name, msg) for name in self._order]
-        exposures, naming = self._exposures, self._naming  # (as they were, should a reload come)
-        # Discovery always answers with what the reachable backends declare: under fail_closed
-        # too, a client must be able to connect and see that something is missing.
-        parts = await self._fan_out(calls, fail_open=True)
-        if view is not None:
-            parts = self._as_seen(view, parts)
-        pairs = [(exposures[b].namespace, r) for b, r in parts]
-        result = merge.discover_result(
-            pairs,
-            prefixed=naming.prefixed,
-            server=self._info.as_implementation(),
-            alone=len(calls) == 1,
-        )
-        return jsonrpc.result(msg["id"], result)
-
-    def _as_seen(
-        self, view: View, parts: list[tuple[str, dict[str, Any]]]
-    ) -> list[tuple[str, dict[str, Any]]]:
-        """Discovery results as this caller sees them: a backend it can see nothing of is left
-        out (its capabilities and instructions too), and a capability whose every item is
-        hidden is not advertised. Judged on the loaded catalogs: a backend whose catalog is not
-        known yet is shown as it declares itself (its lists are filtered all the same)."""
-        out = []
-        for backend, result in parts:
-            hidden = self._hidden_capabilities(view, backend)
-            if hidden == ALL_HIDDEN:
-                continue  # nothing of it is visible
-            caps = result.get("capabilities")
-            if hidden and isinstance(caps, dict):
-                shown = {k: v for k, v in caps.items() if k not in hidden}
-                result = {**result, "capabilities": shown}
-            out.append((backend, result))
-        return out
-
-    def _hidden_capabilities(self, view: View, backend: str) -> frozenset[str]:
-        """core/policy.py `hidden_capabilities`, by the backend's loaded catalog."""
-        return hidden_capabilities(view, backend, self.catalogs.data(backend))
-
-    async def _list(self, msg: Message, view: View | None) -> Message:
-        method = msg["method"]
-        key = merge.LIST_KEYS[method]
-        params = jsonrpc.params(msg)
-        positions = self._positions(method, params.get("cursor"))
-        exposures, naming = self._exposures, self._naming  # (as they were, should a reload come)
-        alone = len(self._order) == 1
-        calls = []
-        for backend, position in positions:
-            page_params = {k: v for k, v in params.items() if k != "cursor"}
-            if position is not None:
-                page_params["cursor"] = position
-            calls.append((backend, {**msg, "params": page_params}))
-        late: list[str] = []
-        parts = await self._fan_out(calls, late=late)
-        if late:
-            parts = self._as_last_known(parts, positions, late, key)
-        items: list[Any] = []
-        # A backend too late for this page keeps its place if it answered an earlier page of
-        # this listing: its next page comes on a later one (alone, it is waited for), so no
-        # item is lost to lateness. One late on the first page is shown from its catalog.
-        kept: dict[str, str | None] = {b: p for b, p in positions if b in late and p is not None}
-        kind, field = LIST_KINDS[key]
-        hide_app_only = key == "tools" and apps.hides_app_only(msg, alone and not naming.prefixed)
-        for backend, result in parts:
-            exposure = exposures[backend]
-            for item in result.get(key) or ():
-                if not isinstance(item, dict) or (hide_app_only and app_only(item)):
-                    continue
-                if view is not None:
-                    own = item.get(field)
-                    if not isinstance(own, str) or not view.visible(kind, backend, own):
-                        continue  # hidden, not refused: not a denial
-                shown = routes.expose(naming, exposure, key, item)
-                if shown is not None:
-                    items.append(shown)
-            if isinstance(result.get("nextCursor"), str):
-                kept[backend] = result["nextCursor"]
-        following = [(b, kept[b]) for b, _ in positions if b in kept]  # (in the same order)
-        next_cursor = cursors.encode(following, self._cursor_keys[0], method) if following else None
-        base = parts[0][1] if alone and parts else {}
-        result = merge.list_result(
-            key, items, [r for _, r in parts], next_cursor, self._info.as_implementation(), base
-        )
-        return jsonrpc.result(msg["id"], result)
-
-    def _as_last_known(
-        self,
-        parts: list[tuple[str, dict[str, Any]]],
-        positions: list[cursors.Position],
-        late: list[str],
-        key: str,
-    ) -> list[tuple[str, dict[str, Any]]]:
-        """A backend too late for the first page of a listing, shown as its catalog last
-        listed it (every page of it): a slow backend's items do not vanish from lists while it
-        is slow, and the page is marked not to be cached (`ttlMs` 0). One whose catalog was
-        never loaded is left out, as if it had failed."""
-        answered = dict(parts)
-        out: list[tuple[str, dict[str, Any]]] = []
-        for backend, position in positions:
-            if backend in answered:
-                out.append((backend, answered[backend]))
-                continue
-            data = self.catalogs.data(backend) if position is None and backend in late else None
-            if data is not None:
-                out.append((backend, {key: list(getattr(data, CATALOG_FIELDS[key])), "ttlMs": 0}))
-        return out
-
-    def _positions(self, method: str, cursor: object) -> list[cursors.Position]:
-        if cursor is None:
-            capability = merge.LIST_CAPABILITY[method]
-            return [(b, None) for b in self._order if self.catalogs.has_capability(b, capability)]
-        positions = cursors.decode(cursor, self._cursor_keys, method)
-        # A cursor we issued names each backend once; one that names a backend twice was made
-        # with a leaked key, and would make one request many backend requests.
-        if (
-            positions is None
-            or any(b not in self.backends for b, _ in positions)
-            or len({b for b, _ in positions}) != len(positions)
-        ):
-            raise Refused(codes.INVALID_PARAMS, "Invalid or expired cursor", "invalid_cursor")
-        return positions
-
-
-async def _ignore(_: Message) -> None:
-    return None
-
 
 def _unknown(kind: str, name: object, reason: str | None = "unknown_name") -> Refused:
     """The refusal of a name the gateway does not know (tools: server/tools, Error Handling);
@@ -737,19 +488,3 @@ def _rejection_reason(reply: Message) -> str:
         if jsonrpc.error_code(reply) == codes.UNSUPPORTED_PROTOCOL_VERSION
         else "invalid_meta"
     )
-
-
-def _as_failure(backend: str, reply: Message | Exception) -> Exception:
-    if isinstance(reply, Exception):
-        return reply
-    error = reply.get("error")
-    code = error.get("code") if isinstance(error, dict) else None
-    return Refused(code if isinstance(code, int) else codes.INTERNAL_ERROR, _describe(reply))
-
-
-def _describe(reply: Message | Exception) -> str:
-    if isinstance(reply, Exception):
-        return str(reply)
-    error = reply.get("error")
-    message = error.get("message") if isinstance(error, dict) else "no result"
-    return f"answered {message!r}"

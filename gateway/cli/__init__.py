@@ -1,0 +1,36 @@
+"""The `mcp-transparent-gateway` command line: loads or builds a config, hands it to `app.run`.
+
+One module per group of commands: serving.py (a config file: run, reload, check-config,
+schema), single.py (one server, no config file: connect, expose), traffic.py (tap), logins.py
+(auth list, auth logout); common.py holds what they share.
+"""
+
+from __future__ import annotations
+
+import click
+
+from gateway import __version__
+from gateway.cli import logins, serving, single, traffic
+from gateway.cli.common import demo_config_path
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="mcp-transparent-gateway")
+def main() -> None:
+    """A transparent gateway for the Model Context Protocol (revision 2026-07-28).
+
+    Clients connect over stdio or Streamable HTTP; the gateway forwards each request to an MCP
+    server reached over stdio (a supervised child process) or Streamable HTTP. Logs go to stderr.
+    """
+
+
+main.add_command(serving.run)
+main.add_command(serving.reload)
+main.add_command(single.connect)
+main.add_command(single.expose)
+main.add_command(serving.check_config)
+main.add_command(serving.schema)
+main.add_command(traffic.tap)
+main.add_command(logins.auth)
+
+__all__ = ["demo_config_path", "main"]

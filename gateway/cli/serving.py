@@ -1,0 +1,153 @@
+"""The commands of a config file: `run` it, `reload` a running gateway, `check-config`, and the
+config's JSON `schema`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+import orjson
+
+from gateway.cli.common import (
+    config_env,
+    config_option,
+    inputs,
+    load_or_exit,
+    log_format,
+    log_level,
+    mcp_json_option,
+    pid_file_option,
+    run_gateway,
+    setup_logging,
+)
+from gateway.config import (
+    Config,
+    describe,
+    load,
+    load_mcp_json,
+    missing_commands,
+)
+from gateway.config.schema import schema_text
+
+
+def _loader(path: Path, mcp_json: Path | None) -> Callable[[], Config]:
+    """How a reload reads the config again: the same files `run` read, the environment as it
+    is then; a problem is `ConfigInvalid` (the running gateway logs it and keeps its config)."""
+
+    def load_again() -> Config:
+        extra = load_mcp_json(mcp_json) if mcp_json is not None else ()
+        return load(path, config_env(), extra)
+
+    return load_again
+
+
+@click.command()
+@config_option
+@mcp_json_option
+@pid_file_option
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Also reload when the config file changes (its modification time, looked at every "
+    "second).",
+)
+@log_level
+@log_format
+def run(
+    config_path: Path | None,
+    mcp_json: Path | None,
+    pid_file: Path | None,
+    watch: bool,
+    log_level: str,
+    log_format: str,
+) -> None:
+    """Run the front ends and backends a config names, until SIGINT/SIGTERM. SIGHUP (or
+    `reload`) reads the config again: README "Reloading the config".
+
+    Several backends are merged into one server: their tools, prompts and resources are
+    namespaced (`{backend}_{name}`, URIs as `mcp-gateway://{backend}/{uri}`, `ui://` ones as
+    `ui://{backend}/{rest}`) per the config's `namespacing` section.
+    """
+    setup_logging(log_level, log_format.lower())
+    path, extra = inputs(config_path, mcp_json)
+    config = load_or_exit(path, extra)
+    run_gateway(config, _loader(path, extra), pid_file, path if watch else None)
+
+
+@click.command()
+@pid_file_option
+@click.option("--pid", type=int, help="The running gateway's process id.")
+def reload(pid_file: Path | None, pid: int | None) -> None:
+    """Make a running gateway read its config again (sends it SIGHUP). What was applied, or
+    why the new config was refused, is in the gateway's log and its mcp_gateway_reloads
+    metric."""
+    if (pid_file is None) == (pid is None):
+        raise click.UsageError("give the gateway as --pid-file FILE or as --pid PID")
+    if pid_file is not None:
+        try:
+            pid = int(pid_file.read_text(encoding="ascii").strip())
+        except (OSError, ValueError) as exc:
+            click.echo(f"error: {pid_file}: no process id to read ({exc})", err=True)
+            sys.exit(2)
+    assert pid is not None
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except ProcessLookupError:
+        click.echo(f"error: no process {pid}", err=True)
+        sys.exit(1)
+    except PermissionError:
+        click.echo(f"error: not allowed to signal process {pid}", err=True)
+        sys.exit(1)
+    click.echo(f"sent SIGHUP to {pid}; the gateway's log says what it reloaded")
+
+
+def _is_mcp_json(path: Path) -> bool:
+    """A host's mcp.json given where a config file is expected: its servers and nothing of a
+    gateway config (which may be written as JSON too)."""
+    if path.suffix != ".json":
+        return False
+    try:
+        data = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return False  # the loader says what is wrong with it
+    gateway_keys = {"listen", "backends", "backends_from"}
+    return (
+        isinstance(data, dict)
+        and bool({"mcpServers", "servers"} & data.keys())
+        and not (gateway_keys & data.keys())
+    )
+
+
+@click.command("check-config")
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+@config_option
+@mcp_json_option
+def check_config(path: Path | None, config_path: Path | None, mcp_json: Path | None) -> None:
+    """Validate what `run` would load from the same --config and --mcp-json (or FILE, a config
+    or an mcp.json) and print what it would start: exit 2 on errors. A stdio command not found
+    here is a warning (exit 0): it may exist where the gateway runs."""
+    if path is not None:
+        if config_path is not None:
+            raise click.UsageError("give the config as FILE or as --config, not both")
+        if mcp_json is None and _is_mcp_json(path):
+            mcp_json = path
+        else:
+            config_path = path
+    config = load_or_exit(*inputs(config_path, mcp_json))
+    summary = describe(config)
+    if config_path is None and mcp_json is not None:  # not the bundled listen-only file's name
+        _, _, rest = summary.partition("\n")
+        summary = f"mcp.json {mcp_json}: OK\n{rest}"
+    click.echo(summary)
+    for warning in missing_commands(config, config_env()):
+        click.echo(f"warning: {warning}", err=True)
+
+
+@click.command("schema")
+def schema() -> None:
+    """Print the config's JSON Schema (Draft 2020-12), for editors and validators."""
+    click.echo(schema_text(), nl=False)

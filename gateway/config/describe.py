@@ -1,0 +1,131 @@
+"""Config -> the human summary `check-config` prints: what `run` would start, and never a
+secret (this output is pasted into tickets).
+"""
+
+from __future__ import annotations
+
+from gateway.config.credentials import AuthConfig, ClusterConfig, redacted_url
+from gateway.config.model import Config, HttpTarget, SseTarget, StdioTarget
+from gateway.config.operations import AUDIT_STDERR
+
+
+def describe(config: Config) -> str:
+    """A human summary of what `run` would start, for `check-config`."""
+    lines = [f"config {config.source}: OK"]
+    if config.listen.http is not None:
+        h = config.listen.http
+        lines.append(f"  listen http  {h.scheme}://{h.host}:{h.port}{h.path}")
+    if config.listen.stdio:
+        who = config.listen.stdio_identity
+        lines.append("  listen stdio" + (f" (as {who.subject})" if who is not None else ""))
+    if config.listen.admin is not None:
+        a = config.listen.admin
+        lines.append(f"  listen admin http://{a.host}:{a.port} (metrics and health)")
+    n = config.namespacing
+    lines.append(
+        f"  namespacing  prefix={n.prefix} separator={n.separator!r} max={n.max_name_length}"
+        f"  on backend failure: {config.on_backend_failure}"
+    )
+    for b in config.backends:
+        if b.namespace:
+            lines.append(f"  backend {b.name}: namespace {b.namespace}")
+        era = "" if b.era == "auto" else f" (era {b.era})"
+        if isinstance(b.target, StdioTarget):
+            cmd = " ".join([b.target.command, *b.target.args])
+            each = (
+                f" (a child per session, at most {b.max_children}, idle {b.child_idle_timeout:g}s)"
+                if b.isolation == "per_session"
+                else ""
+            )
+            lines.append(f"  backend {b.name}: stdio `{cmd}`{era}{each}")
+        else:
+            kind = "sse" if isinstance(b.target, SseTarget) else "http"
+            where = b.target.url
+            if isinstance(b.target, HttpTarget) and b.target.urls:
+                where = f"{' '.join(map(redacted_url, b.target.urls))} ({b.target.balance})"
+            lines.append(f"  backend {b.name}: {kind} {where}{era}")
+        if b.roots:
+            lines.append(f"  backend {b.name}: roots {' '.join(r.uri for r in b.roots)}")
+    t = config.telemetry
+    lines.append(
+        f"  telemetry    service={t.service_name} traces={t.otlp_endpoint or 'off'}"
+        f" access log={t.access_log or 'off'}"
+        f" payloads on spans={'yes' if t.record_payloads else 'no'}"
+    )
+    if config.policy is not None:
+        p = config.policy
+        lines.append(f"  policy       default {p.default}, rules: {len(p.rules)}")
+    if config.auth is not None:
+        lines.append(_describe_auth(config.auth))
+    if config.cluster is not None:
+        lines.append(_describe_cluster(config.cluster))
+    if config.tap is not None:
+        tap = config.tap
+        lines.append(
+            f"  tap          {tap.path} (rotates at {_mib(tap.max_bytes)}, keeps {tap.backups}"
+            f" old; redacts {len(tap.redact)} paths, Authorization, Cookie"
+            f"{''.join(', ' + h for h in tap.redact_headers)})"
+        )
+    lines.extend(_limit_lines(config))
+    return "\n".join(lines)
+
+
+def _limit_lines(config: Config) -> list[str]:
+    lines = []
+    limits = config.rate_limits
+    if limits is not None:
+        parts = [
+            f"{name} {rate.rate:g}/s burst {rate.burst}"
+            for name, rate in (
+                ("per caller", limits.per_identity),
+                ("per caller and tool", limits.per_tool),
+                ("overall", limits.overall),
+            )
+            if rate is not None
+        ]
+        parts += [f"tool {name} {r.rate:g}/s burst {r.burst}" for name, r in limits.tools.items()]
+        lines.append(f"  rate limits  {'; '.join(parts) or 'none'}")
+    if config.audit is not None:
+        a = config.audit
+        rotation = (
+            ""
+            if a.path == AUDIT_STDERR
+            else f" (rotates at {_mib(a.max_bytes)}, keeps {a.backups} old)"
+        )
+        arguments = (
+            f"with arguments ({len(a.redact)} paths redacted)" if a.include_arguments else ""
+        )
+        lines.append(f"  audit log    {a.path}{rotation} {arguments or 'without arguments'}")
+    return lines
+
+
+def _describe_auth(auth: AuthConfig) -> str:
+    who = [f"issuer {auth.issuer}"] if auth.issuer else []
+    if auth.introspection is not None:
+        who.append("introspection")
+    if auth.api_keys:
+        who.append(f"{len(auth.api_keys)} API keys")
+    needs = f", requires {' '.join(auth.required_scopes)}" if auth.required_scopes else ""
+    return f"  auth         resource {auth.resource} ({', '.join(who)}){needs}"
+
+
+def _describe_cluster(cluster: ClusterConfig) -> str:
+    # How many and from where, never what: this output is pasted into tickets.
+    count = len(cluster.secrets)
+    where = f" from {cluster.secrets_file}" if cluster.secrets_file else ""
+    line = (
+        f"  cluster      {count} secret{'s' if count != 1 else ''}{where} (the first signs, "
+        "any is accepted): cursors are valid on every replica"
+    )
+    if cluster.redis is not None:
+        # Redacted: the URL may carry Redis's password.
+        line += (
+            f"\n  cluster      rate limits shared through {redacted_url(cluster.redis)} (each"
+            f" check waits {cluster.redis_timeout:g} s at most; unreachable: per replica,"
+            f" tried again after {cluster.redis_retry_interval:g} s)"
+        )
+    return line
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1024 * 1024):g} MiB" if size >= 1024 * 1024 else f"{size} bytes"
