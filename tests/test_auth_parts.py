@@ -30,9 +30,10 @@ from gateway.caller_auth.tokens import (
 )
 from gateway.config import AuthConfig, ConfigInvalid, Introspection, describe, parse
 from gateway.errors import Refused
+from gateway.origin import Origin
 from gateway.protocol import codes
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import NO_OBSERVATION, SERVING, Origin
+from gateway.telemetry.api import NO_OBSERVATION, SERVING
 from tests.auth_support import RESOURCE, AuthServer, auth_server, rsa_key
 from tests.support import BOUND
 from tests.test_era_core import (

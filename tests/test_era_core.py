@@ -17,9 +17,10 @@ from gateway.backends.era.layer import EraBackend
 from gateway.backends.era.link import SessionLink
 from gateway.config.model import BackendConfig, HttpTarget
 from gateway.errors import BackendTimeout, Refused
+from gateway.origin import LegacyClient, Origin
 from gateway.protocol import codes, meta
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import NO_OBSERVATION, SERVING, LegacyClient, Origin
+from gateway.telemetry.api import NO_OBSERVATION, SERVING
 
 pytestmark = pytest.mark.anyio
 BOUND = 5.0

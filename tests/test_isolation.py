@@ -28,11 +28,12 @@ from gateway.config import ConfigInvalid, describe, parse
 from gateway.config.model import DEFAULT_CHILD_IDLE_TIMEOUT, DEFAULT_MAX_CHILDREN
 from gateway.core.catalog import Catalogs
 from gateway.frontends.legacy.front import Session
+from gateway.origin import GATEWAY_ORIGIN, STDIO_ORIGIN, Origin
 from gateway.protocol.jsonrpc import Message
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure
 from gateway.telemetry import procfs
-from gateway.telemetry.api import GATEWAY_ORIGIN, NO_OBSERVATION, SERVING, STDIO_ORIGIN, Origin
+from gateway.telemetry.api import NO_OBSERVATION, SERVING
 from tests.conformance_support import npm_server
 from tests.support import PYTHON, ROOT, START_BOUND, gone, sdk_stdio_command
 from tests.test_http_transport_rules import call, post, send

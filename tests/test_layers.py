@@ -83,6 +83,15 @@ def test_the_capped_read_imports_nothing_of_the_package() -> None:
     assert not ours(CAPPED)
 
 
+# Where a client request came from (`Origin` and its kin): made by the front ends, read by every
+# layer below them and by the telemetry, so it stands alone and sees only who is calling.
+ORIGIN = "gateway.origin"
+
+
+def test_the_origin_sees_only_the_callers_identity() -> None:
+    assert ours(ORIGIN) <= {"gateway.caller_auth.identity"}
+
+
 @pytest.mark.parametrize("name", in_layer("caller_auth"))
 def test_caller_auth_sees_only_the_config_and_itself(name: str) -> None:
     """Checking a token needs the config and nothing of the data path (which reads only the

@@ -21,11 +21,11 @@ from gateway.config import parse
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.policy import Policy
 from gateway.frontends.legacy.front import LegacyFront, Session
+from gateway.origin import Origin
 from gateway.protocol import codes, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
-from gateway.telemetry.api import Origin
 from gateway.telemetry.metrics import GatewayCollector
 from tests.support import BOUND
 

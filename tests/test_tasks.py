@@ -22,13 +22,13 @@ from gateway.config import AuditConfig, Rate, RateLimits
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.ratelimit import RateLimiter
 from gateway.frontends.legacy.front import without_tasks
+from gateway.origin import Origin
 from gateway.protocol import codes
 from gateway.protocol.jsonrpc import Message
 from gateway.routing import taskids
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
 from gateway.routing.taskids import TaskRef
-from gateway.telemetry.api import Origin
 from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.otel import GatewayTelemetry
 from tests.support import BOUND, META

@@ -37,8 +37,9 @@ from gateway.backends.era.layer import EraBackend
 from gateway.backends.stdio import StdioBackend
 from gateway.config import BackendConfig, StdioTarget
 from gateway.errors import BackendError, BackendOverloaded, BackendUnavailable
+from gateway.origin import GATEWAY_ORIGIN
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import GATEWAY_ORIGIN, SERVING, Stats, Telemetry
+from gateway.telemetry.api import SERVING, Stats, Telemetry
 
 log = logging.getLogger("gateway.backend")
 

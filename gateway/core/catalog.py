@@ -15,6 +15,7 @@ import anyio
 from gateway import errors
 from gateway.backends.base import Backend
 from gateway.config.model import DEFAULT_FAN_OUT_START_WAIT
+from gateway.origin import GATEWAY_ORIGIN
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.routing import names
@@ -22,7 +23,7 @@ from gateway.routing import table as routes
 from gateway.routing.merge import LIST_CAPABILITY, LIST_KEYS
 from gateway.routing.names import Naming
 from gateway.routing.table import CatalogData, Exposure, RouteTable
-from gateway.telemetry.api import GATEWAY_ORIGIN, SERVING
+from gateway.telemetry.api import SERVING
 
 log = logging.getLogger("gateway.catalog")
 

@@ -34,6 +34,7 @@ from gateway.core.policy import (
 )
 from gateway.core.ratelimit import RateLimiter, SharedRateLimiter
 from gateway.errors import InsufficientScope, Refused
+from gateway.origin import STDIO_ORIGIN, Origin
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
@@ -43,14 +44,7 @@ from gateway.routing import table as routes
 from gateway.routing.apps import app_only
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure, Route, RouteTable
-from gateway.telemetry.api import (
-    SERVING,
-    STDIO_ORIGIN,
-    NoTelemetry,
-    Origin,
-    Telemetry,
-    tapped,
-)
+from gateway.telemetry.api import SERVING, NoTelemetry, Telemetry, tapped
 
 log = logging.getLogger("gateway")
 

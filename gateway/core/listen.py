@@ -30,11 +30,12 @@ from gateway.backends.base import Backend, NotificationSink
 from gateway.config.model import DEFAULT_FAN_OUT_GRACE
 from gateway.core import tasks
 from gateway.core.catalog import Catalogs
+from gateway.origin import GATEWAY_ORIGIN
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure
-from gateway.telemetry.api import GATEWAY_ORIGIN, SERVING
+from gateway.telemetry.api import SERVING
 
 log = logging.getLogger("gateway.listen")
 

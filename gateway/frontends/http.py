@@ -31,10 +31,7 @@ from gateway.frontends import guard
 from gateway.frontends import logins as login_routes
 from gateway.frontends.bearer import Bearer, identity_of
 from gateway.frontends.bodies import BodyError
-from gateway.frontends.legacy.front import (
-    LEGACY_VERSIONS,
-    LegacyFront,
-)
+from gateway.frontends.legacy.front import LEGACY_VERSIONS, LegacyFront
 from gateway.frontends.legacy.records import SessionRecords, SessionsUnavailable
 from gateway.frontends.legacy.stores import (
     HttpSession,
@@ -45,10 +42,11 @@ from gateway.frontends.legacy.stores import (
 )
 from gateway.frontends.listener import CLOSE, CUT, Handler, read_body, start_stream
 from gateway.frontends.ops import Operations, operation_routes
+from gateway.origin import Origin
 from gateway.protocol import codes, headers, jsonrpc, meta, sse
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import Origin, Stats
+from gateway.telemetry.api import Stats
 
 SSE_HEADERS = (
     ("Content-Type", "text/event-stream"),

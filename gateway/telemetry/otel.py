@@ -14,16 +14,14 @@ import orjson
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from gateway.origin import TRACE_HEADERS, HeaderFields, Origin
 from gateway.protocol import jsonrpc, meta
 from gateway.telemetry.api import (
     CANCELLED,
     LONG_LIVED,
     SERVING,
-    TRACE_HEADERS,
-    HeaderFields,
     Message,
     Observation,
-    Origin,
     Stats,
     error_type,
 )

@@ -29,8 +29,8 @@ from typing import Protocol
 from gateway.backends.base import NotificationSink
 from gateway.backends.era.link import Link
 from gateway.errors import BackendError, BackendUnavailable
+from gateway.origin import LegacyClient
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import LegacyClient
 
 log = logging.getLogger("gateway.backend")
 
