@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Call, NotificationSink
 from gateway.config.operations import Rate, RateLimits
 from gateway.core.apps import by_visible_name
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
@@ -261,7 +261,7 @@ class AppServer(MemoryBackend):
             self.caps["extensions"] = {UI: {}}
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         self.received.append(msg)
         method, params = msg["method"], msg.get("params", {})

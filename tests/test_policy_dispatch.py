@@ -15,7 +15,7 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Call, NotificationSink
 from gateway.caller_auth.identity import Identity
 from gateway.config import parse
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
@@ -72,7 +72,7 @@ class FakeBackend:
         return [m for m in self.received if m["method"] == method]
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         self.received.append(msg)
         method, params = msg["method"], msg.get("params", {})

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from gateway import taskkey
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Call, NotificationSink
 from gateway.caller_auth.identity import Identity
 from gateway.config import AuditConfig, Rate, RateLimits
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
@@ -68,7 +68,7 @@ class TaskBackend:
         return f"{self.name}-task-1"
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         self.asked.append(msg)
         method, params = msg["method"], msg.get("params") or {}

@@ -27,10 +27,10 @@ import anyio
 from multidict import CIMultiDict
 
 from gateway.backend_auth import setup as oauth_setup
-from gateway.backend_auth.authorizer import Authorizer
+from gateway.backend_auth.authorizer import GATEWAY, Authorizer, Caller
 from gateway.backend_auth.failures import AuthFailed
-from gateway.backends import deadline, hop, ids, safety, web
-from gateway.backends.base import NotificationSink
+from gateway.backends import hop, ids, safety, web
+from gateway.backends.base import Call, NotificationSink
 from gateway.backends.era import questions, resume
 from gateway.backends.era.link import SessionLink
 from gateway.backends.replicas import Replica, Replicas
@@ -46,6 +46,7 @@ from gateway.errors import (
     Refused,
     SessionExpired,
 )
+from gateway.origin import GATEWAY_ORIGIN, Origin
 from gateway.protocol import codes, headers, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
 from gateway.proxies import env_proxy
@@ -229,8 +230,8 @@ class HttpBackend(SessionLink):
         with anyio.move_on_after(END_SESSION_TIMEOUT):
             await self._end_session()
 
-    async def send(self, msg: Message) -> None:
-        await self.notify(msg)
+    async def send(self, msg: Message, call: Call) -> None:
+        await self.notify(msg, call.origin)
 
     async def exchange(
         self,
@@ -242,7 +243,9 @@ class HttpBackend(SessionLink):
     ) -> Message:
         if not self._started.is_set():
             await self._start()
-        return await self._post(self._calls, msg, sink, within, self._deadline(within))
+        return await self._post(
+            self._calls, msg, sink, GATEWAY_ORIGIN, within, self._deadline(within)
+        )
 
     async def watch(self, deliver: Callable[[str, Message], None]) -> bool:
         """The legacy session's GET stream, until it ends: its notifications to `deliver`.
@@ -281,7 +284,7 @@ class HttpBackend(SessionLink):
     ) -> bool:
         replica = self._pinned(legacy)
         try:
-            resp = await self._open(replica, session, "GET", sent, None, None, shared=True)
+            resp = await self._open(replica, session, "GET", sent, None, None)
         except BackendError as exc:
             if not self._replicas.several:
                 raise
@@ -348,7 +351,7 @@ class HttpBackend(SessionLink):
         """A request on the GET stream belongs to no client request: only ping and roots/list
         (with the configured roots) are answered."""
         refusal = "The gateway answers questions only within a request"
-        await self.send(questions.refuse_unattended(request, self._config.roots, refusal))
+        await self.notify(questions.refuse_unattended(request, self._config.roots, refusal))
 
     async def _end_session(self) -> None:
         """A legacy session the gateway no longer needs is ended with DELETE (2025-11-25
@@ -360,7 +363,7 @@ class HttpBackend(SessionLink):
         if self._authorizer is not None:
             sent = sent.copy()
             with contextlib.suppress(AuthFailed):
-                header = await self._authorizer.authorization(web.caller(self._authorizer, True))
+                header = await self._authorizer.authorization(GATEWAY)
                 if header is not None:
                     sent["Authorization"] = header
         try:
@@ -413,6 +416,7 @@ class HttpBackend(SessionLink):
         self,
         msg: Message,
         sink: NotificationSink,
+        call: Call,
         *,
         long_lived: bool = False,
         wants_logs: bool | None = None,  # (each reply stream carries its own request's logs)
@@ -420,16 +424,15 @@ class HttpBackend(SessionLink):
         # A plain function that hands back _post's coroutine: one coroutine frame less on every
         # request. A listen stream has no deadline.
         if not self._started.is_set():
-            return self._after_start(msg, sink, long_lived)
+            return self._after_start(msg, sink, call.origin, long_lived)
         if long_lived:
-            return self._post(self._streams, msg, sink, None)
-        within = deadline.within(self._request_timeout)
+            return self._post(self._streams, msg, sink, call.origin, None)
+        within = self._request_timeout if call.deadline is None else call.deadline
         if within == self._request_timeout:
-            return self._post(self._calls, msg, sink, within)
+            return self._post(self._calls, msg, sink, call.origin, within)
         # (A deadline set above for this one request: resilience.py.)
-        return self._post(
-            self._calls, msg, sink, within, web.timeout(within, self._connect_timeout)
-        )
+        deadline = web.timeout(within, self._connect_timeout)
+        return self._post(self._calls, msg, sink, call.origin, within, deadline)
 
     async def _start(self) -> None:
         """Until `run` has begun, within connect_timeout (then the request finds it not
@@ -437,14 +440,17 @@ class HttpBackend(SessionLink):
         with anyio.move_on_after(self._connect_timeout):
             await self._started.wait()
 
-    async def _after_start(self, msg: Message, sink: NotificationSink, long_lived: bool) -> Message:
+    async def _after_start(
+        self, msg: Message, sink: NotificationSink, origin: Origin, long_lived: bool
+    ) -> Message:
         """A request made before `run` began: sent once it has."""
         await self._start()
         if long_lived:
-            return await self._post(self._streams, msg, sink, None)
-        return await self._post(self._calls, msg, sink, self._request_timeout)
+            return await self._post(self._streams, msg, sink, origin, None)
+        return await self._post(self._calls, msg, sink, origin, self._request_timeout)
 
-    async def notify(self, msg: Message) -> None:
+    async def notify(self, msg: Message, origin: Origin = GATEWAY_ORIGIN) -> None:
+        """Made for `origin` (its token, where callers have one); by default the gateway's own."""
         session = self._calls
         if session is None:
             raise BackendUnavailable(self.name, "not started")
@@ -458,7 +464,13 @@ class HttpBackend(SessionLink):
         if self.tap is not None:
             self.tap.record("backend", "out", msg, backend=self.name, headers=self._shown(sent))
         resp, replica = await self._open_post(
-            msg, session, sent, body, self._request_timeout, None, False
+            msg,
+            session,
+            sent,
+            body,
+            self._request_timeout,
+            None,
+            web.caller(self._authorizer, origin),
         )
         replica.in_flight -= 1
         try:
@@ -482,14 +494,13 @@ class HttpBackend(SessionLink):
         within: float | None,
         deadline: aiohttp.ClientTimeout | None = None,
         *,
-        shared: bool = False,
+        whose: Caller = GATEWAY,
     ) -> aiohttp.ClientResponse:
-        """Send one request to `replica`; its response once the head has arrived. `shared`: one
-        the gateway makes for everyone (the catalog, discovery), under its own login even where
-        each caller has one of their own."""
+        """Send one request to `replica` with `whose` token (web.caller: the gateway's own for
+        what is everyone's alike); its response once the head has arrived."""
         if self._authorizer is not None:
             return await self._open_authorized(
-                self._authorizer, replica, session, method, sent, body, within, deadline, shared
+                self._authorizer, replica, session, method, sent, body, within, deadline, whose
             )
         return await self._open_once(replica, session, method, sent, body, within, deadline)
 
@@ -525,7 +536,7 @@ class HttpBackend(SessionLink):
         body: bytes,
         within: float | None,
         deadline: aiohttp.ClientTimeout | None,
-        shared: bool,
+        whose: Caller,
     ) -> tuple[aiohttp.ClientResponse, Replica]:
         """A POST sent to a replica: its response (head) and that replica, counted in flight
         until the caller is done with it. Several replicas: a legacy session's request to its
@@ -539,7 +550,7 @@ class HttpBackend(SessionLink):
             replica.in_flight += 1
             try:
                 resp = await self._open(
-                    replica, session, "POST", sent, body, within, deadline, shared=shared
+                    replica, session, "POST", sent, body, within, deadline, whose=whose
                 )
             except BaseException as exc:
                 replica.in_flight -= 1
@@ -559,7 +570,7 @@ class HttpBackend(SessionLink):
             replica.in_flight += 1
             try:
                 resp = await self._open(
-                    replica, session, "POST", sent, body, within, deadline, shared=shared
+                    replica, session, "POST", sent, body, within, deadline, whose=whose
                 )
             except (BackendUnavailable, BackendConnectionLost) as exc:
                 replica.in_flight -= 1
@@ -625,22 +636,21 @@ class HttpBackend(SessionLink):
         body: bytes | None,
         within: float | None,
         deadline: aiohttp.ClientTimeout | None,
-        shared: bool,
+        whose: Caller,
     ) -> aiohttp.ClientResponse:
         """`_open` with the gateway's token, renewed when the backend refuses it."""
 
         def send(headers: CIMultiDict[str]) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
             return self._open_once(replica, session, method, headers, body, within, deadline)
 
-        return await web.send_with_token(
-            self.name, authorizer, web.caller(authorizer, shared), send, sent
-        )
+        return await web.send_with_token(self.name, authorizer, whose, send, sent)
 
     async def _post(
         self,
         session: aiohttp.ClientSession | None,
         msg: Message,
         sink: NotificationSink,
+        origin: Origin,
         within: float | None,
         deadline: aiohttp.ClientTimeout | None = None,
     ) -> Message:
@@ -656,19 +666,15 @@ class HttpBackend(SessionLink):
         asking = id(sent)
         if self.takes_requests and "id" in msg:
             self._asking[asking] = sink
+        auth = self._authorizer
+        whose = GATEWAY if auth is None else web.caller(auth, origin, web.shared(msg))
         try:
             resp, replica = await self._open_post(
-                msg,
-                session,
-                headers,
-                body,
-                within,
-                deadline,
-                self._authorizer is not None and web.shared(msg),
+                msg, session, headers, body, within, deadline, whose
             )
         except (asyncio.CancelledError, BackendTimeout):
             self._asking.pop(asking, None)
-            self._cancel_legacy(sent, msg)  # (it went out: the server may be at work on it)
+            self._cancel_legacy(sent, msg, origin)  # (it went out: the server may be at it)
             raise
         except BaseException:
             self._asking.pop(asking, None)
@@ -682,7 +688,7 @@ class HttpBackend(SessionLink):
             if self._legacy is not None:
                 self._check_session(resp, self._legacy)
             if resp.content_type == SSE:
-                reply = await self._read_stream(resp, sent, sink, within)
+                reply = await self._read_stream(resp, sent, sink, origin, within)
             else:
                 reply = self._json_reply(resp.status, await self._read_body(resp), sent)
         except BaseException as exc:
@@ -690,7 +696,7 @@ class HttpBackend(SessionLink):
             # request is cancelled (streamable-http, Cancellation).
             resp.close()
             if isinstance(exc, asyncio.CancelledError | TimeoutError | BackendTimeout):
-                self._cancel_legacy(sent, msg)
+                self._cancel_legacy(sent, msg, origin)
             if isinstance(exc, aiohttp.ClientError | TimeoutError):
                 raise web.failure(self.name, exc, within) from None
             raise
@@ -705,7 +711,7 @@ class HttpBackend(SessionLink):
                 self._safe.learn(reply)
         return reply
 
-    def _cancel_legacy(self, sent: ids.Sent, msg: Message) -> None:
+    def _cancel_legacy(self, sent: ids.Sent, msg: Message, origin: Origin) -> None:
         """A legacy server learns that a request is given up only from `notifications/cancelled`
         (2025-11-25: a disconnection is not a cancellation), naming the id it was sent; never
         for `initialize` (basic/utilities/cancellation)."""
@@ -716,13 +722,13 @@ class HttpBackend(SessionLink):
             "method": "notifications/cancelled",
             "params": {"requestId": sent.wire, "reason": "cancelled by the client"},
         }
-        task = asyncio.get_running_loop().create_task(self._notify_quietly(note))
+        task = asyncio.get_running_loop().create_task(self._notify_quietly(note, origin))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _notify_quietly(self, note: Message) -> None:
+    async def _notify_quietly(self, note: Message, origin: Origin) -> None:
         with contextlib.suppress(BackendError):
-            await self.notify(note)
+            await self.notify(note, origin)
 
     async def _read_body(self, resp: aiohttp.ClientResponse) -> bytes:
         """The whole body, refused past `limits.max_reply_bytes` (`capped.read_capped`)."""
@@ -758,19 +764,20 @@ class HttpBackend(SessionLink):
         resp: aiohttp.ClientResponse,
         sent: ids.Sent,
         sink: NotificationSink,
+        origin: Origin,
         within: float | None,
     ) -> Message:
         """The events of a streamed reply until the response; each event is bounded by
         `limits.max_event_bytes`, and (but for a listen stream, which has no end) all of them
         together by `limits.max_reply_bytes`, across resumptions too."""
         if self._legacy is None:
-            return await self._read_reply(resp, sent, sink, within, None)
+            return await self._read_reply(resp, sent, sink, origin, within, None)
         # Awaited from the start: the reply may come on the standing stream before this one's
         # end is read.
         waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._awaited[sent.wire] = waiter
         try:
-            return await self._read_reply(resp, sent, sink, within, waiter)
+            return await self._read_reply(resp, sent, sink, origin, within, waiter)
         finally:
             del self._awaited[sent.wire]
 
@@ -779,6 +786,7 @@ class HttpBackend(SessionLink):
         resp: aiohttp.ClientResponse,
         sent: ids.Sent,
         sink: NotificationSink,
+        origin: Origin,
         within: float | None,
         elsewhere: asyncio.Future[Message] | None,
     ) -> Message:
@@ -806,7 +814,7 @@ class HttpBackend(SessionLink):
         left = None if within is None else within - (anyio.current_time() - started)
 
         async def attempt(last_id: str, remaining: float | None) -> Message | None:
-            return await self._resume_once(legacy, last_id, remaining, reading, sent, sink)
+            return await self._resume_once(legacy, last_id, remaining, reading, sent, sink, origin)
 
         limits = self._limits
         resuming = resume.resume(
@@ -847,6 +855,7 @@ class HttpBackend(SessionLink):
         reading: resume.Reading,
         sent: ids.Sent,
         sink: NotificationSink,
+        origin: Origin,
     ) -> Message | None:
         """One GET taking up a request's stream (2025-11-25 transports, Resumability and
         Redelivery): the response if it came on it."""
@@ -856,9 +865,10 @@ class HttpBackend(SessionLink):
         headers = legacy.stream_headers.copy()
         headers[resume.LAST_EVENT_ID] = last_id
         deadline = web.timeout(within, self._connect_timeout)
+        whose = web.caller(self._authorizer, origin)
         try:
             resp = await self._open(
-                self._pinned(legacy), session, "GET", headers, None, within, deadline
+                self._pinned(legacy), session, "GET", headers, None, within, deadline, whose=whose
             )
         except BackendTimeout:
             raise

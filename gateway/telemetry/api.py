@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.origin import STDIO_ORIGIN, HeaderFields, Origin
+from gateway.origin import HeaderFields, Origin
 
 Message = dict[str, Any]
 Sink = Callable[[Message], Awaitable[None]]
@@ -96,9 +95,15 @@ class Telemetry(Protocol):
         ...
 
     def client(
-        self, msg: Message, backend: str, transport: str, address: tuple[str, int] | None
+        self,
+        msg: Message,
+        backend: str,
+        transport: str,
+        address: tuple[str, int] | None,
+        serving: Observation,
     ) -> Observation:
-        """Begin observing a request to a backend."""
+        """Begin observing a request to a backend made while `serving` a client request
+        (NO_OBSERVATION: the gateway's own), whose span is its parent."""
         ...
 
 
@@ -117,13 +122,6 @@ class _NoObservation:
 
 
 NO_OBSERVATION: Observation = _NoObservation()
-# The client request the current task is handling: its observation (for annotating where it
-# went, and for labelling the backend requests made for it) and its origin (for the few backends
-# that bind state to the caller, such as a legacy backend's held call). Set by the dispatcher;
-# one variable, since setting one costs as much as its contents.
-SERVING: ContextVar[tuple[Observation, Origin]] = ContextVar(
-    "serving", default=(NO_OBSERVATION, STDIO_ORIGIN)
-)
 
 
 class NoTelemetry:
@@ -145,7 +143,12 @@ class NoTelemetry:
         return NO_OBSERVATION
 
     def client(
-        self, msg: Message, backend: str, transport: str, address: tuple[str, int] | None
+        self,
+        msg: Message,
+        backend: str,
+        transport: str,
+        address: tuple[str, int] | None,
+        serving: Observation,
     ) -> Observation:
         return NO_OBSERVATION
 
