@@ -92,6 +92,17 @@ def test_the_origin_sees_only_the_callers_identity() -> None:
     assert ours(ORIGIN) <= {"gateway.caller_auth.identity"}
 
 
+# Request state travels as arguments (the seam's `Call`, backends/base.py), never in a context
+# variable that every task inherits and no signature shows. Modules allowed one, and for what:
+CONTEXT_VARIABLES: dict[str, str] = {}
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_no_request_state_in_context_variables(name: str) -> None:
+    if name not in CONTEXT_VARIABLES:
+        assert "contextvars" not in imports(MODULES[name])
+
+
 @pytest.mark.parametrize("name", in_layer("caller_auth"))
 def test_caller_auth_sees_only_the_config_and_itself(name: str) -> None:
     """Checking a token needs the config and nothing of the data path (which reads only the
