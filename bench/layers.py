@@ -10,7 +10,7 @@ import dataclasses
 import statistics
 import time
 
-from gateway.backends.base import Backend, Layer, NotificationSink
+from gateway.backends.base import GATEWAY_CALL, Backend, Call, Layer, NotificationSink
 from gateway.backends.resilience import Resilient
 from gateway.config import parse
 from gateway.config.model import RetrySettings
@@ -39,7 +39,7 @@ class Stub:
         return None
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         return REPLY
 
@@ -53,7 +53,7 @@ async def per_request(backend: Backend, n: int) -> float:
     send = backend.request
     started = time.perf_counter()
     for _ in range(n):
-        await send(CALL, _sink)
+        await send(CALL, _sink, GATEWAY_CALL)
     return (time.perf_counter() - started) / n * 1e6
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Call, NotificationSink
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.ratelimit import RateLimiter
 from gateway.protocol.jsonrpc import Message
@@ -44,7 +44,7 @@ class MemoryBackend:
         return None
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         self.asked.append(msg)
         return await self.answer(msg)
@@ -97,7 +97,7 @@ class FakeBackend(MemoryBackend):
         self.handler = handler
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         self.asked.append(msg)
         reply = await self.handler(msg, sink)

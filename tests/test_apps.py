@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Call, NotificationSink
 from gateway.config.operations import Rate, RateLimits
 from gateway.core.apps import by_visible_name
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.ratelimit import RateLimiter
+from gateway.origin import Origin
 from gateway.protocol import codes, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.routing import apps, merge, names, uris
 from gateway.routing import table as routes
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import CatalogData, Exposure
-from gateway.telemetry.api import Origin
 from tests.memory_backend import MemoryBackend
 from tests.test_policy_dispatch import FakeBackend, _listen, caller, gateway, policy
 
@@ -261,7 +261,7 @@ class AppServer(MemoryBackend):
             self.caps["extensions"] = {UI: {}}
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         self.received.append(msg)
         method, params = msg["method"], msg.get("params", {})

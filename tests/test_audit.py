@@ -28,8 +28,8 @@ from gateway.caller_auth.identity import API_KEY, Identity
 from gateway.config import AuditConfig, Rate, RateLimits, load, parse
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.ratelimit import RateLimiter
+from gateway.origin import Origin
 from gateway.protocol import codes
-from gateway.telemetry.api import Origin
 from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.otel import GatewayTelemetry
 from tests.memory_backend import MemoryBackend, dispatcher_over, ignore, modern, tool_call

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gateway.backends.base import Call
 from gateway.backends.era.layer import EraBackend
 from gateway.caller_auth import challenge
 from gateway.caller_auth.authenticator import Authenticator
@@ -30,9 +31,9 @@ from gateway.caller_auth.tokens import (
 )
 from gateway.config import AuthConfig, ConfigInvalid, Introspection, describe, parse
 from gateway.errors import Refused
+from gateway.origin import Origin
 from gateway.protocol import codes
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import NO_OBSERVATION, SERVING, Origin
 from tests.auth_support import RESOURCE, AuthServer, auth_server, rsa_key
 from tests.support import BOUND
 from tests.test_era_core import (
@@ -483,42 +484,42 @@ async def test_introspection_answers_are_cached_within_the_ttl_and_the_size_boun
 # --- sealed requestState binds to the identity ----------------------------------------------------
 
 
-def as_identity(subject: str, client: str = "app") -> None:
+def as_identity(subject: str, client: str = "app") -> Call:
     identity = Identity(subject=subject, client_id=client, issuer="https://as.example")
     origin = Origin(
         "http", headers={"Authorization": f"Bearer token-of-{subject}"}, identity=identity
     )
-    SERVING.set((NO_OBSERVATION, origin))
+    return Call(origin)
 
 
 async def test_another_subject_cannot_resume_a_held_call_with_its_own_token() -> None:
     """basic/patterns/mrtr: the sealed requestState names its caller, which is the identity
     (subject, client, issuer), not the raw token: the same subject with a refreshed token may
     resume it, another subject may not."""
-    as_identity("alice")
-    backend, reply = await start_held_call_as_current()
+    backend, reply = await start_held_call_as(as_identity("alice"))
     state = reply["result"]["requestState"]
-    as_identity("bob")
+    bob = as_identity("bob")
     retry = modern_request(5, "tools/call", {"inputResponses": {}, "requestState": state})
     with pytest.raises(Refused) as refused:
-        await backend.request(retry, ignore)
+        await backend.request(retry, ignore, bob)
     assert refused.value.code == codes.INVALID_PARAMS
     # Alice again, with another token (a refresh): hers to resume.
     identity = Identity(subject="alice", client_id="app", issuer="https://as.example")
     refreshed = Origin("http", headers={"Authorization": "Bearer refreshed"}, identity=identity)
-    SERVING.set((NO_OBSERVATION, refreshed))
     [(key, _)] = reply["result"]["inputRequests"].items()
     own = modern_request(
         6, "tools/call", {"inputResponses": {key: {"action": "accept"}}, "requestState": state}
     )
-    final = await asyncio.wait_for(backend.request(own, ignore), BOUND)
+    final = await asyncio.wait_for(backend.request(own, ignore, Call(refreshed)), BOUND)
     assert final["result"]["resultType"] == "complete"
 
 
-async def start_held_call_as_current() -> tuple[EraBackend, Message]:
+async def start_held_call_as(caller: Call) -> tuple[EraBackend, Message]:
     """test_era_core's held call (a legacy backend asking a question mid-call), started by
-    whoever SERVING names now."""
+    `caller`."""
     backend = era_over(FakeLink(legacy_server(eliciting_tool)), "legacy")
-    reply = await asyncio.wait_for(backend.request(modern_request(3, "tools/call"), ignore), BOUND)
+    reply = await asyncio.wait_for(
+        backend.request(modern_request(3, "tools/call"), ignore, caller), BOUND
+    )
     assert reply["result"]["resultType"] == "input_required"
     return backend, reply

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from gateway import errors
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Call, NotificationSink
 from gateway.core import catalog
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.protocol import codes, meta
@@ -36,13 +36,13 @@ class Listening(MemoryBackend):
     """Announces its tool list's changes; acknowledges a listen at once and keeps it open."""
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         if msg["method"] == "server/discover":
             caps = {"tools": {"listChanged": True}}
             return {"jsonrpc": "2.0", "id": msg["id"], "result": {"capabilities": caps}}
         if msg["method"] != "subscriptions/listen":
-            return await super().request(msg, sink, long_lived=long_lived)
+            return await super().request(msg, sink, call, long_lived=long_lived)
         honoured = msg["params"]["notifications"]
         params = {"notifications": honoured, "_meta": {meta.SUBSCRIPTION_ID: msg["id"]}}
         await sink({"jsonrpc": "2.0", "method": meta.ACKNOWLEDGED, "params": params})
@@ -59,7 +59,7 @@ class Silent(MemoryBackend):
         self.abandoned = 0
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         self.asked.append(msg)
         try:
@@ -77,10 +77,10 @@ class Late(MemoryBackend):
         self.delay = delay
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         await anyio.sleep(self.delay)  # the server's own slowness, not a wait of the test
-        return await super().request(msg, sink, long_lived=long_lived)
+        return await super().request(msg, sink, call, long_lived=long_lived)
 
 
 def erring(name: str) -> MemoryBackend:
@@ -100,7 +100,7 @@ class Down(MemoryBackend):
         return False
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         self.asked.append(msg)
         raise errors.BackendDown(self.name, "down (cannot connect); retrying in the background")
@@ -115,10 +115,10 @@ class Paged(MemoryBackend):
         self.slow_later = slow_later
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         if msg["method"] != "tools/list":
-            return await super().request(msg, sink, long_lived=long_lived)
+            return await super().request(msg, sink, call, long_lived=long_lived)
         cursor = msg["params"].get("cursor")
         if cursor is not None and self.slow_later:
             await anyio.sleep(self.slow_later)  # the server's own slowness
@@ -273,11 +273,11 @@ class Gated(Listening):
         self.gate = anyio.Event()
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         if msg["method"] != "subscriptions/listen":
             await self.gate.wait()
-        return await super().request(msg, sink, long_lived=long_lived)
+        return await super().request(msg, sink, call, long_lived=long_lived)
 
 
 async def test_a_listen_is_told_of_the_lists_a_backend_brings_once_started(

@@ -16,6 +16,7 @@ import pytest
 
 from gateway import errors
 from gateway.backends import hop
+from gateway.backends.base import GATEWAY_CALL
 from gateway.backends.http import HttpBackend
 from gateway.config import ConfigInvalid
 from gateway.protocol import codes, jsonrpc
@@ -54,7 +55,7 @@ async def test_the_request_is_sent_as_derived_from_the_body() -> None:
         config = backend_config(server.url("/path?q=1"), headers={"Authorization": "Bearer t"})
         async with running(config) as backend:
             msg = call(7, "search", query="x")
-            got = await backend.request(msg, ignore)
+            got = await backend.request(msg, ignore, GATEWAY_CALL)
     assert got["id"] == 7 and got["result"] == {"resultType": "complete"}
     (sent,) = server.requests
     assert sent.request_line == b"POST /path?q=1 HTTP/1.1"
@@ -79,7 +80,7 @@ async def test_a_name_that_is_not_plain_is_sentinel_encoded() -> None:
     """streamable-http, Value Encoding: a name with non-ASCII or control characters travels
     base64-encoded, never as raw bytes in the header line."""
     async with Server(answer) as server, running(backend_config(server.url())) as backend:
-        await backend.request(call(1, "zürich\r\nX-Injected: 1"), ignore)
+        await backend.request(call(1, "zürich\r\nX-Injected: 1"), ignore, GATEWAY_CALL)
     (sent,) = server.requests
     encoded = base64.b64encode("zürich\r\nX-Injected: 1".encode()).decode()
     assert sent.headers()["mcp-name"] == f"=?base64?{encoded}?="
@@ -109,10 +110,14 @@ async def test_mcp_param_headers_are_derived_from_the_tools_list_that_passed_thr
     `x-mcp-header` annotations from the tools/list results it carries, and derives Mcp-Param-*
     from the arguments sent (sentinel-encoded when not plain); before that it knows none."""
     async with Server(lists_tools) as server, running(backend_config(server.url())) as backend:
-        await backend.request(call(1, "regional", region="eu", n=3, query="q"), ignore)
-        await backend.request(request(2, "tools/list"), ignore)
-        await backend.request(call(3, "regional", region="Zürich", n=42, query="q"), ignore)
-        await backend.request(call(4, "other", region="eu"), ignore)
+        await backend.request(
+            call(1, "regional", region="eu", n=3, query="q"), ignore, GATEWAY_CALL
+        )
+        await backend.request(request(2, "tools/list"), ignore, GATEWAY_CALL)
+        await backend.request(
+            call(3, "regional", region="Zürich", n=42, query="q"), ignore, GATEWAY_CALL
+        )
+        await backend.request(call(4, "other", region="eu"), ignore, GATEWAY_CALL)
     before, _, after, other = (r.headers() for r in server.requests)
     assert not any(name.startswith("mcp-param-") for name in before)
     zurich = base64.b64encode("Zürich".encode()).decode()
@@ -177,7 +182,7 @@ async def test_trace_context_becomes_headers_only_when_well_formed(
     as headers, but only when they are W3C trace context; otherwise they travel in `_meta`
     alone, and no control character from a client's body reaches a header line."""
     async with Server(answer) as server, running(backend_config(server.url())) as backend:
-        await backend.request(traced(parent, state), ignore)
+        await backend.request(traced(parent, state), ignore, GATEWAY_CALL)
     (sent,) = server.requests
     found = sent.headers()
     assert ("traceparent" in found) is sent_parent
@@ -200,11 +205,11 @@ async def test_a_method_that_cannot_be_a_header_is_refused(method: str) -> None:
     method that is not a plain header value is refused (-32600) instead of being sent."""
     async with Server(answer) as server, running(backend_config(server.url())) as backend:
         with pytest.raises(errors.Refused) as refused:
-            await backend.request(request(1, method), ignore)
+            await backend.request(request(1, method), ignore, GATEWAY_CALL)
         assert code_of(refused) == codes.INVALID_REQUEST
         await backend.notify({"jsonrpc": "2.0", "method": method})  # dropped, with a warning
         # The next request on the same backend is served normally.
-        assert "result" in await backend.request(request(2, "tools/list"), ignore)
+        assert "result" in await backend.request(request(2, "tools/list"), ignore, GATEWAY_CALL)
     assert [r.message["method"] for r in server.requests] == ["tools/list"]
 
 

@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from gateway import errors
+from gateway.backends.base import GATEWAY_CALL
 from gateway.protocol import codes
 from gateway.protocol.jsonrpc import Message
 from tests.backend_support import (
@@ -74,16 +75,16 @@ async def abusive_and_fine(
 
             async def abused() -> None:
                 with pytest.raises(errors.BackendError) as info:
-                    await bad_backend.request(call(1, "t"), ignore)
+                    await bad_backend.request(call(1, "t"), ignore, GATEWAY_CALL)
                 caught.append(info)
 
             with anyio.fail_after(BOUND):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(abused)
-                    assert (await fine.request(call(2, "t"), ignore))["id"] == 2
+                    assert (await fine.request(call(2, "t"), ignore, GATEWAY_CALL))["id"] == 2
                 if closes:  # by the gateway, not left to the backend
                     await bad.until(lambda: bad.peers[0].closed)
-                assert (await bad_backend.request(call(3, "t"), ignore))["id"] == 3
+                assert (await bad_backend.request(call(3, "t"), ignore, GATEWAY_CALL))["id"] == 3
     return caught[0]
 
 
@@ -165,7 +166,7 @@ async def test_connection_refused_is_unavailable() -> None:
     config = backend_config(f"http://127.0.0.1:{free_port()}/mcp")
     async with running(config) as backend:
         with anyio.fail_after(BOUND), pytest.raises(errors.BackendError) as caught:
-            await backend.request(call(1, "t"), ignore)
+            await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
         assert not backend.up
     assert code_of(caught) == codes.BACKEND_UNAVAILABLE
 
@@ -177,7 +178,7 @@ async def test_a_connect_that_does_not_complete_in_time_is_unavailable() -> None
         config = backend_config(f"http://127.0.0.1:{port}/", _backend={"connect_timeout": 0.2})
         async with running(config) as backend:
             with anyio.fail_after(BOUND), pytest.raises(errors.BackendError) as caught:
-                await backend.request(call(1, "t"), ignore)
+                await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
     assert code_of(caught) == codes.BACKEND_UNAVAILABLE
 
 
@@ -186,7 +187,7 @@ async def test_the_request_timeout_closes_the_connection() -> None:
         config = backend_config(server.url(), _backend={"request_timeout": 0.2})
         async with running(config) as backend:
             with anyio.fail_after(BOUND), pytest.raises(errors.BackendError) as caught:
-                await backend.request(call(1, "t"), ignore)
+                await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
             await server.until(lambda: server.peers[0].closed)
     assert code_of(caught) == codes.BACKEND_TIMEOUT
     assert len(server.requests) == 1
@@ -202,7 +203,7 @@ async def test_the_request_timeout_covers_a_stream_that_never_replies() -> None:
         config = backend_config(server.url(), _backend={"request_timeout": 0.2})
         async with running(config) as backend:
             with anyio.fail_after(BOUND), pytest.raises(errors.BackendError) as caught:
-                await backend.request(call(1, "t"), ignore)
+                await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
             await server.until(lambda: server.peers[0].closed)
     assert code_of(caught) == codes.BACKEND_TIMEOUT
 
@@ -212,7 +213,7 @@ async def test_cancelling_the_caller_closes_the_connection() -> None:
     does not go back to the pool."""
     async with Server(hold) as server, running(backend_config(server.url())) as backend:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(backend.request, call(1, "t"), ignore)
+            tg.start_soon(backend.request, call(1, "t"), ignore, GATEWAY_CALL)
             await server.until(lambda: len(server.requests) == 1)
             tg.cancel_scope.cancel()
         await server.until(lambda: server.peers[0].closed)
@@ -233,7 +234,7 @@ async def test_max_connections_bounds_concurrent_connections() -> None:
         async with running(config) as backend:
 
             async def one(i: int) -> None:
-                results[i] = await backend.request(call(i, "t"), ignore)
+                results[i] = await backend.request(call(i, "t"), ignore, GATEWAY_CALL)
 
             with anyio.fail_after(BOUND):
                 async with anyio.create_task_group() as tg:
@@ -263,12 +264,12 @@ async def test_waiting_for_a_pooled_connection_is_not_a_connect_timeout() -> Non
         )
         async with running(config) as backend:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(backend.request, call(1, "t"), ignore)
+                tg.start_soon(backend.request, call(1, "t"), ignore, GATEWAY_CALL)
                 await server.until(lambda: len(server.requests) == 1)
                 queued: list[Message] = []
 
                 async def second() -> None:
-                    queued.append(await backend.request(call(2, "t"), ignore))
+                    queued.append(await backend.request(call(2, "t"), ignore, GATEWAY_CALL))
 
                 tg.start_soon(second)
                 # Past connect_timeout while queued for the only connection: nothing to wait on
@@ -293,13 +294,13 @@ async def test_listen_streams_never_use_up_the_connections_calls_need() -> None:
 
             async def listen(i: int) -> None:
                 msg = request(f"l{i}", "subscriptions/listen")
-                await backend.request(msg, ignore, long_lived=True)
+                await backend.request(msg, ignore, GATEWAY_CALL, long_lived=True)
 
             for i in range(3):
                 tg.start_soon(listen, i)
             await server.until(lambda: len(server.requests) == 3)
             with anyio.fail_after(BOUND):
-                assert (await backend.request(call(1, "t"), ignore))["id"] == 1
+                assert (await backend.request(call(1, "t"), ignore, GATEWAY_CALL))["id"] == 1
             tg.cancel_scope.cancel()
 
 
@@ -319,7 +320,7 @@ async def test_a_body_that_turns_malformed_ends_the_call_within_its_deadline() -
         config = backend_config(server.url(), _backend={"request_timeout": 0.3})
         async with running(config) as backend:
             with anyio.fail_after(BOUND), pytest.raises(errors.BackendError) as caught:
-                await backend.request(call(1, "t"), ignore)
+                await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
             await server.until(lambda: server.peers[0].closed)
     assert code_of(caught) in (codes.BACKEND_PROTOCOL_ERROR, codes.BACKEND_TIMEOUT)
 
@@ -327,8 +328,8 @@ async def test_a_body_that_turns_malformed_ends_the_call_within_its_deadline() -
 async def test_a_stopped_backend_is_unavailable() -> None:
     async with Server(answer) as server:
         async with running(backend_config(server.url())) as backend:
-            await backend.request(call(1, "t"), ignore)
+            await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
         with pytest.raises(errors.BackendError) as caught:
-            await backend.request(call(2, "t"), ignore)
+            await backend.request(call(2, "t"), ignore, GATEWAY_CALL)
     assert code_of(caught) == codes.BACKEND_UNAVAILABLE
     assert len(server.requests) == 1

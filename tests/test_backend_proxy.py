@@ -17,6 +17,7 @@ import pytest
 import trustme
 
 from gateway import errors
+from gateway.backends.base import GATEWAY_CALL
 from gateway.protocol import codes
 from tests.backend_support import (
     Server,
@@ -71,7 +72,7 @@ async def test_an_http_backend_is_reached_through_http_proxy(
         set_env(environ, http=proxy.url)
         async with running(backend_config(server.url())) as backend:
             for rid in (1, 2):
-                assert (await backend.request(call(rid, "t"), ignore))["id"] == rid
+                assert (await backend.request(call(rid, "t"), ignore, GATEWAY_CALL))["id"] == rid
     assert proxy.seen[0].request_line == f"POST {server.url()} HTTP/1.1"
     assert proxy.seen[0].headers["mcp-method"] == "tools/call"
     # Passed on in origin form (later requests on the joined connection pass as they are).
@@ -85,7 +86,7 @@ async def test_proxy_credentials_come_from_the_proxy_url(environ: pytest.MonkeyP
     async with ForwardProxy() as proxy, Server(answer) as server:
         set_env(environ, http=f"http://user:s%40cret@127.0.0.1:{proxy.port}")
         async with running(backend_config(server.url())) as backend:
-            assert (await backend.request(call(1, "t"), ignore))["id"] == 1
+            assert (await backend.request(call(1, "t"), ignore, GATEWAY_CALL))["id"] == 1
     expected = "Basic " + base64.b64encode(b"user:s@cret").decode()
     assert proxy.seen[0].headers["proxy-authorization"] == expected
     assert "proxy-authorization" not in server.requests[0].headers()
@@ -98,7 +99,7 @@ async def test_a_host_no_proxy_names_is_reached_directly(
     async with ForwardProxy() as proxy, Server(answer) as server:
         set_env(environ, http=proxy.url, no=listed)
         async with running(backend_config(server.url())) as backend:
-            assert (await backend.request(call(1, "t"), ignore))["id"] == 1
+            assert (await backend.request(call(1, "t"), ignore, GATEWAY_CALL))["id"] == 1
     assert proxy.seen == []
     assert len(server.requests) == 1
 
@@ -114,7 +115,7 @@ async def test_an_https_backend_is_reached_through_a_connect_tunnel(
         set_env(environ, https=proxy.url)
         config = backend_config(url, tls={"ca_file": str(tmp_path / "ca.pem")})
         async with running(config) as backend:
-            assert (await backend.request(call(1, "t"), ignore))["id"] == 1
+            assert (await backend.request(call(1, "t"), ignore, GATEWAY_CALL))["id"] == 1
     port = url.split(":")[2].split("/")[0]
     assert [s.request_line for s in proxy.seen] == [f"CONNECT 127.0.0.1:{port} HTTP/1.1"]
     assert seen[0]["Mcp-Method"] == "tools/call"  # the request itself went through the tunnel
@@ -127,7 +128,7 @@ async def test_a_proxy_that_cannot_be_reached_makes_the_backend_unavailable(
         set_env(environ, http=f"http://127.0.0.1:{free_port()}")
         async with running(backend_config(server.url())) as backend:
             with anyio.fail_after(BOUND), pytest.raises(errors.BackendError) as caught:
-                await backend.request(call(1, "t"), ignore)
+                await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
     assert caught.value.code == codes.BACKEND_UNAVAILABLE
     assert server.requests == []
 

@@ -28,6 +28,7 @@ from yarl import URL
 from gateway import config as gateway_config
 from gateway.app import Gateway
 from gateway.backends import health, safety
+from gateway.backends.base import GATEWAY_CALL
 from gateway.backends.replicas import Replicas
 from gateway.config import ConfigInvalid, HttpTarget
 from gateway.protocol import codes
@@ -191,7 +192,9 @@ async def test_a_listen_stream_does_not_count_as_in_flight_on_its_replica() -> N
             async def hear(_: Message) -> None:
                 heard.set()
 
-            tg.start_soon(functools.partial(backend.request, listen, hear, long_lived=True))
+            tg.start_soon(
+                functools.partial(backend.request, listen, hear, GATEWAY_CALL, long_lived=True)
+            )
             with anyio.fail_after(BOUND):
                 await heard.wait()  # (the stream is open, its head read)
             stats = backend.replica_stats()

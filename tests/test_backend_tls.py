@@ -14,6 +14,7 @@ import pytest
 import trustme
 
 from gateway import errors
+from gateway.backends.base import GATEWAY_CALL
 from gateway.backends.http import HttpBackend
 from gateway.config import ConfigInvalid
 from gateway.protocol import codes
@@ -67,7 +68,7 @@ def server_context(
 async def outcome(backend: HttpBackend) -> int | None:
     """None when the call was served, else the error's code."""
     try:
-        reply = await backend.request(call(1, "t"), ignore)
+        reply = await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
     except errors.BackendError as exc:
         return exc.code
     assert reply["id"] == 1

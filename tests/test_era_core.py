@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import GATEWAY_CALL, Call, NotificationSink
 from gateway.backends.era import held, probe
 from gateway.backends.era.layer import EraBackend
 from gateway.backends.era.link import SessionLink
 from gateway.config.model import BackendConfig, HttpTarget
 from gateway.errors import BackendTimeout, Refused
+from gateway.origin import LegacyClient, Origin
 from gateway.protocol import codes, meta
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import NO_OBSERVATION, SERVING, LegacyClient, Origin
 
 pytestmark = pytest.mark.anyio
 BOUND = 5.0
@@ -64,6 +64,7 @@ class FakeLink(SessionLink):
         self,
         msg: Message,
         sink: NotificationSink,
+        call: Call,
         *,
         long_lived: bool = False,
         wants_logs: bool | None = None,
@@ -100,7 +101,7 @@ class FakeLink(SessionLink):
     async def watch(self, deliver: Callable[[str, Message], None]) -> bool:
         return False
 
-    async def send(self, msg: Message) -> None:
+    async def send(self, msg: Message, call: Call) -> None:
         self.sent.append(msg)
         future = self.answers.get(msg.get("id"))
         if future is not None and "method" not in msg:
@@ -201,7 +202,7 @@ async def test_a_legacy_backend_is_opened_and_spoken_to_in_its_era() -> None:
     backend = era_over(link)
     msg = modern_request(1, "tools/list")
     msg["params"]["_meta"]["traceparent"] = "00-abc"
-    reply = await backend.request(msg, ignore)
+    reply = await backend.request(msg, ignore, GATEWAY_CALL)
     assert backend.era == "legacy" and backend.session is not None
     assert [m["method"] for m in link.received] == ["server/discover", "initialize", "tools/list"]
     assert link.sent[0]["method"] == "notifications/initialized"
@@ -215,7 +216,7 @@ async def test_a_legacy_backend_is_opened_and_spoken_to_in_its_era() -> None:
 async def test_discover_is_answered_from_the_initialize_result() -> None:
     link = FakeLink(legacy_server())
     backend = era_over(link, "legacy")
-    reply = await backend.request(modern_request(2, "server/discover"), ignore)
+    reply = await backend.request(modern_request(2, "server/discover"), ignore, GATEWAY_CALL)
     result = reply["result"]
     assert result["supportedVersions"] == [meta.MODERN_VERSION]
     assert result["_meta"][meta.SERVER_INFO]["name"] == "fake"
@@ -237,15 +238,20 @@ async def eliciting_tool(link: FakeLink, msg: Message, sink: NotificationSink) -
     return {"result": {"content": [{"type": "text", "text": str(answer["result"])}]}}
 
 
-def as_caller(authorization: str) -> None:
-    SERVING.set((NO_OBSERVATION, Origin("http", headers={"Authorization": authorization})))
+def as_caller(authorization: str) -> Call:
+    return Call(Origin("http", headers={"Authorization": authorization}))
+
+
+ALICE = as_caller("alice")
 
 
 async def start_held_call() -> tuple[FakeLink, EraBackend, Message]:
+    """A call held for alice's answer."""
     link = FakeLink(legacy_server(eliciting_tool))
     backend = era_over(link, "legacy")
-    as_caller("alice")
-    reply = await asyncio.wait_for(backend.request(modern_request(3, "tools/call"), ignore), BOUND)
+    reply = await asyncio.wait_for(
+        backend.request(modern_request(3, "tools/call"), ignore, ALICE), BOUND
+    )
     return link, backend, reply
 
 
@@ -260,7 +266,7 @@ async def test_a_question_mid_call_becomes_input_required_and_the_retry_answers_
         "tools/call",
         {"inputResponses": {key: {"action": "accept"}}, "requestState": result["requestState"]},
     )
-    final = await asyncio.wait_for(backend.request(retry, ignore), BOUND)
+    final = await asyncio.wait_for(backend.request(retry, ignore, ALICE), BOUND)
     assert link.sent[-1] == {"jsonrpc": "2.0", "id": "q1", "result": {"action": "accept"}}
     assert final["id"] == 4
     assert final["result"]["resultType"] == "complete"
@@ -270,10 +276,10 @@ async def test_a_question_mid_call_becomes_input_required_and_the_retry_answers_
 async def test_another_caller_cannot_resume_a_held_call() -> None:
     _, backend, reply = await start_held_call()
     state = reply["result"]["requestState"]
-    as_caller("mallory")
+    mallory = as_caller("mallory")
     retry = modern_request(5, "tools/call", {"inputResponses": {}, "requestState": state})
     with pytest.raises(Refused) as refused:
-        await backend.request(retry, ignore)
+        await backend.request(retry, ignore, mallory)
     assert refused.value.code == codes.INVALID_PARAMS
 
 
@@ -284,7 +290,7 @@ async def test_an_expired_state_is_refused(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(time, "time", lambda: later)
     retry = modern_request(6, "tools/call", {"inputResponses": {}, "requestState": state})
     with pytest.raises(Refused) as refused:
-        await backend.request(retry, ignore)
+        await backend.request(retry, ignore, ALICE)
     assert refused.value.code == codes.INVALID_PARAMS
 
 
@@ -293,7 +299,7 @@ async def test_a_client_without_the_capability_is_told_what_it_lacks() -> None:
     backend = era_over(link, "legacy")
     msg = modern_request(7, "tools/call")
     msg["params"]["_meta"][meta.CLIENT_CAPABILITIES] = {}
-    reply = await asyncio.wait_for(backend.request(msg, ignore), BOUND)
+    reply = await asyncio.wait_for(backend.request(msg, ignore, GATEWAY_CALL), BOUND)
     assert reply["error"]["code"] == codes.MISSING_REQUIRED_CLIENT_CAPABILITY
     assert reply["error"]["data"]["requiredCapabilities"] == {"elicitation": {"form": {}}}
     refusals = [m for m in link.sent if m.get("id") == "q1"]
@@ -331,9 +337,8 @@ class Lanes:
         return link
 
 
-def from_legacy_client(client: LegacyClient | None, authorization: str = "alice") -> None:
-    origin = Origin("http", headers={"Authorization": authorization}, legacy=client)
-    SERVING.set((NO_OBSERVATION, origin))
+def from_legacy_client(client: LegacyClient | None, authorization: str = "alice") -> Call:
+    return Call(Origin("http", headers={"Authorization": authorization}, legacy=client))
 
 
 def methods(link: FakeLink) -> list[str]:
@@ -345,13 +350,13 @@ async def test_each_legacy_client_gets_a_legacy_session_and_modern_ones_stay_mod
     main = FakeLink(modern_server)
     backend = era_over(main, lane=lanes)
     first, second = LegacyClient(), LegacyClient()
-    from_legacy_client(first)
-    await backend.request(modern_request(1, "tools/list"), ignore)
-    await backend.request(modern_request(2, "tools/list"), ignore)
-    from_legacy_client(second)
-    await backend.request(modern_request(3, "tools/list"), ignore)
-    from_legacy_client(None)
-    await backend.request(modern_request(4, "tools/list"), ignore)
+    caller = from_legacy_client(first)
+    await backend.request(modern_request(1, "tools/list"), ignore, caller)
+    await backend.request(modern_request(2, "tools/list"), ignore, caller)
+    caller = from_legacy_client(second)
+    await backend.request(modern_request(3, "tools/list"), ignore, caller)
+    caller = from_legacy_client(None)
+    await backend.request(modern_request(4, "tools/list"), ignore, caller)
     assert len(lanes.made) == 2  # one per client session, reused by its next request
     assert methods(lanes.made[0]) == ["initialize", "tools/list", "tools/list"]
     assert methods(lanes.made[1]) == ["initialize", "tools/list"]
@@ -364,8 +369,8 @@ async def test_discovery_stays_modern_for_a_legacy_client() -> None:
     lanes = Lanes(legacy_server())
     main = FakeLink(modern_server)
     backend = era_over(main, lane=lanes)
-    from_legacy_client(LegacyClient())
-    reply = await backend.request(modern_request(1, "server/discover"), ignore)
+    caller = from_legacy_client(LegacyClient())
+    reply = await backend.request(modern_request(1, "server/discover"), ignore, caller)
     assert reply["result"]["supportedVersions"] == [meta.MODERN_VERSION]
     assert lanes.made == []
 
@@ -375,8 +380,10 @@ async def test_a_legacy_clients_watch_stays_modern_over_http() -> None:
     lanes = Lanes(legacy_server())
     main = FakeLink(modern_server)
     backend = era_over(main, lane=lanes)
-    from_legacy_client(LegacyClient())
-    await backend.request(modern_request(1, "subscriptions/listen"), ignore, long_lived=True)
+    caller = from_legacy_client(LegacyClient())
+    await backend.request(
+        modern_request(1, "subscriptions/listen"), ignore, caller, long_lived=True
+    )
     assert lanes.made == [] and methods(main) == ["server/discover", "subscriptions/listen"]
 
 
@@ -384,14 +391,14 @@ async def test_the_legacy_session_ends_with_the_client_session() -> None:
     lanes = Lanes(legacy_server())
     backend = era_over(FakeLink(modern_server), lane=lanes)
     client = LegacyClient()
-    from_legacy_client(client)
-    await backend.request(modern_request(1, "tools/list"), ignore)
+    caller = from_legacy_client(client)
+    await backend.request(modern_request(1, "tools/list"), ignore, caller)
     client.close()
     await asyncio.wait_for(lanes.made[0].ended.wait(), BOUND)
     # The next session of that client (a new one) gets a new backend session.
     again = LegacyClient()
-    from_legacy_client(again)
-    await backend.request(modern_request(2, "tools/list"), ignore)
+    caller = from_legacy_client(again)
+    await backend.request(modern_request(2, "tools/list"), ignore, caller)
     assert len(lanes.made) == 2
 
 
@@ -399,10 +406,10 @@ async def test_a_backend_refusing_initialize_serves_legacy_clients_in_the_modern
     lanes = Lanes(refusing_initialize(legacy_server()))
     main = FakeLink(modern_server)
     backend = era_over(main, lane=lanes)
-    from_legacy_client(LegacyClient())
-    reply = await backend.request(modern_request(1, "tools/call"), ignore)
-    from_legacy_client(LegacyClient())
-    await backend.request(modern_request(2, "tools/call"), ignore)
+    caller = from_legacy_client(LegacyClient())
+    reply = await backend.request(modern_request(1, "tools/call"), ignore, caller)
+    caller = from_legacy_client(LegacyClient())
+    await backend.request(modern_request(2, "tools/call"), ignore, caller)
     assert reply["result"]["content"][0]["text"] == "modern"
     assert len(lanes.made) == 1  # learnt once, remembered
     assert methods(main) == ["server/discover", "tools/call", "tools/call"]
@@ -414,8 +421,10 @@ async def test_a_question_on_a_legacy_clients_session_is_held_for_that_client() 
     lanes = Lanes(legacy_server(eliciting_tool))
     backend = era_over(FakeLink(modern_server), lane=lanes)
     client = LegacyClient()
-    from_legacy_client(client)
-    first = await asyncio.wait_for(backend.request(modern_request(1, "tools/call"), ignore), BOUND)
+    caller = from_legacy_client(client)
+    first = await asyncio.wait_for(
+        backend.request(modern_request(1, "tools/call"), ignore, caller), BOUND
+    )
     result = first["result"]
     assert result["resultType"] == "input_required"
     [key] = result["inputRequests"]
@@ -424,7 +433,7 @@ async def test_a_question_on_a_legacy_clients_session_is_held_for_that_client() 
         "tools/call",
         {"inputResponses": {key: {"action": "accept"}}, "requestState": result["requestState"]},
     )
-    final = await asyncio.wait_for(backend.request(retry, ignore), BOUND)
+    final = await asyncio.wait_for(backend.request(retry, ignore, caller), BOUND)
     assert final["result"]["resultType"] == "complete"
     [lane] = lanes.made
     assert {"jsonrpc": "2.0", "id": "q1", "result": {"action": "accept"}} in lane.sent

@@ -21,6 +21,7 @@ import yaml
 from gateway import config as gateway_config
 from gateway import errors
 from gateway.app import Gateway
+from gateway.backends.base import GATEWAY_CALL
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Stats
@@ -108,9 +109,9 @@ async def test_a_reply_split_at_every_byte(framing: str) -> None:
 
     async with Server(handler) as server, running(backend_config(server.url())) as backend:
         with anyio.fail_after(BOUND):
-            got = await backend.request(call(1, "t"), sink)
+            got = await backend.request(call(1, "t"), sink, GATEWAY_CALL)
             assert isinstance(got, jsonrpc.Received) and got.raw == BODY
-            assert "result" in await backend.request(call(2, "t"), ignore)
+            assert "result" in await backend.request(call(2, "t"), ignore, GATEWAY_CALL)
     assert notes == ([{"jsonrpc": "2.0", "method": "notifications/x"}] if framing == "sse" else [])
     reused = framing not in ("close-delimited", "sse")
     assert [len(peer.requests) for peer in server.peers] == ([2] if reused else [1, 1])
@@ -138,7 +139,7 @@ async def test_an_sse_reply_arrives_piece_by_piece() -> None:
 
     async with Server(handler) as server, running(backend_config(server.url())) as backend:
         with anyio.fail_after(BOUND):
-            got = await backend.request(call(1, "t", token="p-1"), sink)
+            got = await backend.request(call(1, "t", token="p-1"), sink, GATEWAY_CALL)
     assert got["id"] == 1 and delivered.is_set()
     assert len(server.peers) == 1
 
@@ -167,7 +168,7 @@ async def test_a_slow_consumer_stops_the_gateway_reading() -> None:
         await release.wait()
 
     async def call_it() -> None:
-        assert "result" in await backend.request(call(1, "t"), sink)
+        assert "result" in await backend.request(call(1, "t"), sink, GATEWAY_CALL)
 
     async with (
         Server(handler) as server,
@@ -196,7 +197,7 @@ async def test_an_interim_reply_is_skipped() -> None:
 
     async with Server(handler) as server, running(backend_config(server.url())) as backend:
         with anyio.fail_after(BOUND):
-            assert "result" in await backend.request(call(1, "t"), ignore)
+            assert "result" in await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
 
 
 @pytest.mark.parametrize(
@@ -228,7 +229,7 @@ async def test_a_notification_is_accepted_and_its_connection_reused(empty: bytes
     async with Server(either) as server, running(backend_config(server.url())) as backend:
         with anyio.fail_after(BOUND):
             await backend.notify({"jsonrpc": "2.0", "method": "notifications/initialized"})
-            assert "result" in await backend.request(call(1, "t"), ignore)
+            assert "result" in await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
     assert len(server.peers) == (2 if no_length else 1)
 
 
@@ -238,7 +239,7 @@ async def test_sequential_requests_share_one_connection_and_are_counted() -> Non
         Server(answer) as server,
         running(backend_config(server.url()), stats) as backend,
     ):
-        replies = [await backend.request(call(i, "t"), ignore) for i in range(5)]
+        replies = [await backend.request(call(i, "t"), ignore, GATEWAY_CALL) for i in range(5)]
     assert [r["id"] for r in replies] == list(range(5))
     assert len(server.peers) == 1
     assert stats.bytes["backend", "out"] == sum(len(r.body) for r in server.requests)
@@ -263,9 +264,9 @@ async def test_a_reply_that_ends_its_connection_is_not_reused(closing: tuple[str
         await answer(peer)
 
     async with Server(handler) as server, running(backend_config(server.url())) as backend:
-        await backend.request(call(1, "t"), ignore)
+        await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
         await server.until(lambda: server.peers[0].closed)
-        assert (await backend.request(call(2, "t"), ignore))["id"] == 2
+        assert (await backend.request(call(2, "t"), ignore, GATEWAY_CALL))["id"] == 2
     assert len(server.peers) == 2
 
 
@@ -276,7 +277,7 @@ async def test_a_reply_with_another_id_is_a_protocol_error() -> None:
 
     async with Server(handler) as server, running(backend_config(server.url())) as backend:
         with pytest.raises(errors.BackendError) as caught:
-            await backend.request(call(1, "t"), ignore)
+            await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
     assert code_of(caught) == codes.BACKEND_PROTOCOL_ERROR
 
 
@@ -290,7 +291,7 @@ async def test_a_redirect_is_not_followed() -> None:
 
         async with Server(handler) as server, running(backend_config(server.url())) as backend:
             with pytest.raises(errors.BackendError) as caught:
-                await backend.request(call(1, "t"), ignore)
+                await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
     assert code_of(caught) == codes.BACKEND_PROTOCOL_ERROR
     assert elsewhere.requests == []
 
@@ -308,7 +309,7 @@ async def test_a_compressed_reply_is_not_inflated() -> None:
     stats = Stats()
     async with Server(handler) as server, running(backend_config(server.url()), stats) as backend:
         with pytest.raises(errors.BackendError) as caught:
-            await backend.request(call(1, "t"), ignore)
+            await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
     assert code_of(caught) == codes.BACKEND_PROTOCOL_ERROR
     assert stats.bytes["backend", "in"] <= len(bomb)
 
@@ -337,13 +338,13 @@ async def test_a_reused_connection_closed_after_reading_a_call_is_not_sent_again
         await answer(peer)
 
     async with Server(handler) as server, running(backend_config(server.url())) as backend:
-        await backend.request(request(1, "tools/list"), ignore)
+        await backend.request(request(1, "tools/list"), ignore, GATEWAY_CALL)
         with anyio.fail_after(BOUND), pytest.raises(errors.BackendError) as caught:
-            await backend.request(call(2, "delete_everything"), ignore)
+            await backend.request(call(2, "delete_everything"), ignore, GATEWAY_CALL)
         assert code_of(caught) == codes.BACKEND_CONNECTION_LOST
         assert isinstance(caught.value, errors.BackendConnectionLost)
         # The next call goes out on a new connection and is served.
-        assert (await backend.request(call(3, "t"), ignore))["id"] == 3
+        assert (await backend.request(call(3, "t"), ignore, GATEWAY_CALL))["id"] == 3
     arrivals = [r.message["params"].get("name") for r in server.requests]
     assert arrivals == [None, "delete_everything", "t"]
     assert [len(peer.requests) for peer in server.peers] == [2, 1]
@@ -356,7 +357,7 @@ async def read_and_close(peer: Peer) -> None:
 async def test_a_fresh_connection_closed_unanswered_is_not_sent_again() -> None:
     async with Server(read_and_close) as server, running(backend_config(server.url())) as backend:
         with pytest.raises(errors.BackendError) as caught:
-            await backend.request(call(1, "t"), ignore)
+            await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
     assert code_of(caught) == codes.BACKEND_CONNECTION_LOST
     assert len(server.requests) == 1
 
@@ -381,7 +382,7 @@ async def test_a_connection_closed_mid_reply_is_lost_not_retried(partial: bytes)
 
     async with Server(handler) as server, running(backend_config(server.url())) as backend:
         with anyio.fail_after(BOUND), pytest.raises(errors.BackendError) as caught:
-            await backend.request(call(1, "t"), ignore)
+            await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
     assert code_of(caught) == codes.BACKEND_CONNECTION_LOST
     assert len(server.requests) == 1
 
@@ -394,11 +395,11 @@ async def test_an_idle_connection_is_closed_by_the_gateway_before_the_backend_wo
     async with Server(answer) as server:
         config = backend_config(server.url(), limits={"idle_timeout": idle})
         async with running(config) as backend:
-            await backend.request(call(1, "t"), ignore)
+            await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
             answered = anyio.current_time()
             await server.until(lambda: server.peers[0].closed)
             assert anyio.current_time() - answered >= idle * 0.9
-            assert (await backend.request(call(2, "t"), ignore))["id"] == 2
+            assert (await backend.request(call(2, "t"), ignore, GATEWAY_CALL))["id"] == 2
     assert [len(peer.requests) for peer in server.peers] == [1, 1]
 
 
@@ -429,11 +430,11 @@ async def test_unsolicited_bytes_on_an_idle_connection_do_not_become_the_next_re
 
     wrote = anyio.Event()
     async with Server(handler) as server, running(backend_config(server.url())) as backend:
-        await backend.request(call(1, "t"), ignore)
+        await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
         with anyio.fail_after(BOUND):
             await wrote.wait()
         await settle()
-        got = await backend.request(call(2, "t"), ignore)
+        got = await backend.request(call(2, "t"), ignore, GATEWAY_CALL)
         assert got["result"] == {"resultType": "complete"} and got["id"] == 2
     assert len(server.requests) == 2
 
@@ -490,7 +491,7 @@ async def test_the_media_type_is_read_case_insensitively() -> None:
         await peer.send(stream + event + b"0\r\n\r\n")
 
     async with Server(handler) as server, running(backend_config(server.url())) as backend:
-        assert (await backend.request(call(1, "t"), ignore))["id"] == 1
+        assert (await backend.request(call(1, "t"), ignore, GATEWAY_CALL))["id"] == 1
 
 
 async def test_a_connection_the_backend_closed_while_idle_is_replaced() -> None:
@@ -503,8 +504,8 @@ async def test_a_connection_the_backend_closed_while_idle_is_replaced() -> None:
         await answer(peer)
 
     async with Server(handler) as server, running(backend_config(server.url())) as backend:
-        await backend.request(call(1, "t"), ignore)
+        await backend.request(call(1, "t"), ignore, GATEWAY_CALL)
         await server.until(lambda: server.live == 0)
         await settle()
-        assert (await backend.request(call(2, "t"), ignore))["id"] == 2
+        assert (await backend.request(call(2, "t"), ignore, GATEWAY_CALL))["id"] == 2
     assert [len(peer.requests) for peer in server.peers] == [1, 1]

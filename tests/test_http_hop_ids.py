@@ -21,6 +21,7 @@ from gateway import config as gateway_config
 from gateway import errors
 from gateway.app import Gateway
 from gateway.backends import ids
+from gateway.backends.base import GATEWAY_CALL
 from gateway.backends.era.http_session import HttpSession
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message
@@ -55,7 +56,9 @@ def tool_calls(server: unruly_http.Unruly) -> list[Message]:
 async def test_the_backend_sees_ids_of_the_gateway_and_the_client_its_own() -> None:
     async with unruly_http.serving() as (server, url), running(backend_config(url)) as backend:
         with anyio.fail_after(BOUND):
-            got = [await backend.request(call(1, "echo", x=i), ignore) for i in range(3)]
+            got = [
+                await backend.request(call(1, "echo", x=i), ignore, GATEWAY_CALL) for i in range(3)
+            ]
     assert [r["id"] for r in got] == [1, 1, 1]
     assert [r["result"]["echo"] for r in got] == [{"x": 0}, {"x": 1}, {"x": 2}]
     sent = [m["id"] for m in tool_calls(server)]
@@ -72,8 +75,8 @@ async def test_a_second_reply_on_one_stream_is_dropped(caplog: pytest.LogCapture
     caplog.set_level(logging.WARNING, LOGGER)
     async with unruly_http.serving() as (_, url), running(backend_config(url)) as backend:
         with anyio.fail_after(BOUND):
-            got = await backend.request(call(1, "twice"), ignore)
-            following = await backend.request(call(2, "echo", after=True), ignore)
+            got = await backend.request(call(1, "twice"), ignore, GATEWAY_CALL)
+            following = await backend.request(call(2, "echo", after=True), ignore, GATEWAY_CALL)
     assert got["id"] == 1 and got["result"]["n"] == 1
     assert following["id"] == 2 and following["result"]["echo"] == {"after": True}
     assert len(warnings(caplog, "second reply")) == 1
@@ -85,7 +88,7 @@ async def test_a_stray_reply_is_dropped_and_the_request_waits_for_its_own(
     caplog.set_level(logging.WARNING, LOGGER)
     async with unruly_http.serving() as (_, url), running(backend_config(url)) as backend:
         with anyio.fail_after(BOUND):
-            got = await backend.request(call(1, "stray"), ignore)
+            got = await backend.request(call(1, "stray"), ignore, GATEWAY_CALL)
     assert got["id"] == 1 and got["result"]["stray"] is False
     assert len(warnings(caplog, "someone-else")) == 1
 
@@ -107,7 +110,7 @@ async def test_a_stream_that_ends_with_only_other_ids_fails_the_request(
     caplog.set_level(logging.WARNING, LOGGER)
     async with unruly_http.serving() as (_, url), running(backend_config(url)) as backend:
         with anyio.fail_after(BOUND), pytest.raises(errors.BackendProtocolError) as caught:
-            await backend.request(msg, ignore)
+            await backend.request(msg, ignore, GATEWAY_CALL)
     assert code_of(caught) == codes.BACKEND_PROTOCOL_ERROR
     assert len(warnings(caplog, "dropped a reply")) == 1
 
@@ -162,10 +165,10 @@ async def test_progress_travels_under_a_token_of_the_gateway() -> None:
 
     async with unruly_http.serving() as (_, url), running(backend_config(url)) as backend:
         with anyio.fail_after(BOUND):
-            got = await backend.request(call(1, "progress", token="tok-A"), sink)
+            got = await backend.request(call(1, "progress", token="tok-A"), sink, GATEWAY_CALL)
             asked = list(notes)
             notes.clear()
-            await backend.request(call(2, "progress"), sink)
+            await backend.request(call(2, "progress"), sink, GATEWAY_CALL)
     seen = got["result"]["token_seen"]
     assert seen != "tok-A" and isinstance(seen, str) and seen.startswith(ids.PREFIX)
     assert [n["params"]["progressToken"] for n in asked] == ["tok-A"]
@@ -190,7 +193,7 @@ async def test_a_legacy_server_is_told_of_a_cancellation_under_the_id_it_was_sen
         session.begin_session()
         session.agreed(unruly_http.LEGACY)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(backend.request, call(1, "hang"), ignore)
+            tg.start_soon(backend.request, call(1, "hang"), ignore, GATEWAY_CALL)
             await server.until(lambda: bool(tool_calls(server)))
             tg.cancel_scope.cancel()
         await server.until(lambda: bool(cancelled()))

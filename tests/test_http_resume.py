@@ -19,6 +19,7 @@ import yaml
 from gateway import config as gateway_config
 from gateway import errors
 from gateway.app import Gateway
+from gateway.backends.base import GATEWAY_CALL
 from gateway.backends.era import resume
 from gateway.backends.era.http_session import HttpSession
 from gateway.backends.era.link import SessionLink
@@ -77,7 +78,9 @@ async def test_a_dropped_stream_is_resumed_from_its_last_event_id() -> None:
         running(backend_config(url)) as backend,
     ):
         with anyio.fail_after(BOUND):
-            got = await legacy(backend).request(call(7, "drop", token="tok", retry=100), sink)
+            got = await legacy(backend).request(
+                call(7, "drop", token="tok", retry=100), sink, GATEWAY_CALL
+            )
     assert got["id"] == 7 and got["result"]["resumed"] == "s1-1"
     assert server.resumes == ["s1-1"]
     assert server.resumed_at[0] - server.closed_at[0] >= 0.1 * 0.9
@@ -96,7 +99,9 @@ async def test_resumption_that_keeps_failing_gives_up_after_a_few_attempts() -> 
         running(backend_config(url)) as backend,
     ):
         with anyio.fail_after(BOUND), pytest.raises(errors.BackendConnectionLost) as caught:
-            await legacy(backend).request(call(1, "drop", retry=50, fail=True), ignore)
+            await legacy(backend).request(
+                call(1, "drop", retry=50, fail=True), ignore, GATEWAY_CALL
+            )
     assert code_of(caught) == codes.BACKEND_CONNECTION_LOST
     assert len(server.resumes) == resume.MAX_ATTEMPTS
     assert server.resumes[0] == "s1-1"  # then the priming ids each failed GET gave
@@ -112,7 +117,9 @@ async def test_the_resumption_limits_are_the_backends_limits() -> None:
         running(backend_config(url, limits=limits)) as backend,
     ):
         with anyio.fail_after(BOUND), pytest.raises(errors.BackendConnectionLost) as caught:
-            await legacy(backend).request(call(1, "drop", retry=60_000, fail=True), ignore)
+            await legacy(backend).request(
+                call(1, "drop", retry=60_000, fail=True), ignore, GATEWAY_CALL
+            )
     assert code_of(caught) == codes.BACKEND_CONNECTION_LOST
     assert len(server.resumes) == 1 and posts(server) == 1
 
@@ -124,7 +131,9 @@ async def test_a_refused_resumption_is_not_tried_again() -> None:
         running(backend_config(url)) as backend,
     ):
         with anyio.fail_after(BOUND), pytest.raises(errors.BackendConnectionLost) as caught:
-            await legacy(backend).request(call(1, "drop", retry=10, forget=True), ignore)
+            await legacy(backend).request(
+                call(1, "drop", retry=10, forget=True), ignore, GATEWAY_CALL
+            )
     assert code_of(caught) == codes.BACKEND_CONNECTION_LOST
     assert server.resumes == ["s1-1"] and posts(server) == 1
 
@@ -136,7 +145,7 @@ async def test_a_retry_beyond_the_deadline_fails_at_once() -> None:
         async with running(config) as backend:
             started = anyio.current_time()
             with anyio.fail_after(BOUND), pytest.raises(errors.BackendTimeout) as caught:
-                await legacy(backend).request(call(1, "drop", retry=600_000), ignore)
+                await legacy(backend).request(call(1, "drop", retry=600_000), ignore, GATEWAY_CALL)
     assert code_of(caught) == codes.BACKEND_TIMEOUT
     assert anyio.current_time() - started < 1.0
     assert server.resumes == []
@@ -154,7 +163,7 @@ async def test_a_stream_that_cannot_be_resumed_fails_without_sending_again(era: 
             legacy(backend)
         msg = call(1, "drop", ids=era.endswith("with-ids"))
         with anyio.fail_after(BOUND), pytest.raises(errors.BackendConnectionLost) as caught:
-            await backend.request(msg, ignore)
+            await backend.request(msg, ignore, GATEWAY_CALL)
     assert code_of(caught) == codes.BACKEND_CONNECTION_LOST
     assert server.resumes == []
     assert posts(server) == 1
@@ -244,7 +253,7 @@ async def test_a_reply_sent_on_the_standing_stream_instead_is_taken() -> None:
         answered = anyio.Event()
 
         async def call_orphan() -> None:
-            got.append(await session.request(call(5, "orphan", retry=20), ignore))
+            got.append(await session.request(call(5, "orphan", retry=20), ignore, GATEWAY_CALL))
             answered.set()
 
         async def watch() -> None:

@@ -22,17 +22,17 @@ import yaml
 from mcp import Client
 
 from gateway.app import Gateway
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Call, NotificationSink
 from gateway.backends.isolated import CATALOG, IsolatedBackend, _key
 from gateway.config import ConfigInvalid, describe, parse
 from gateway.config.model import DEFAULT_CHILD_IDLE_TIMEOUT, DEFAULT_MAX_CHILDREN
 from gateway.core.catalog import Catalogs
 from gateway.frontends.legacy.front import Session
+from gateway.origin import GATEWAY_ORIGIN, STDIO_ORIGIN, Origin
 from gateway.protocol.jsonrpc import Message
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure
 from gateway.telemetry import procfs
-from gateway.telemetry.api import GATEWAY_ORIGIN, NO_OBSERVATION, SERVING, STDIO_ORIGIN, Origin
 from tests.conformance_support import npm_server
 from tests.support import PYTHON, ROOT, START_BOUND, gone, sdk_stdio_command
 from tests.test_http_transport_rules import call, post, send
@@ -160,13 +160,7 @@ TOOLS_CALL: Message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "param
 
 
 def key_as(origin: Origin | None, msg: Message = TOOLS_CALL) -> str:
-    if origin is None:
-        return _key(msg)[0]
-    token = SERVING.set((NO_OBSERVATION, origin))
-    try:
-        return _key(msg)[0]
-    finally:
-        SERVING.reset(token)
+    return _key(msg, origin)[0]
 
 
 async def test_the_key_of_a_request() -> None:
@@ -203,9 +197,9 @@ class Recorder:
         return None
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
-        self.origins.append(SERVING.get()[1])
+        self.origins.append(call.origin)
         if msg["method"] == "server/discover":
             result: dict[str, Any] = {"supportedVersions": ["2026-07-28"], "capabilities": {}}
         else:
@@ -220,12 +214,10 @@ async def test_a_catalog_refresh_a_client_started_is_the_gateways_own() -> None:
     """A refresh made on a client's miss must not reach (or start) that client's child."""
     backend = Recorder()
     catalogs = Catalogs([backend], [Exposure("fake", "fake")], Naming(), {"name": "gw"})
-    token = SERVING.set((NO_OBSERVATION, Origin("http", None, {"Authorization": "Bearer c"})))
-    try:
-        await catalogs.refresh("fake")
-        assert SERVING.get()[1].frontend == "http"  # the client's own context is restored
-    finally:
-        SERVING.reset(token)
+    client = Call(Origin("http", None, {"Authorization": "Bearer c"}))
+    await catalogs.refresh("fake", client)
+    catalogs.invalidate("fake")
+    await catalogs.refresh_stale(None, None, client)  # (a miss's refresh, as the dispatcher's)
     assert backend.origins and all(o is GATEWAY_ORIGIN for o in backend.origins)
 
 

@@ -83,6 +83,26 @@ def test_the_capped_read_imports_nothing_of_the_package() -> None:
     assert not ours(CAPPED)
 
 
+# Where a client request came from (`Origin` and its kin): made by the front ends, read by every
+# layer below them and by the telemetry, so it stands alone and sees only who is calling.
+ORIGIN = "gateway.origin"
+
+
+def test_the_origin_sees_only_the_callers_identity() -> None:
+    assert ours(ORIGIN) <= {"gateway.caller_auth.identity"}
+
+
+# Request state travels as arguments (the seam's `Call`, backends/base.py), never in a context
+# variable that every task inherits and no signature shows. Modules allowed one, and for what:
+CONTEXT_VARIABLES: dict[str, str] = {}
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_no_request_state_in_context_variables(name: str) -> None:
+    if name not in CONTEXT_VARIABLES:
+        assert "contextvars" not in imports(MODULES[name])
+
+
 @pytest.mark.parametrize("name", in_layer("caller_auth"))
 def test_caller_auth_sees_only_the_config_and_itself(name: str) -> None:
     """Checking a token needs the config and nothing of the data path (which reads only the
@@ -368,8 +388,8 @@ ASYNCIO_USERS = {
     # The SDK calls the exporter from its own threads: it keeps the loop to hand work to it
     # (run_coroutine_threadsafe), and its Event and Lock are made on that loop.
     "gateway.telemetry.otlp",
-    # `LegacyClient.ended` is the legacy session's asyncio.Event (frontends/legacy/front.py).
-    "gateway.telemetry.api",
+    # `ClientSession.ended` is the legacy session's asyncio.Event (frontends/legacy/front.py).
+    "gateway.origin",
     # The coarse timer wheel is one loop timer (call_later) per tick, for every lane.
     "gateway.timers",
 }

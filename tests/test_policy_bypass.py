@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Call, NotificationSink
 from gateway.config import parse
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.policy import RESOURCE, TOOL, Policy
@@ -73,7 +73,7 @@ class LenientBackend:
         return None
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         self.received.append(msg)
         result = lenient_server.answer(msg, self._record)

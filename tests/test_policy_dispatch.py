@@ -15,17 +15,17 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Call, NotificationSink
 from gateway.caller_auth.identity import Identity
 from gateway.config import parse
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.policy import Policy
 from gateway.frontends.legacy.front import LegacyFront, Session
+from gateway.origin import Origin
 from gateway.protocol import codes, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
-from gateway.telemetry.api import Origin
 from gateway.telemetry.metrics import GatewayCollector
 from tests.support import BOUND
 
@@ -72,7 +72,7 @@ class FakeBackend:
         return [m for m in self.received if m["method"] == method]
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         self.received.append(msg)
         method, params = msg["method"], msg.get("params", {})

@@ -28,8 +28,8 @@ from gateway.caller_auth.identity import Identity
 from gateway.config import ConfigInvalid, Rate, RateLimits, parse
 from gateway.core.ratelimit import RateLimiter, caller_key, retry_after_header
 from gateway.errors import RateLimited
+from gateway.origin import STDIO_ORIGIN, Origin
 from gateway.protocol import codes
-from gateway.telemetry.api import STDIO_ORIGIN, Origin
 from tests.memory_backend import MemoryBackend, dispatcher_over, ignore, modern, tool_call
 from tests.support import (
     BOUND,

@@ -15,8 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-from gateway.backends import deadline
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import GATEWAY_CALL, Call, NotificationSink
 from gateway.backends.breaker import CLOSED, HALF_OPEN, OPEN, Breaker, State
 from gateway.backends.resilience import (
     BreakerOpen,
@@ -239,11 +238,11 @@ class Flaky:
         return None
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         method = msg["method"]
         self.asked.append(method if method != "tools/call" else msg["params"]["name"])
-        self.deadlines.append(deadline.OVERRIDE.get())
+        self.deadlines.append(call.deadline)
         if self.failures:
             raise self.failures.pop(0)
         result: dict[str, Any] = {}
@@ -277,7 +276,7 @@ async def test_a_list_is_tried_again_after_the_backend_did_not_answer(flaky: Fla
     layer = Resilient(flaky, CONFIG)
     flaky.failures = [_503(), BackendConnectionLost("flaky", "reset")]
     with anyio.fail_after(BOUND):
-        reply = await layer.request(request(1, "tools/list"), _ignore)
+        reply = await layer.request(request(1, "tools/list"), _ignore, GATEWAY_CALL)
     assert reply["id"] == 1 and flaky.asked == ["tools/list"] * 3
     # The retries are timed by what is left of the request's time, not a fresh request_timeout.
     assert flaky.deadlines[0] is None
@@ -288,7 +287,7 @@ async def test_no_more_tries_than_configured(flaky: Flaky) -> None:
     layer = Resilient(flaky, CONFIG)
     flaky.failures = [_503(), _503(), _503()]
     with pytest.raises(BackendUnavailable), anyio.fail_after(BOUND):
-        await layer.request(request(1, "tools/list"), _ignore)
+        await layer.request(request(1, "tools/list"), _ignore, GATEWAY_CALL)
     assert len(flaky.asked) == 3
 
 
@@ -296,17 +295,19 @@ async def test_a_call_is_tried_again_only_once_its_tool_is_known_safe(flaky: Fla
     layer = Resilient(flaky, CONFIG)
     flaky.failures = [_503()]
     with pytest.raises(BackendUnavailable), anyio.fail_after(BOUND):
-        await layer.request(call(1, "peek"), _ignore)  # (its annotations are not known yet)
-    await layer.request(request(2, "tools/list"), _ignore)
+        await layer.request(
+            call(1, "peek"), _ignore, GATEWAY_CALL
+        )  # (its annotations are not known yet)
+    await layer.request(request(2, "tools/list"), _ignore, GATEWAY_CALL)
     flaky.asked.clear()
     flaky.failures = [_503()]
     with anyio.fail_after(BOUND):
-        await layer.request(call(3, "peek"), _ignore)
+        await layer.request(call(3, "peek"), _ignore, GATEWAY_CALL)
     assert flaky.asked == ["peek", "peek"]
     flaky.asked.clear()
     flaky.failures = [_503()]
     with pytest.raises(BackendUnavailable):
-        await layer.request(call(4, "write"), _ignore)
+        await layer.request(call(4, "write"), _ignore, GATEWAY_CALL)
     assert flaky.asked == ["write"]
 
 
@@ -316,7 +317,7 @@ async def test_a_timeout_or_a_reply_that_is_not_mcp_is_not_tried_again(flaky: Fl
         flaky.asked.clear()
         flaky.failures = [failure]
         with pytest.raises(type(failure)):
-            await layer.request(request(1, "tools/list"), _ignore)
+            await layer.request(request(1, "tools/list"), _ignore, GATEWAY_CALL)
         assert flaky.asked == ["tools/list"]
 
 
@@ -327,7 +328,7 @@ async def test_no_retry_past_the_requests_own_time(flaky: Flaky) -> None:
     layer = Resilient(flaky, short)
     flaky.failures = [_503()]
     with pytest.raises(BackendUnavailable), anyio.fail_after(BOUND):
-        await layer.request(request(1, "tools/list"), _ignore)
+        await layer.request(request(1, "tools/list"), _ignore, GATEWAY_CALL)
     assert flaky.asked == ["tools/list"]
 
 
@@ -338,14 +339,14 @@ async def test_an_open_breaker_fails_at_once_without_reaching_the_backend(flaky:
     flaky.failures = [_503(), BackendTimeout("flaky", "slow")]
     for rid in (1, 2):
         with pytest.raises(BackendError):
-            await layer.request(call(rid, "write"), _ignore)
+            await layer.request(call(rid, "write"), _ignore, GATEWAY_CALL)
     assert state_of(b) == OPEN
     with pytest.raises(BreakerOpen) as refused:
-        await layer.request(call(3, "write"), _ignore)
+        await layer.request(call(3, "write"), _ignore, GATEWAY_CALL)
     assert refused.value.code == codes.BACKEND_UNAVAILABLE and "flaky" in str(refused.value)
     assert flaky.asked == ["write", "write"]
     clock.now += 5
-    reply = await layer.request(call(4, "write"), _ignore)  # the probe
+    reply = await layer.request(call(4, "write"), _ignore, GATEWAY_CALL)  # the probe
     assert "result" in reply and state_of(b) == CLOSED
 
 
@@ -354,7 +355,7 @@ async def test_retries_stop_when_the_breaker_opens(flaky: Flaky) -> None:
     layer = Resilient(flaky, CONFIG, b)
     flaky.failures = [_503(), _503(), _503()]
     with pytest.raises(BreakerOpen), anyio.fail_after(BOUND):
-        await layer.request(request(1, "tools/list"), _ignore)
+        await layer.request(request(1, "tools/list"), _ignore, GATEWAY_CALL)
     assert flaky.asked == ["tools/list"] * 2
 
 

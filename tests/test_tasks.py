@@ -16,19 +16,19 @@ import orjson
 import pytest
 
 from gateway import taskkey
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Call, NotificationSink
 from gateway.caller_auth.identity import Identity
 from gateway.config import AuditConfig, Rate, RateLimits
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.ratelimit import RateLimiter
 from gateway.frontends.legacy.front import without_tasks
+from gateway.origin import Origin
 from gateway.protocol import codes
 from gateway.protocol.jsonrpc import Message
 from gateway.routing import taskids
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
 from gateway.routing.taskids import TaskRef
-from gateway.telemetry.api import Origin
 from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.otel import GatewayTelemetry
 from tests.support import BOUND, META
@@ -68,7 +68,7 @@ class TaskBackend:
         return f"{self.name}-task-1"
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         self.asked.append(msg)
         method, params = msg["method"], msg.get("params") or {}

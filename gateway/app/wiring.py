@@ -41,11 +41,12 @@ from gateway.core.instrument import InstrumentedBackend
 from gateway.core.overload import BACKEND, OVERALL, Bound, BoundedBackend
 from gateway.core.policy import Policy
 from gateway.core.ratelimit import RateLimiter, SharedRateLimiter
+from gateway.origin import STDIO_ORIGIN, Origin
 from gateway.routing import cursor as cursors
 from gateway.routing import taskids
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
-from gateway.telemetry.api import STDIO_ORIGIN, Origin, Stats
+from gateway.telemetry.api import Stats
 from gateway.telemetry.otel import GatewayTelemetry
 
 INFO = GatewayInfo(name="mcp-gateway", version=__version__)

@@ -15,11 +15,11 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from gateway.backends import deadline
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Call, NotificationSink
 from gateway.backends.era import questions
 from gateway.config import Root
 from gateway.errors import BackendError, BackendProtocolError, BackendTimeout, BackendUnavailable
+from gateway.origin import GATEWAY_ORIGIN, Origin
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Telemetry
@@ -141,11 +141,11 @@ class Channel:
 
     # --- what a transport provides -----------------------------------------------------------
 
-    async def _write(self, msg: Message) -> None:
-        """Send one message, waiting while the channel is backed up."""
+    async def _write(self, msg: Message, origin: Origin) -> None:
+        """Send one message made for `origin`, waiting while the channel is backed up."""
         raise NotImplementedError
 
-    def _send_soon(self, msg: Message) -> None:
+    def _send_soon(self, msg: Message, origin: Origin) -> None:
         """Send one message without waiting (cancellations, refusals); failures are dropped."""
         raise NotImplementedError
 
@@ -190,7 +190,7 @@ class Channel:
         answer = questions.unattended(msg, self.roots)
         if answer is not None:
             with contextlib.suppress(BackendUnavailable):
-                self._send_soon(answer)
+                self._send_soon(answer, GATEWAY_ORIGIN)
         elif not self.takes_requests:
             # A modern server never sends requests (transports/stdio, Receiving Messages).
             self._refuse(msg, codes.METHOD_NOT_FOUND, "The gateway accepts no requests")
@@ -201,7 +201,7 @@ class Channel:
 
     def _refuse(self, msg: Message, code: int, message: str) -> None:
         with contextlib.suppress(BackendUnavailable):
-            self._send_soon(jsonrpc.error(msg["id"], code, message))
+            self._send_soon(jsonrpc.error(msg["id"], code, message), GATEWAY_ORIGIN)
 
     def _on_notification(self, msg: Message) -> None:
         method = msg["method"]
@@ -249,13 +249,16 @@ class Channel:
         self,
         msg: Message,
         sink: NotificationSink,
+        call: Call,
         *,
         long_lived: bool = False,
         wants_logs: bool | None = None,
     ) -> Message:
         await self._wait_ready()
-        within = None if long_lived else deadline.within(self._request_timeout)
-        return await self.exchange(msg, sink, within, wants_logs=wants_logs)
+        within: float | None = self._request_timeout if call.deadline is None else call.deadline
+        if long_lived:
+            within = None
+        return await self.exchange(msg, sink, within, wants_logs=wants_logs, origin=call.origin)
 
     async def exchange(
         self,
@@ -264,9 +267,10 @@ class Channel:
         within: float | None,
         *,
         wants_logs: bool | None = None,
+        origin: Origin = GATEWAY_ORIGIN,
     ) -> Message:
         """One request, whether or not the backend is ready for others (its opening handshake
-        uses this); `within` (seconds) is None for a listen stream."""
+        uses this, as the gateway's own); `within` (seconds) is None for a listen stream."""
         bid = next(self._ids)
         params = jsonrpc.params(msg)
         req_meta = jsonrpc.meta(msg)
@@ -282,7 +286,7 @@ class Channel:
         # heap entry per request.
         timer = None if within is None else loop.call_later(within, pending.finish, None)
         try:
-            await self._write(out)
+            await self._write(out, origin)
             while True:
                 while pending.notes:
                     await sink(pending.notes.popleft())
@@ -291,7 +295,7 @@ class Channel:
                 await pending.wait()
         except asyncio.CancelledError:
             if not pending.done:
-                self._cancel_remote(bid, "cancelled by the client")
+                self._cancel_remote(bid, "cancelled by the client", origin)
             raise
         finally:
             if timer is not None:
@@ -303,31 +307,32 @@ class Channel:
             )
         if pending.reply is None:
             if not pending.failure:
-                self._cancel_remote(bid, "timed out at the gateway")
+                self._cancel_remote(bid, "timed out at the gateway", origin)
                 raise BackendTimeout(self.name, f"no reply within {within:g}s")
             raise pending.error(self.name, pending.failure)
         return pending.reply
 
-    def _cancel_remote(self, bid: int, reason: str) -> None:
+    def _cancel_remote(self, bid: int, reason: str, origin: Origin) -> None:
         note = {
             "jsonrpc": "2.0",
             "method": "notifications/cancelled",
             "params": {"requestId": bid, "reason": reason},
         }
         with contextlib.suppress(BackendUnavailable):
-            self._send_soon(note)
+            self._send_soon(note, origin)
 
     async def notify(self, msg: Message) -> None:
         await self._wait_ready()
-        await self._write(msg)
+        await self._write(msg, GATEWAY_ORIGIN)
 
-    async def send(self, msg: Message) -> None:
+    async def send(self, msg: Message, call: Call) -> None:
         """Send a message outside any request, ready or not: an answer to the server's own
-        request (its id is the server's), or the handshake's `notifications/initialized`."""
+        request (its id is the server's), or the handshake's `notifications/initialized`.
+        (A channel sends for whoever `call` is alike.)"""
         if "method" not in msg:
             for pending in self._pending.values():
                 pending.asked.discard(msg.get("id"))
-        await self._write(msg)
+        await self._write(msg, call.origin)
 
     async def ready(self) -> None:
         await self._wait_ready()

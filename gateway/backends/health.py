@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 
 from gateway import __version__
-from gateway.backends.base import Backend, Layer, NotificationSink
+from gateway.backends.base import GATEWAY_CALL, Backend, Call, Layer, NotificationSink
 from gateway.errors import BackendDown, BackendError, BackendUnavailable
 from gateway.protocol import meta
 from gateway.protocol.jsonrpc import Message
@@ -135,6 +135,7 @@ class Guarded(Layer[Backend]):
         self,
         msg: Message,
         sink: NotificationSink,
+        call: Call,
         *,
         long_lived: bool = False,
     ) -> Message:
@@ -142,7 +143,7 @@ class Guarded(Layer[Backend]):
         if health.reason is not None:
             raise health.refusal()
         try:
-            return await self.inner.request(msg, sink, long_lived=long_lived)
+            return await self.inner.request(msg, sink, call, long_lived=long_lived)
         except BackendUnavailable as exc:
             if self._supervised or isinstance(exc, BackendDown) or self.inner.up:
                 raise
@@ -160,7 +161,7 @@ class Guarded(Layer[Backend]):
             await health.wait(down=True)
             await anyio.sleep(retry_delay(health.failures))
             try:
-                await self.inner.request(_discover(), _ignore)
+                await self.inner.request(_discover(), _ignore, GATEWAY_CALL)
             except BackendUnavailable as exc:
                 if not self.inner.up:
                     health.failed(_detail(exc))

@@ -17,12 +17,13 @@ from typing import Any
 import aiohttp
 import anyio
 
-from gateway.backends import deadline, web
-from gateway.backends.base import NotificationSink
+from gateway.backends import web
+from gateway.backends.base import Call, NotificationSink
 from gateway.backends.http_exchange import HttpExchange
 from gateway.backends.replicas import Replicas
 from gateway.config import BackendConfig, ConfigInvalid
 from gateway.errors import BackendUnavailable, Refused
+from gateway.origin import GATEWAY_ORIGIN, Origin
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
 from gateway.proxies import env_proxy
@@ -127,8 +128,8 @@ class HttpBackend(HttpExchange):
         self._views.discard(self)
         return self.calls is not None and not self.calls.closed
 
-    async def send(self, msg: Message) -> None:
-        await self.notify(msg)
+    async def send(self, msg: Message, call: Call) -> None:
+        await self.notify(msg, call.origin)
 
     async def exchange(
         self,
@@ -140,12 +141,15 @@ class HttpBackend(HttpExchange):
     ) -> Message:
         if not self._started.is_set():
             await self._start()
-        return await self._post(self.calls, msg, sink, within, self._deadline(within))
+        return await self._post(
+            self.calls, msg, sink, GATEWAY_ORIGIN, within, self._deadline(within)
+        )
 
     def request(
         self,
         msg: Message,
         sink: NotificationSink,
+        call: Call,
         *,
         long_lived: bool = False,
         wants_logs: bool | None = None,  # (each reply stream carries its own request's logs)
@@ -153,14 +157,15 @@ class HttpBackend(HttpExchange):
         # A plain function that hands back _post's coroutine: one coroutine frame less on every
         # request. A listen stream has no deadline.
         if not self._started.is_set():
-            return self._after_start(msg, sink, long_lived)
+            return self._after_start(msg, sink, call.origin, long_lived)
         if long_lived:
-            return self._post(self.streams, msg, sink, None)
-        within = deadline.within(self._request_timeout)
+            return self._post(self.streams, msg, sink, call.origin, None)
+        within = self._request_timeout if call.deadline is None else call.deadline
         if within == self._request_timeout:
-            return self._post(self.calls, msg, sink, within)
+            return self._post(self.calls, msg, sink, call.origin, within)
         # (A deadline set above for this one request: resilience.py.)
-        return self._post(self.calls, msg, sink, within, web.timeout(within, self.connect_timeout))
+        deadline = web.timeout(within, self.connect_timeout)
+        return self._post(self.calls, msg, sink, call.origin, within, deadline)
 
     async def _start(self) -> None:
         """Until `run` has begun, within connect_timeout (then the request finds it not
@@ -168,14 +173,17 @@ class HttpBackend(HttpExchange):
         with anyio.move_on_after(self.connect_timeout):
             await self._started.wait()
 
-    async def _after_start(self, msg: Message, sink: NotificationSink, long_lived: bool) -> Message:
+    async def _after_start(
+        self, msg: Message, sink: NotificationSink, origin: Origin, long_lived: bool
+    ) -> Message:
         """A request made before `run` began: sent once it has."""
         await self._start()
         if long_lived:
-            return await self._post(self.streams, msg, sink, None)
-        return await self._post(self.calls, msg, sink, self._request_timeout)
+            return await self._post(self.streams, msg, sink, origin, None)
+        return await self._post(self.calls, msg, sink, origin, self._request_timeout)
 
-    async def notify(self, msg: Message) -> None:
+    async def notify(self, msg: Message, origin: Origin = GATEWAY_ORIGIN) -> None:
+        """Made for `origin` (its token, where callers have one); by default the gateway's own."""
         session = self.calls
         if session is None:
             raise BackendUnavailable(self.name, "not started")
@@ -188,8 +196,9 @@ class HttpBackend(HttpExchange):
         self.stats.bytes["backend", "out"] += len(body)
         if self.tap is not None:
             self.tap.record("backend", "out", msg, backend=self.name, headers=self._shown(sent))
+        whose = web.caller(self._authorizer, origin)
         resp, replica = await self._open_post(
-            msg, session, sent, body, self._request_timeout, None, False
+            msg, session, sent, body, self._request_timeout, None, whose
         )
         replica.in_flight -= 1
         try:

@@ -29,7 +29,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from gateway.backend_auth import setup as oauth_setup
-from gateway.backend_auth.authorizer import Authorizer
+from gateway.backend_auth.authorizer import GATEWAY, Authorizer, Caller
 from gateway.backends import hop, ids, safety, web
 from gateway.backends.base import NotificationSink
 from gateway.backends.replicas import Replica, Replicas
@@ -44,6 +44,7 @@ from gateway.errors import (
     Refused,
     SessionExpired,
 )
+from gateway.origin import Origin
 from gateway.protocol import codes, headers, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Stats, Telemetry
@@ -105,12 +106,13 @@ class Session(Protocol):
         resp: aiohttp.ClientResponse,
         sent: ids.Sent,
         sink: NotificationSink,
+        origin: Origin,
         within: float | None,
     ) -> Message:
         """A streamed reply, resumed when it breaks off, or taken from the standing stream."""
         ...
 
-    def cancel(self, sent: ids.Sent, msg: Message) -> None:
+    def cancel(self, sent: ids.Sent, msg: Message, origin: Origin) -> None:
         """A request given up: the server is told (a disconnection is not a cancellation)."""
         ...
 
@@ -204,14 +206,13 @@ class HttpExchange:
         within: float | None,
         deadline: aiohttp.ClientTimeout | None = None,
         *,
-        shared: bool = False,
+        whose: Caller = GATEWAY,
     ) -> aiohttp.ClientResponse:
-        """Send one request to `replica`; its response once the head has arrived. `shared`: one
-        the gateway makes for everyone (the catalog, discovery), under its own login even where
-        each caller has one of their own."""
+        """Send one request to `replica` with `whose` token (web.caller: the gateway's own for
+        what is everyone's alike); its response once the head has arrived."""
         if self._authorizer is not None:
             return await self._open_authorized(
-                self._authorizer, replica, session, method, sent, body, within, deadline, shared
+                self._authorizer, replica, session, method, sent, body, within, deadline, whose
             )
         return await self._open_once(replica, session, method, sent, body, within, deadline)
 
@@ -243,7 +244,7 @@ class HttpExchange:
         body: bytes,
         within: float | None,
         deadline: aiohttp.ClientTimeout | None,
-        shared: bool,
+        whose: Caller,
     ) -> tuple[aiohttp.ClientResponse, Replica]:
         """A POST sent to a replica: its response (head) and that replica, counted in flight
         until the caller is done with it. Several replicas: a legacy session's request to its
@@ -257,7 +258,7 @@ class HttpExchange:
             replica.in_flight += 1
             try:
                 resp = await self.open(
-                    replica, session, "POST", sent, body, within, deadline, shared=shared
+                    replica, session, "POST", sent, body, within, deadline, whose=whose
                 )
             except BaseException as exc:
                 replica.in_flight -= 1
@@ -277,7 +278,7 @@ class HttpExchange:
             replica.in_flight += 1
             try:
                 resp = await self.open(
-                    replica, session, "POST", sent, body, within, deadline, shared=shared
+                    replica, session, "POST", sent, body, within, deadline, whose=whose
                 )
             except (BackendUnavailable, BackendConnectionLost) as exc:
                 replica.in_flight -= 1
@@ -327,16 +328,14 @@ class HttpExchange:
         body: bytes | None,
         within: float | None,
         deadline: aiohttp.ClientTimeout | None,
-        shared: bool,
+        whose: Caller,
     ) -> aiohttp.ClientResponse:
         """`open` with the gateway's token, renewed when the backend refuses it."""
 
         def send(headers: CIMultiDict[str]) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
             return self._open_once(replica, session, method, headers, body, within, deadline)
 
-        return await web.send_with_token(
-            self.name, authorizer, web.caller(authorizer, shared), send, sent
-        )
+        return await web.send_with_token(self.name, authorizer, whose, send, sent)
 
     # --- one exchange ------------------------------------------------------------------------
 
@@ -345,6 +344,7 @@ class HttpExchange:
         session: aiohttp.ClientSession | None,
         msg: Message,
         sink: NotificationSink,
+        origin: Origin,
         within: float | None,
         deadline: aiohttp.ClientTimeout | None = None,
     ) -> Message:
@@ -360,19 +360,15 @@ class HttpExchange:
         asking = id(sent)
         if self.takes_requests and "id" in msg:
             self.asking[asking] = sink
+        auth = self._authorizer
+        whose = GATEWAY if auth is None else web.caller(auth, origin, web.shared(msg))
         try:
             resp, replica = await self._open_post(
-                msg,
-                session,
-                headers,
-                body,
-                within,
-                deadline,
-                self._authorizer is not None and web.shared(msg),
+                msg, session, headers, body, within, deadline, whose
             )
         except (asyncio.CancelledError, BackendTimeout):
             self.asking.pop(asking, None)
-            self._cancel(sent, msg)  # (it went out: the server may be at work on it)
+            self._cancel(sent, msg, origin)  # (it went out: the server may be at work on it)
             raise
         except BaseException:
             self.asking.pop(asking, None)
@@ -386,7 +382,7 @@ class HttpExchange:
             if self.session is not None:
                 self.session.check(resp)
             if resp.content_type == SSE:
-                reply = await self._read_stream(resp, sent, sink, within)
+                reply = await self._read_stream(resp, sent, sink, origin, within)
             else:
                 reply = self._json_reply(resp.status, await self.read_body(resp), sent)
         except BaseException as exc:
@@ -394,7 +390,7 @@ class HttpExchange:
             # request is cancelled (streamable-http, Cancellation).
             resp.close()
             if isinstance(exc, asyncio.CancelledError | TimeoutError | BackendTimeout):
-                self._cancel(sent, msg)
+                self._cancel(sent, msg, origin)
             if isinstance(exc, aiohttp.ClientError | TimeoutError):
                 raise web.failure(self.name, exc, within) from None
             raise
@@ -409,11 +405,11 @@ class HttpExchange:
                 self._safe.learn(reply)
         return reply
 
-    def _cancel(self, sent: ids.Sent, msg: Message) -> None:
+    def _cancel(self, sent: ids.Sent, msg: Message, origin: Origin) -> None:
         """A modern server learns that a request is given up from its closed connection alone;
         a legacy session tells its server (era/http_session.py)."""
         if self.session is not None:
-            self.session.cancel(sent, msg)
+            self.session.cancel(sent, msg, origin)
 
     # --- reading the reply -------------------------------------------------------------------
 
@@ -451,6 +447,7 @@ class HttpExchange:
         resp: aiohttp.ClientResponse,
         sent: ids.Sent,
         sink: NotificationSink,
+        origin: Origin,
         within: float | None,
     ) -> Message:
         """The events of a streamed reply until the response; each event is bounded by
@@ -458,7 +455,7 @@ class HttpExchange:
         together by `limits.max_reply_bytes`. The modern era has no resumption (2026-07-28
         streamable-http): a stream that ends before the reply fails the request."""
         if self.session is not None:
-            return await self.session.read_stream(resp, sent, sink, within)
+            return await self.session.read_stream(resp, sent, sink, origin, within)
         reading = Reading(sse.Decoder(self.limits.max_event_bytes))
         reply = await self.read_events(resp, reading, sent, sink, within is not None)
         if reply is not None:

@@ -2,7 +2,7 @@
 keep state per client: each client gets a server of its own, as if it had started the command
 itself.
 
-Whose a request is (the key of its child) comes from the request being served (`SERVING`):
+Whose a request is (the key of its child) comes from its call's origin (`base.Call`):
 
 - a request of a legacy client's session: that session (HTTP: one per `Mcp-Session-Id`; stdio:
   the process's one session). The child ends with the session (DELETE, expiry) or when idle;
@@ -32,13 +32,14 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.abc
 
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Call, NotificationSink
 from gateway.backends.era.layer import EraBackend
 from gateway.backends.stdio import StdioBackend
 from gateway.config import BackendConfig, StdioTarget
 from gateway.errors import BackendError, BackendOverloaded, BackendUnavailable
+from gateway.origin import GATEWAY_ORIGIN, Origin
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import GATEWAY_ORIGIN, SERVING, Stats, Telemetry
+from gateway.telemetry.api import Stats, Telemetry
 
 log = logging.getLogger("gateway.backend")
 
@@ -134,24 +135,26 @@ class IsolatedBackend:
         self,
         msg: Message,
         sink: NotificationSink,
+        call: Call,
         *,
         long_lived: bool = False,
     ) -> Message:
         if self._tg is None:
             with anyio.move_on_after(self._config.connect_timeout):
                 await self._running.wait()
-        child = self._child(msg)
+        child = self._child(msg, call.origin)
         loop = asyncio.get_running_loop()
         child.busy += 1
         try:
-            return await child.era.request(msg, sink, long_lived=long_lived)
+            return await child.era.request(msg, sink, call, long_lived=long_lived)
         finally:
             child.busy -= 1
             child.last_used = loop.time()
 
     async def notify(self, msg: Message) -> None:
-        """To the child of the notification's client, if it has one (none is started for it)."""
-        key, _, _ = _key(msg)
+        """To the child of the notification's client, if it has one (none is started for it):
+        a client's notification comes with no origin, so the catalog child's."""
+        key, _, _ = _key(msg, None)
         child = self._children.get(key)
         if child is None:
             log.debug("backend %s: %s for no running child, dropped", self.name, msg["method"])
@@ -160,10 +163,10 @@ class IsolatedBackend:
 
     # --- children ----------------------------------------------------------------------------
 
-    def _child(self, msg: Message) -> _Child:
+    def _child(self, msg: Message, origin: Origin) -> _Child:
         """The child of the request's key, started if it has none. Synchronous, so that the
         reaper never stops a child between its lookup here and the caller's `busy` count."""
-        key, ended, kind = _key(msg)
+        key, ended, kind = _key(msg, origin)
         child = self._children.get(key)
         if child is not None:
             return child
@@ -263,13 +266,11 @@ class IsolatedBackend:
             self.on_notification(backend, note)
 
 
-def _key(msg: Message) -> tuple[str, asyncio.Event | None, str]:
-    """Whose child serves `msg`: its key, the end of its session (if any), and who it is for
-    the log."""
-    serving = SERVING.get(None)
-    if serving is None or msg.get("method") == "server/discover":
+def _key(msg: Message, origin: Origin | None) -> tuple[str, asyncio.Event | None, str]:
+    """Whose child serves `msg`, made for `origin` (None: for no client): its key, the end of
+    its session (if any), and who it is for the log."""
+    if origin is None or msg.get("method") == "server/discover":
         return CATALOG, None, "the gateway's own requests"
-    origin = serving[1]
     if origin.session is not None:
         return f"session {origin.session.key}", origin.session.ended, "a legacy session"
     if origin.frontend == GATEWAY_ORIGIN.frontend:

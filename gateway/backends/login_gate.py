@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.backend_auth.desk import LoginRequired
-from gateway.backends.base import Backend, Layer, NotificationSink
+from gateway.backends.base import Backend, Call, Layer, NotificationSink
 from gateway.protocol import meta
 from gateway.protocol.jsonrpc import Message
 
@@ -24,7 +24,7 @@ URL_ELICITATION_REQUIRED = -32042
 
 class LoginGate(Layer[Backend]):
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message:
         params = msg.get("params")
         if isinstance(params, dict) and str(params.get("requestState", "")).startswith(
@@ -35,7 +35,7 @@ class LoginGate(Layer[Backend]):
             }
             msg = {**msg, "params": params}
         try:
-            return await self.inner.request(msg, sink, long_lived=long_lived)
+            return await self.inner.request(msg, sink, call, long_lived=long_lived)
         except LoginRequired as exc:
             return login_reply(msg, exc)
 

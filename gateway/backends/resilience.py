@@ -7,7 +7,8 @@ at once and retried there in the background, and neither retried nor counted her
 - A tool's own timeout (`tools.TOOL.timeout`) is an idle timer: each progress notification of
   the call starts it again. When it runs out the call is cancelled (the transport tells the
   backend, as for its own timeout) and the client gets `BackendTimeout` (-31002). The transport
-  is told to wait up to `deadline.CEILING` meanwhile, so a tool may outlast request_timeout.
+  is told (on the request's `Call`) to wait up to `CEILING` meanwhile, so a tool may outlast
+  request_timeout.
 - Retries (`retries:`) only of what cannot have had effects (`safe`), only after a failure
   that says the backend did not answer (`retryable`), with capped exponential backoff and
   jitter, and never past the request's own time (its timeout, counted from the first try).
@@ -24,8 +25,7 @@ from typing import Any
 
 import anyio
 
-from gateway.backends import deadline
-from gateway.backends.base import Backend, Layer, NotificationSink
+from gateway.backends.base import Backend, Call, Layer, NotificationSink
 from gateway.backends.breaker import OPEN, Breaker, State
 from gateway.config import BackendConfig
 from gateway.config.model import RetrySettings
@@ -64,6 +64,9 @@ JITTER = 0.2
 # Tools whose annotations are remembered, at most (a backend's whole list, many times over);
 # past it the memory starts afresh, so a server cannot grow it without bound.
 MAX_TOOLS = 10_000
+# The backstop under a tool's own idle timeout: a day (a call that keeps sending progress may
+# run that long; finite because aiohttp and the event loop's timers want a number).
+CEILING = 86400.0
 
 
 class BreakerOpen(BackendDown):
@@ -155,11 +158,12 @@ class Resilient(Layer[Backend]):
         self,
         msg: Message,
         sink: NotificationSink,
+        call: Call,
         *,
         long_lived: bool = False,
     ) -> Message:
         if long_lived:  # (a listen stream: no timeout, never sent again, its own failures)
-            return await self.inner.request(msg, sink, long_lived=True)
+            return await self.inner.request(msg, sink, call, long_lived=True)
         tool = _tool(msg) if self._timeouts else None
         idle = self._timeouts.get(tool) if tool is not None else None
         budget = idle if idle is not None else self._request_timeout
@@ -168,7 +172,7 @@ class Resilient(Layer[Backend]):
         within: float | None = None
         while True:
             try:
-                reply = await self._once(msg, sink, idle, within)
+                reply = await self._once(msg, sink, call, idle, within)
             except BackendError as exc:
                 delay = self._retry_after(msg, exc, tries)
                 left = budget - (anyio.current_time() - started) - (delay or 0.0)
@@ -197,9 +201,15 @@ class Resilient(Layer[Backend]):
         return backoff(tries, self._retries, self._rand)
 
     async def _once(
-        self, msg: Message, sink: NotificationSink, idle: float | None, within: float | None
+        self,
+        msg: Message,
+        sink: NotificationSink,
+        call: Call,
+        idle: float | None,
+        within: float | None,
     ) -> Message:
-        """One try, through the breaker; `within` overrides the transport's deadline."""
+        """One try, through the breaker; `within` overrides the transport's deadline (a retry,
+        given what is left of the request's time instead of a fresh timeout)."""
         breaker = self.breaker
         probe = False
         if breaker is not None:
@@ -211,11 +221,11 @@ class Resilient(Layer[Backend]):
         outcome: bool | None = None
         try:
             if idle is not None:
-                reply = await self._timed(msg, sink, idle)
+                reply = await self._timed(msg, sink, call, idle)
             elif within is not None:
-                reply = await self._within(msg, sink, within)
+                reply = await self.inner.request(msg, sink, call.within(within))
             else:
-                reply = await self.inner.request(msg, sink)
+                reply = await self.inner.request(msg, sink, call)
             outcome = True
             return reply
         except BackendError as exc:
@@ -225,15 +235,9 @@ class Resilient(Layer[Backend]):
             if breaker is not None:
                 breaker.done(outcome, probe=probe)
 
-    async def _within(self, msg: Message, sink: NotificationSink, within: float) -> Message:
-        """A retry, given what is left of the request's time instead of a fresh timeout."""
-        token = deadline.OVERRIDE.set(within)
-        try:
-            return await self.inner.request(msg, sink)
-        finally:
-            deadline.OVERRIDE.reset(token)
-
-    async def _timed(self, msg: Message, sink: NotificationSink, idle: float) -> Message:
+    async def _timed(
+        self, msg: Message, sink: NotificationSink, call: Call, idle: float
+    ) -> Message:
         """The call under its tool's idle timer: each progress notification restarts it."""
         with anyio.CancelScope() as scope:
             scope.deadline = anyio.current_time() + idle
@@ -244,11 +248,7 @@ class Resilient(Layer[Backend]):
                 await sink(note)
 
             # The transport waits up to the backstop: this timer decides.
-            token = deadline.OVERRIDE.set(deadline.CEILING)
-            try:
-                return await self.inner.request(msg, watched)
-            finally:
-                deadline.OVERRIDE.reset(token)
+            return await self.inner.request(msg, watched, call.within(CEILING))
         # (The scope ran out: cancelling the request told the backend, as a timeout does.)
         raise BackendTimeout(
             self.name, f"tool {_tool(msg)!r}: no reply or progress within {idle:g}s"

@@ -24,6 +24,7 @@ from gateway.backends import web
 from gateway.backends.channel import Channel
 from gateway.config import BackendConfig, SseTarget
 from gateway.errors import BackendError, BackendUnavailable
+from gateway.origin import GATEWAY_ORIGIN, Origin
 from gateway.protocol import codes, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
 from gateway.proxies import env_proxy
@@ -158,7 +159,7 @@ class SseBackend(Channel):
                 resp = await web.send_with_token(
                     self.name,
                     self._authorizer,
-                    web.caller(self._authorizer, True),
+                    web.caller(self._authorizer, GATEWAY_ORIGIN, True),
                     lambda headers: web.send(streams, "GET", self._url, headers),
                     self._stream_headers,
                 )
@@ -218,7 +219,7 @@ class SseBackend(Channel):
 
     # --- outbound ----------------------------------------------------------------------------
 
-    async def _write(self, msg: Message) -> None:
+    async def _write(self, msg: Message, origin: Origin) -> None:
         posts, endpoint = self._posts, self._endpoint
         if posts is None or endpoint is None:
             raise BackendUnavailable(self.name, f"not connected ({self._last_problem})")
@@ -233,7 +234,7 @@ class SseBackend(Channel):
                 resp = await web.send_with_token(
                     self.name,
                     self._authorizer,
-                    web.caller(self._authorizer, web.shared(msg)),
+                    web.caller(self._authorizer, origin, web.shared(msg)),
                     lambda headers: web.send(posts, "POST", endpoint, headers, body),
                     self._post_headers,
                 )
@@ -246,10 +247,10 @@ class SseBackend(Channel):
         if resp.status >= 300:
             raise BackendUnavailable(self.name, f"a message was refused: HTTP {resp.status}")
 
-    def _send_soon(self, msg: Message) -> None:
+    def _send_soon(self, msg: Message, origin: Origin) -> None:
         async def send() -> None:
             with contextlib.suppress(BackendError):
-                await self._write(msg)
+                await self._write(msg, origin)
 
         task = asyncio.get_running_loop().create_task(send())
         self._sending.add(task)

@@ -23,6 +23,7 @@ from gateway.backends.child import Child, spawn
 from gateway.backends.health import Health
 from gateway.config import BackendConfig, StdioTarget
 from gateway.errors import BackendError, BackendTimeout, BackendUnavailable
+from gateway.origin import Origin
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message
 from gateway.protocol.lines import LineSplitter
@@ -316,7 +317,7 @@ class StdioBackend(Channel):
 
     # --- outbound --------------------------------------------------------------------------
 
-    def _send_soon(self, msg: Message) -> None:
+    def _send_soon(self, msg: Message, origin: Origin) -> None:
         self._send(msg)
 
     def _send(self, msg: Message) -> asyncio.StreamWriter:
@@ -331,7 +332,7 @@ class StdioBackend(Channel):
         proc.stdin.write(line)
         return proc.stdin
 
-    async def _write(self, msg: Message) -> None:
+    async def _write(self, msg: Message, origin: Origin) -> None:
         stdin = self._send(msg)
         if stdin.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
             # A child that stops reading its stdin: bounded like a request.

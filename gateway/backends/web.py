@@ -32,8 +32,8 @@ from gateway.errors import (
     BackendTimeout,
     BackendUnavailable,
 )
+from gateway.origin import Origin
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import SERVING
 
 log = logging.getLogger("gateway.backend")
 
@@ -220,16 +220,14 @@ def shared(msg: Message) -> bool:
     return msg.get("method") in SHARED_METHODS
 
 
-def caller(authorizer: Authorizer | None, shared: bool = False) -> Caller:
-    """Whose token a request takes: the gateway's own, except where each caller has a token of
-    their own (token exchange, per_user) and the request is not `shared` (what everyone sees
-    alike, and the streams that carry everyone's replies). The caller is read from the request
-    being served: the `Backend` seam carries none."""
+def caller(authorizer: Authorizer | None, origin: Origin, shared: bool = False) -> Caller:
+    """Whose token a request made for `origin` (its `Call`'s) takes: the gateway's own, except
+    where each caller has a token of their own (token exchange, per_user) and the request is not
+    `shared` (what everyone sees alike, and the streams that carry everyone's replies)."""
     if authorizer is None or not authorizer.per_caller:
         return GATEWAY
     if shared:
         return GATEWAY
-    origin = SERVING.get()[1]
     identity = origin.identity
     if identity is None:
         return GATEWAY

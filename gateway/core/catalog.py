@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 
 from gateway import errors
-from gateway.backends.base import Backend
+from gateway.backends.base import GATEWAY_CALL, Backend, Call
 from gateway.config.model import DEFAULT_FAN_OUT_START_WAIT
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
@@ -22,7 +22,6 @@ from gateway.routing import table as routes
 from gateway.routing.merge import LIST_CAPABILITY, LIST_KEYS
 from gateway.routing.names import Naming
 from gateway.routing.table import CatalogData, Exposure, RouteTable
-from gateway.telemetry.api import GATEWAY_ORIGIN, SERVING
 
 log = logging.getLogger("gateway.catalog")
 
@@ -188,10 +187,12 @@ class Catalogs:
         self,
         found: Callable[[RouteTable], bool] | None = None,
         only: Sequence[str] | None = None,
+        during: Call = GATEWAY_CALL,
     ) -> None:
         """Refresh every stale catalog (of `only`, if given); with `found`, return as soon as
         the table satisfies it, so a lookup of a ready backend's name does not wait for a slow
-        backend's catalog."""
+        backend's catalog. `during`: the client request whose miss asked for it (its trace
+        shows the loads), if any."""
         now = anyio.current_time()
         stale = [
             name
@@ -201,13 +202,13 @@ class Catalogs:
         if self.spawn is None or found is None:
             async with anyio.create_task_group() as tg:
                 for name in stale:
-                    tg.start_soon(self.refresh, name)
+                    tg.start_soon(self.refresh, name, during)
             return
-        ends = [self._refresh_in_background(name) for name in stale]
+        ends = [self._refresh_in_background(name, during) for name in stale]
         while not found(self.table) and not all(end.is_set() for end in ends):
             await self._changed.wait()
 
-    def _refresh_in_background(self, backend: str) -> anyio.Event:
+    def _refresh_in_background(self, backend: str, during: Call) -> anyio.Event:
         end = self._refreshing.get(backend)
         if end is not None:
             return end
@@ -215,7 +216,7 @@ class Catalogs:
 
         async def run() -> None:
             try:
-                await self.refresh(backend)
+                await self.refresh(backend, during)
             finally:
                 del self._refreshing[backend]
                 end.set()
@@ -234,16 +235,11 @@ class Catalogs:
         if entry is not None:
             entry.fetched_at = -math.inf
 
-    async def refresh(self, backend: str) -> None:
-        # The gateway's own requests, even when a client's miss started them: a backend with a
-        # child per client serves them from a child of their own (backends/isolated.py).
-        token = SERVING.set((SERVING.get()[0], GATEWAY_ORIGIN))
-        try:
-            await self._refresh(backend)
-        finally:
-            SERVING.reset(token)
-
-    async def _refresh(self, backend: str) -> None:
+    async def refresh(self, backend: str, during: Call = GATEWAY_CALL) -> None:
+        """Load a backend's catalog again, as the gateway's own requests even when a client's
+        miss (`during`) started it: a backend with a child per client serves them from a child
+        of their own (backends/isolated.py); they show in that client request's trace."""
+        call = during if during is GATEWAY_CALL else during.as_gateway()
         entry = self._entries.get(backend)
         if entry is None:
             return  # a reload removed it
@@ -256,7 +252,7 @@ class Catalogs:
             problem: str | None = None
             with anyio.move_on_after(LOAD_TIMEOUT) as scope:
                 try:
-                    await self._load(entry)
+                    await self._load(entry, call)
                 except errors.BackendError as exc:
                     problem = str(exc).removeprefix(f"backend {backend!r}: ")
                     # A backend that is down was logged as such; any other failure once, when
@@ -319,8 +315,8 @@ class Catalogs:
     def _data(self) -> dict[str, CatalogData]:
         return {name: entry.data for name, entry in self._entries.items()}
 
-    async def _load(self, entry: _Entry) -> None:
-        discover = await self._call(entry.backend, "server/discover", {})
+    async def _load(self, entry: _Entry, call: Call) -> None:
+        discover = await self._call(entry.backend, "server/discover", {}, call)
         result = discover.get("result")
         if not isinstance(result, dict):
             raise errors.BackendProtocolError(entry.backend.name, "server/discover failed")
@@ -331,7 +327,7 @@ class Catalogs:
         ttls = [result.get("ttlMs")]
         for method, key in LIST_KEYS.items():
             if LIST_CAPABILITY[method] in caps:
-                lists[key], ttl = await self._fetch_all(entry.backend, method, key)
+                lists[key], ttl = await self._fetch_all(entry.backend, method, key, call)
                 ttls.append(ttl)
         entry.data = CatalogData(
             tools=lists.get("tools", ()),
@@ -351,14 +347,14 @@ class Catalogs:
         )
 
     async def _fetch_all(
-        self, backend: Backend, method: str, key: str
+        self, backend: Backend, method: str, key: str, call: Call
     ) -> tuple[tuple[dict[str, Any], ...], object]:
         items: list[dict[str, Any]] = []
         cursor: object = None
         ttl: object = None
         for _ in range(MAX_PAGES):
             params = {"cursor": cursor} if isinstance(cursor, str) else {}
-            reply = await self._call(backend, method, params)
+            reply = await self._call(backend, method, params, call)
             result = reply.get("result")
             if not isinstance(result, dict):
                 break
@@ -369,14 +365,16 @@ class Catalogs:
                 break
         return tuple(items), ttl
 
-    async def _call(self, backend: Backend, method: str, params: dict[str, Any]) -> Message:
+    async def _call(
+        self, backend: Backend, method: str, params: dict[str, Any], call: Call
+    ) -> Message:
         request = {
             "jsonrpc": "2.0",
             "id": f"gateway-{method}",
             "method": method,
             "params": {**params, "_meta": meta.gateway_meta(self._client_info)},
         }
-        reply = await backend.request(request, _ignore)
+        reply = await backend.request(request, _ignore, call)
         if "error" in reply:
             log.info(
                 "catalog of %s: %s answered %s", backend.name, method, jsonrpc.error_code(reply)

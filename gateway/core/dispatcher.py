@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import errors
-from gateway.backends.base import Backend, NotificationSink
+from gateway.backends.base import GATEWAY_CALL, Backend, Call, NotificationSink
 from gateway.caller_auth.identity import Identity
 from gateway.config.model import DEFAULT_FAN_OUT_GRACE, DEFAULT_FAN_OUT_START_WAIT
 from gateway.core import apps, tasks, unknown
@@ -31,6 +31,7 @@ from gateway.core.policy import (
 )
 from gateway.core.ratelimit import RateLimiter, SharedRateLimiter
 from gateway.errors import InsufficientScope, Refused
+from gateway.origin import STDIO_ORIGIN, Origin
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
@@ -38,14 +39,7 @@ from gateway.routing import merge, uris
 from gateway.routing import table as routes
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure, Route, RouteTable
-from gateway.telemetry.api import (
-    SERVING,
-    STDIO_ORIGIN,
-    NoTelemetry,
-    Origin,
-    Telemetry,
-    tapped,
-)
+from gateway.telemetry.api import NoTelemetry, Telemetry, tapped
 
 log = logging.getLogger("gateway")
 
@@ -175,7 +169,7 @@ class Dispatcher:
         what crossed the client's hop."""
         telemetry = self.telemetry
         observed = telemetry.server(msg, origin)
-        token = SERVING.set((observed, origin))
+        call = Call(origin, observed)  # (what its backend requests carry down the stack)
         reply: Message | None = None
         try:
             reply = meta.check_request(msg)
@@ -194,7 +188,7 @@ class Dispatcher:
                         await self.shared_limiter.admit(msg, origin)
                     bound = self.bound
                     if bound is None or msg["method"] == LISTEN:
-                        reply = await self._dispatch(msg, sink, origin)
+                        reply = await self._dispatch(msg, sink, call)
                     else:
                         # After the rate limit: a refused request holds no slot. The fast
                         # path is a comparison and an increment (core/overload.py).
@@ -203,7 +197,7 @@ class Dispatcher:
                         else:
                             await bound.queue()
                         try:
-                            reply = await self._dispatch(msg, sink, origin)
+                            reply = await self._dispatch(msg, sink, call)
                         finally:
                             bound.release()
                 except Exception as exc:
@@ -211,7 +205,6 @@ class Dispatcher:
                         telemetry.stats.rejections[exc.reason] += 1
                     reply = errors.to_wire(exc, msg["id"])
         finally:
-            SERVING.reset(token)
             if reply is None:  # cancelled: the client went away (or the gateway is stopping)
                 observed.cancel()
             else:
@@ -278,8 +271,9 @@ class Dispatcher:
 
     # --- dispatch ----------------------------------------------------------------------------
 
-    async def _dispatch(self, msg: Message, sink: NotificationSink, origin: Origin) -> Message:
+    async def _dispatch(self, msg: Message, sink: NotificationSink, call: Call) -> Message:
         method = msg["method"]
+        origin = call.origin
         params = jsonrpc.params(msg)
         # What this caller may see and call (None: no policy, everything).
         view = self._policy.view(origin.identity) if self._policy is not None else None
@@ -287,38 +281,38 @@ class Dispatcher:
             name = params.get("name")
             # A known tool is found without a coroutine; only a miss may refresh catalogs.
             found = self.catalogs.table.tool(name) if isinstance(name, str) else None
-            route = found or await self._route_name(RouteTable.tool, TOOL, name, view)
+            route = found or await self._route_name(RouteTable.tool, TOOL, name, view, call)
             self._permit(view, TOOL, route, name)
-            reply = await self._forward(msg, params, sink, route, "name")
+            reply = await self._forward(msg, params, sink, route, "name", call)
             return self.tasks.created(reply, route, name, origin.identity)
         if method in tasks.METHODS:
-            return await self.tasks.forward(msg, sink, origin.identity, view)
+            return await self.tasks.forward(msg, sink, call, view)
         if method == "server/discover":
-            return await self.fan_out.discover(msg, view)
+            return await self.fan_out.discover(msg, view, call)
         if method in merge.LIST_KEYS:
-            return await self.fan_out.list_page(msg, view)
+            return await self.fan_out.list_page(msg, view, call)
         if method == "prompts/get":
             name = params.get("name")
-            route = await self._route_name(RouteTable.prompt, PROMPT, name, view)
+            route = await self._route_name(RouteTable.prompt, PROMPT, name, view, call)
             self._permit(view, PROMPT, route, name)
-            return await self._forward(msg, params, sink, route, "name")
+            return await self._forward(msg, params, sink, route, "name", call)
         if method == "resources/read":
             uri = params.get("uri")
-            route = await self._route_uri(uri, view, RESOURCE)
+            route = await self._route_uri(uri, view, RESOURCE, call)
             self._permit(view, RESOURCE, route, uri)
-            return await self._forward(msg, params, sink, route, "uri")
+            return await self._forward(msg, params, sink, route, "uri", call)
         if method == "completion/complete":
-            return await self._complete(msg, sink, view)
+            return await self._complete(msg, sink, view, call)
         if method == "subscriptions/listen":
             # Judged by the policy in force when its parts are planned (a reload may add some).
             judge = functools.partial(self._judge, origin.identity)
             locate = self.tasks.locator(origin.identity, view)
-            return await self.subscriptions.listen(msg, sink, judge, locate)
+            return await self.subscriptions.listen(msg, sink, call, judge, locate)
         only = self._only_backend()
         if only is None or method in meta.LEGACY_METHODS:
             raise Refused(codes.METHOD_NOT_FOUND, f"Method not found: {method}")
-        SERVING.get()[0].annotate(backend=only.name)
-        return await only.request(msg, sink)
+        call.observation.annotate(backend=only.name)
+        return await only.request(msg, sink, call)
 
     def _judge(
         self, identity: Identity | None
@@ -333,8 +327,8 @@ class Dispatcher:
     def _only_backend(self) -> Backend | None:
         return self.backends[self._order[0]] if len(self._order) == 1 else None
 
-    async def _lookup(self, find: Finder, key: str) -> Route | None:
-        """Look a name up; on a miss, refresh stale catalogs and look in the new table."""
+    async def _lookup(self, find: Finder, key: str, call: Call = GATEWAY_CALL) -> Route | None:
+        """Look a name up; on a miss, refresh stale catalogs (in `call`'s trace) and look again."""
         route = find(self.catalogs.table, key)
         if route is None:
             # Only the catalogs the name can be in; not one whose load failed (it is loaded
@@ -342,7 +336,7 @@ class Dispatcher:
             # is down or silent holds up no lookup of another's names.
             catalogs = self.catalogs
             owners = [b for b in catalogs.owners(key) if catalogs.problem(b) is None]
-            await catalogs.refresh_stale(lambda table: find(table, key) is not None, owners)
+            await catalogs.refresh_stale(lambda table: find(table, key) is not None, owners, call)
             route = find(self.catalogs.table, key)
         return route
 
@@ -362,10 +356,12 @@ class Dispatcher:
                 return errors.BackendUnavailable(backend, f"its {kind}s are not known: {problem}")
         return _unknown(kind, name)
 
-    async def _route_name(self, find: Finder, kind: str, name: object, view: View | None) -> Route:
+    async def _route_name(
+        self, find: Finder, kind: str, name: object, view: View | None, call: Call
+    ) -> Route:
         if not isinstance(name, str):
             raise Refused(codes.INVALID_PARAMS, f"params.name must name a {kind}")
-        route = await self._lookup(find, name)
+        route = await self._lookup(find, name, call)
         if route is not None:
             return route
         only = self._only_backend()
@@ -404,19 +400,19 @@ class Dispatcher:
         # No rejection reason: the rejection metric counts unknown names, and this one is not.
         raise _unknown(noun, shown, reason=None)
 
-    async def _route_uri(self, uri: object, view: View | None, kind: str) -> Route:
+    async def _route_uri(self, uri: object, view: View | None, kind: str, call: Call) -> Route:
         """Where a URI goes. Under a policy or rate limits, by its RFC 3986 normal form (what
         is judged and forwarded: another spelling cannot pass a rule written for the URI), and
         only if a catalog has it or the backend takes unknown URIs (`forward_unknown`)."""
         if not isinstance(uri, str):
             raise Refused(codes.INVALID_PARAMS, "params.uri must be a string")
         if not self._guarded:
-            route = await self._lookup(RouteTable.resource, uri)
+            route = await self._lookup(RouteTable.resource, uri, call)
             if route is None:
                 raise self._missing("resource", uri)
             return route
         normal = uris.normalize_client(self._naming, uri)
-        route = await self._lookup(RouteTable.listed_resource, normal)
+        route = await self._lookup(RouteTable.listed_resource, normal, call)
         if route is not None:
             return route
         guess = self.catalogs.table.resource(normal)
@@ -433,38 +429,41 @@ class Dispatcher:
         sink: NotificationSink,
         route: Route,
         field: str,
+        call: Call,
     ) -> Message:
         """Send a request to its backend under the backend's own name, and show the reply's
         URIs as clients know them."""
         visible = params.get(field)
         # Only listed tool and prompt names become metric labels: their number is bounded.
         target = visible if field == "name" and route.listed else None
-        SERVING.get()[0].annotate(target=target, backend=route.backend)
+        call.observation.annotate(target=target, backend=route.backend)
         out = msg if visible == route.name else {**msg, "params": {**params, field: route.name}}
         # Taken before the request: a reload meanwhile (which lets this request finish) must
         # not change how its reply is shown.
         naming, exposure = self._naming, self._exposures[route.backend]
-        reply = await self.backends[route.backend].request(out, sink)
+        reply = await self.backends[route.backend].request(out, sink, call)
         if naming.prefixed:
             routes.expose_reply_uris(naming, exposure, msg["method"], reply)
         return reply
 
-    async def _complete(self, msg: Message, sink: NotificationSink, view: View | None) -> Message:
+    async def _complete(
+        self, msg: Message, sink: NotificationSink, view: View | None, call: Call
+    ) -> Message:
         params = jsonrpc.params(msg)
         ref = params.get("ref")
         if not isinstance(ref, dict):
             raise Refused(codes.INVALID_PARAMS, "params.ref is required")
         if ref.get("type") == "ref/prompt":
-            route = await self._route_name(RouteTable.prompt, PROMPT, ref.get("name"), view)
+            route = await self._route_name(RouteTable.prompt, PROMPT, ref.get("name"), view, call)
             self._permit(view, PROMPT, route, ref.get("name"))
             new_ref = {**ref, "name": route.name}
         else:
-            route = await self._route_uri(ref.get("uri"), view, TEMPLATE)
+            route = await self._route_uri(ref.get("uri"), view, TEMPLATE, call)
             self._permit(view, TEMPLATE, route, ref.get("uri"))
             new_ref = {**ref, "uri": route.name}
         out = {**msg, "params": {**params, "ref": new_ref}}
-        SERVING.get()[0].annotate(backend=route.backend)
-        return await self.backends[route.backend].request(out, sink)
+        call.observation.annotate(backend=route.backend)
+        return await self.backends[route.backend].request(out, sink, call)
 
 
 def _unknown(kind: str, name: object, reason: str | None = "unknown_name") -> Refused:

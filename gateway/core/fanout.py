@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 
 from gateway import errors
-from gateway.backends.base import Backend
+from gateway.backends.base import Backend, Call
 from gateway.core import apps
 from gateway.core.catalog import Catalogs
 from gateway.core.listen import first_of
@@ -102,6 +102,7 @@ class FanOut:
     async def _ask_all(
         self,
         calls: Sequence[tuple[str, Message]],
+        call: Call,
         *,
         fail_open: bool | None = None,
         late: list[str] | None = None,
@@ -124,7 +125,7 @@ class FanOut:
         async def one(backend: str, request: Message) -> None:
             nonlocal answered
             try:
-                reply = replies[backend] = await targets[backend].request(request, _ignore)
+                reply = replies[backend] = await targets[backend].request(request, _ignore, call)
                 answered += isinstance(reply.get("result"), dict)
             except errors.BackendError as exc:
                 replies[backend] = exc
@@ -197,12 +198,12 @@ class FanOut:
             if scope.cancelled_caught:
                 return
 
-    async def discover(self, msg: Message, view: View | None) -> Message:
+    async def discover(self, msg: Message, view: View | None, call: Call) -> Message:
         calls = [(name, msg) for name in self._order]
         exposures, naming = self._exposures, self._naming  # (as they were, should a reload come)
         # Discovery always answers with what the reachable backends declare: under fail_closed
         # too, a client must be able to connect and see that something is missing.
-        parts = await self._ask_all(calls, fail_open=True)
+        parts = await self._ask_all(calls, call, fail_open=True)
         if view is not None:
             parts = self._as_seen(view, parts)
         pairs = [(exposures[b].namespace, r) for b, r in parts]
@@ -237,7 +238,7 @@ class FanOut:
         """core/policy.py `hidden_capabilities`, by the backend's loaded catalog."""
         return hidden_capabilities(view, backend, self.catalogs.data(backend))
 
-    async def list_page(self, msg: Message, view: View | None) -> Message:
+    async def list_page(self, msg: Message, view: View | None, call: Call) -> Message:
         method = msg["method"]
         key = merge.LIST_KEYS[method]
         params = jsonrpc.params(msg)
@@ -251,7 +252,7 @@ class FanOut:
                 page_params["cursor"] = position
             calls.append((backend, {**msg, "params": page_params}))
         late: list[str] = []
-        parts = await self._ask_all(calls, late=late)
+        parts = await self._ask_all(calls, call, late=late)
         if late:
             parts = self._as_last_known(parts, positions, late, key)
         items: list[Any] = []

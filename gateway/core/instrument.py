@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import anyio
 
-from gateway.backends.base import Backend, Layer, NotificationSink
+from gateway.backends.base import Backend, Call, Layer, NotificationSink
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Telemetry
@@ -25,17 +25,20 @@ class InstrumentedBackend(Layer[Backend]):
         self,
         msg: Message,
         sink: NotificationSink,
+        call: Call,
         *,
         long_lived: bool = False,
     ) -> Message:
-        observed = self._telemetry.client(msg, self.name, self.transport, self._address)
+        observed = self._telemetry.client(
+            msg, self.name, self.transport, self._address, call.observation
+        )
         reply: Message | None = None
         try:
             carrier = observed.carrier()
             if carrier:
                 params = jsonrpc.params(msg)
                 msg = {**msg, "params": {**params, "_meta": {**jsonrpc.meta(msg), **carrier}}}
-            reply = await self.inner.request(msg, sink, long_lived=long_lived)
+            reply = await self.inner.request(msg, sink, call, long_lived=long_lived)
         except anyio.get_cancelled_exc_class():
             # The client went away (or the gateway stopped waiting): not the backend's failure.
             observed.cancel()

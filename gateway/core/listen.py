@@ -26,7 +26,7 @@ import anyio.abc
 from anyio.streams.memory import MemoryObjectSendStream
 
 from gateway import errors
-from gateway.backends.base import Backend, NotificationSink
+from gateway.backends.base import GATEWAY_CALL, Backend, Call, NotificationSink
 from gateway.config.model import DEFAULT_FAN_OUT_GRACE
 from gateway.core import tasks
 from gateway.core.catalog import Catalogs
@@ -34,7 +34,6 @@ from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure
-from gateway.telemetry.api import GATEWAY_ORIGIN, SERVING
 
 log = logging.getLogger("gateway.listen")
 
@@ -94,6 +93,7 @@ class _Listening:
     """One open client listen, as a reload or another replica's notice reaches it."""
 
     msg: Message
+    call: Call  # the client's, which its backend listens are made for
     wanted: Mapping[str, Any]
     judge: Judge | None
     stream: _Stream
@@ -165,7 +165,7 @@ class Subscriptions:
         for backend, plan in plans.items():
             stream.add(backend, plan)
             listening.tg.start_soon(
-                self._keep_listening, backend, plan, listening.msg, listening.relay
+                self._keep_listening, backend, plan, listening.msg, listening.relay, listening.call
             )
 
     def _late_arrival(self, backend: str) -> None:
@@ -230,11 +230,7 @@ class Subscriptions:
         if backend not in self._backends or not (plan.flags or plan.uris):
             return
         msg: Message = {"params": {"_meta": meta.gateway_meta(self._catalogs.client_info)}}
-        token = SERVING.set((SERVING.get()[0], GATEWAY_ORIGIN))
-        try:
-            await self._keep_listening(backend, plan, msg, relay)
-        finally:
-            SERVING.reset(token)
+        await self._keep_listening(backend, plan, msg, relay, GATEWAY_CALL)
 
     def close_all(self) -> None:
         """End every listen with its graceful completion result (gateway shutdown)."""
@@ -283,6 +279,7 @@ class Subscriptions:
         self,
         msg: Message,
         sink: NotificationSink,
+        call: Call,
         judge: Judge | None = None,
         locate: tasks.Locate | None = None,
     ) -> Message:
@@ -307,12 +304,14 @@ class Subscriptions:
         try:
             with send, receive:
                 async with anyio.create_task_group() as tg:
-                    listening = _Listening(msg, wanted, judge, stream, relay, tg, send, locate)
+                    listening = _Listening(
+                        msg, call, wanted, judge, stream, relay, tg, send, locate
+                    )
                     self._open.add(listening)
                     self._listens_changed()
                     for backend, plan in plans.items():
                         tg.start_soon(
-                            self._keep_listening, backend, plan, msg, relay, stream.failed
+                            self._keep_listening, backend, plan, msg, relay, call, stream.failed
                         )
                     tg.start_soon(_relay_remote, receive, stream)
                     with anyio.move_on_after(ACK_TIMEOUT):
@@ -344,6 +343,7 @@ class Subscriptions:
         plan: _Plan,
         client_msg: Message,
         relay: Relay,
+        call: Call,
         failed: Callable[[str], None] | None = None,
     ) -> None:
         """`failed`: told of each attempt that failed (the acknowledgement need not wait for
@@ -367,7 +367,7 @@ class Subscriptions:
                 "params": {"_meta": own_meta, "notifications": plan.filter()},
             }
             try:
-                await target.request(request, sink, long_lived=True)
+                await target.request(request, sink, call, long_lived=True)
                 log.info("backend %s closed a listen stream; listening again", backend)
             except errors.BackendError as exc:
                 # A backend that is down was logged as such once, not at every attempt.

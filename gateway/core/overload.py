@@ -22,7 +22,7 @@ import logging
 from collections import Counter, deque
 from collections.abc import Callable
 
-from gateway.backends.base import Backend, Layer, NotificationSink
+from gateway.backends.base import Backend, Call, Layer, NotificationSink
 from gateway.config import Overload
 from gateway.errors import BackendOverloaded, GatewayError, Overloaded
 from gateway.protocol.jsonrpc import Message
@@ -174,17 +174,18 @@ class BoundedBackend(Layer[Backend]):
         self,
         msg: Message,
         sink: NotificationSink,
+        call: Call,
         *,
         long_lived: bool = False,
     ) -> Message:
         if long_lived:
-            return await self.inner.request(msg, sink, long_lived=True)
+            return await self.inner.request(msg, sink, call, long_lived=True)
         bound = self.bound
         if bound.busy < bound.limit:
             bound.busy += 1
         else:
             await bound.queue()
         try:
-            return await self.inner.request(msg, sink)
+            return await self.inner.request(msg, sink, call)
         finally:
             bound.release()

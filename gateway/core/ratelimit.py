@@ -27,9 +27,9 @@ from typing import Any, Protocol
 
 from gateway.config import Rate, RateLimits
 from gateway.errors import RateLimited
+from gateway.origin import Origin
 from gateway.protocol.jsonrpc import Message
 from gateway.routing.fold import fold
-from gateway.telemetry.api import Origin
 
 log = logging.getLogger("gateway")
 

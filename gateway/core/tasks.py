@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from gateway import errors
-from gateway.backends.base import Backend, NotificationSink
+from gateway.backends.base import Backend, Call, NotificationSink
 from gateway.caller_auth.identity import Identity
 from gateway.core.catalog import Catalogs
 from gateway.core.policy import TOOL, View
@@ -31,7 +31,7 @@ from gateway.routing import taskids
 from gateway.routing.names import Naming
 from gateway.routing.table import Route
 from gateway.routing.taskids import TaskRef
-from gateway.telemetry.api import SERVING, Telemetry
+from gateway.telemetry.api import Telemetry
 
 log = logging.getLogger("gateway")
 
@@ -147,23 +147,24 @@ class TaskRouter:
         return ref
 
     async def forward(
-        self, msg: Message, sink: NotificationSink, identity: Identity | None, view: View | None
+        self, msg: Message, sink: NotificationSink, call: Call, view: View | None
     ) -> Message:
         host = self._host
+        identity = call.origin.identity
         params = jsonrpc.params(msg)
         client_id = params.get("taskId")
         if self.transparent(identity) and taskids.unseal(client_id, self.keys) is None:
             only = next(iter(host.backends.values()))
-            SERVING.get()[0].annotate(backend=only.name)
-            return await only.request(msg, sink)
+            call.observation.annotate(backend=only.name)
+            return await only.request(msg, sink, call)
         ref = self.locate(client_id, identity, view)
         table = host.catalogs.table
         listed = table.tools.get(ref.tool)
         target = ref.tool if listed is not None and listed.listed else None
-        SERVING.get()[0].annotate(target=target, backend=ref.backend)
+        call.observation.annotate(target=target, backend=ref.backend)
         exposure = table.exposures.get(ref.backend)
         out = {**msg, "params": {**params, "taskId": ref.task_id}}
-        reply = await host.backends[ref.backend].request(out, sink)
+        reply = await host.backends[ref.backend].request(out, sink, call)
         result = reply.get("result")
         if isinstance(result, dict):
             show(result, client_id, table.naming, exposure)

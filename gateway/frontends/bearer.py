@@ -19,9 +19,10 @@ from gateway.caller_auth.authenticator import Authenticator
 from gateway.caller_auth.identity import Identity
 from gateway.caller_auth.outage import Unavailable
 from gateway.caller_auth.tokens import Rejected
+from gateway.origin import Origin
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import Origin, Stats
+from gateway.telemetry.api import Stats
 
 log = logging.getLogger("gateway.http")
 

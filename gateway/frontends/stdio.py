@@ -28,10 +28,10 @@ from anyio.streams.file import FileReadStream
 from gateway.config import DEFAULT_STDOUT_STALL_TIMEOUT
 from gateway.core.dispatcher import Dispatcher
 from gateway.frontends.legacy.front import LegacyFront, Session
+from gateway.origin import STDIO_ORIGIN, Origin
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.protocol.lines import LineSplitter
-from gateway.telemetry.api import STDIO_ORIGIN, Origin
 
 log = logging.getLogger("gateway.stdio")
 

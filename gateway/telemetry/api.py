@@ -7,133 +7,15 @@ implementation here costs next to nothing, so tests and telemetry-less runs pay 
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from contextvars import ContextVar
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.caller_auth.identity import Identity
+from gateway.origin import HeaderFields, Origin
 
 Message = dict[str, Any]
 Sink = Callable[[Message], Awaitable[None]]
-TRACE_HEADERS = ("traceparent", "tracestate")
-# Header fields as received: a mapping, or (name, value) pairs in arrival order with repeats.
-HeaderFields = Mapping[str, str] | Iterable[tuple[str, str]]
-
-
-class ClientSession(Protocol):
-    """A legacy client's session as the backends that keep state per client see it: a random
-    key (not the session's id, which is a credential) and the event of its end."""
-
-    key: str
-    ended: asyncio.Event
-
-
-class LegacyClient:
-    """A legacy (initialize-based) client session, as the backends see it: who to keep a
-    backend session for, and when it ends. A backend that speaks both eras serves a legacy
-    client's requests in the legacy era, on a session of its own (backends/era/dual.py), so that
-    the server's requests during a call reach that client."""
-
-    __slots__ = ("_closers", "closed")
-
-    def __init__(self) -> None:
-        self._closers: list[Callable[[], None]] = []
-        self.closed = False
-
-    def on_close(self, closer: Callable[[], None]) -> None:
-        """Run `closer` when the session ends (at once if it has)."""
-        if self.closed:
-            closer()
-        else:
-            self._closers.append(closer)
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        closers, self._closers = self._closers, []
-        for closer in closers:
-            closer()
-
-
-class Origin:
-    """Where a client request came from. A plain class: one is made per request."""
-
-    __slots__ = ("frontend", "headers", "identity", "legacy", "peer", "session")
-
-    def __init__(
-        self,
-        frontend: str,
-        peer: str | None = None,
-        headers: HeaderFields | None = None,
-        session: ClientSession | None = None,
-        legacy: LegacyClient | None = None,
-        identity: Identity | None = None,
-    ) -> None:
-        self.frontend = frontend  # "http" | "stdio" | "gateway" (its own requests)
-        self.peer = peer
-        # All request headers (HTTP), for the traffic tap (which redacts them) and trace context.
-        self.headers = headers
-        # The legacy session the request belongs to, for backends that keep a child per
-        # client (None: a modern, stateless request).
-        self.session = session
-        # The same session as a backend speaking both eras sees it (frontends/legacy/front.py
-        # marks the requests it forwards); None: a modern client, or the gateway's own request.
-        self.legacy = legacy
-        # Who is calling, when the front end established it (auth on HTTP, a configured
-        # identity on stdio); None: no authentication configured.
-        self.identity = identity
-
-    def within(self, session: ClientSession) -> Origin:
-        """The same origin, as a request of a legacy client's session."""
-        return Origin(self.frontend, self.peer, self.headers, session, self.legacy, self.identity)
-
-    def for_legacy(self, client: LegacyClient) -> Origin:
-        """The same origin, marked as a request of the legacy session `client`."""
-        return Origin(self.frontend, self.peer, self.headers, self.session, client, self.identity)
-
-    def caller(self) -> str:
-        """Who is asking, for binding state to them: the front end and the caller's identity
-        when one was established, else a digest of the request's credentials (stdio has one
-        caller, its parent process)."""
-        if self.identity is not None:
-            return f"{self.frontend}:{self.identity.key()}"
-        return f"{self.frontend}:{credentials_digest(self.authorization())}"
-
-    def authorization(self) -> str | None:
-        """The request's Authorization header (HTTP), if it had one."""
-        if self.headers is None:
-            return None
-        fields = self.headers.items() if isinstance(self.headers, Mapping) else self.headers
-        for name, value in fields:
-            if name.lower() == "authorization":
-                return value
-        return None
-
-    def trace_headers(self) -> dict[str, str]:
-        """W3C trace context from transport headers, used when `_meta` carries none. A mapping
-        is looked up, not scanned: the HTTP front end's (aiohttp's) ignores case."""
-        if self.headers is None:
-            return {}
-        if isinstance(self.headers, Mapping):
-            return {k: v for k in TRACE_HEADERS if (v := self.headers.get(k)) is not None}
-        fields = self.headers
-        out: dict[str, str] = {}
-        for name, value in fields:
-            key = name.lower()
-            if key in TRACE_HEADERS:
-                out.setdefault(key, value)
-        return out
-
-
-def credentials_digest(authorization: str | None) -> str:
-    """Whose a piece of state is: a digest of the credentials (none is an owner too), so the
-    credentials themselves are never kept."""
-    return hashlib.sha256((authorization or "").encode("utf-8", "surrogateescape")).hexdigest()
 
 
 @dataclass
@@ -213,9 +95,15 @@ class Telemetry(Protocol):
         ...
 
     def client(
-        self, msg: Message, backend: str, transport: str, address: tuple[str, int] | None
+        self,
+        msg: Message,
+        backend: str,
+        transport: str,
+        address: tuple[str, int] | None,
+        serving: Observation,
     ) -> Observation:
-        """Begin observing a request to a backend."""
+        """Begin observing a request to a backend made while `serving` a client request
+        (NO_OBSERVATION: the gateway's own), whose span is its parent."""
         ...
 
 
@@ -234,16 +122,6 @@ class _NoObservation:
 
 
 NO_OBSERVATION: Observation = _NoObservation()
-STDIO_ORIGIN = Origin("stdio")
-# The gateway's own requests (catalog loads), whichever client's request made them necessary.
-GATEWAY_ORIGIN = Origin("gateway")
-# The client request the current task is handling: its observation (for annotating where it
-# went, and for labelling the backend requests made for it) and its origin (for the few backends
-# that bind state to the caller, such as a legacy backend's held call). Set by the dispatcher;
-# one variable, since setting one costs as much as its contents.
-SERVING: ContextVar[tuple[Observation, Origin]] = ContextVar(
-    "serving", default=(NO_OBSERVATION, STDIO_ORIGIN)
-)
 
 
 class NoTelemetry:
@@ -265,7 +143,12 @@ class NoTelemetry:
         return NO_OBSERVATION
 
     def client(
-        self, msg: Message, backend: str, transport: str, address: tuple[str, int] | None
+        self,
+        msg: Message,
+        backend: str,
+        transport: str,
+        address: tuple[str, int] | None,
+        serving: Observation,
     ) -> Observation:
         return NO_OBSERVATION
 

@@ -18,8 +18,9 @@ from typing import Any
 import orjson
 
 from gateway.config import AUDIT_STDERR, AuditConfig
+from gateway.origin import Origin
 from gateway.protocol import jsonrpc
-from gateway.telemetry.api import Message, Origin
+from gateway.telemetry.api import Message
 from gateway.telemetry.logs import utc_now
 from gateway.telemetry.records import LineFile, Rule, compile_rules, redact
 

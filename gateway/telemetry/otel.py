@@ -14,16 +14,13 @@ import orjson
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from gateway.origin import TRACE_HEADERS, HeaderFields, Origin
 from gateway.protocol import jsonrpc, meta
 from gateway.telemetry.api import (
     CANCELLED,
     LONG_LIVED,
-    SERVING,
-    TRACE_HEADERS,
-    HeaderFields,
     Message,
     Observation,
-    Origin,
     Stats,
     error_type,
 )
@@ -184,8 +181,8 @@ _ROOT = context.Context()
 
 class _ServerObserved(_Observed):
     """A client request. Its span is not attached as OpenTelemetry's current context: the
-    gateway's CLIENT spans find their parent through SERVING (a context variable as well, so it
-    follows the same tasks), which saves an attach and a detach a request."""
+    gateway's CLIENT spans are handed it as their parent (the backend request's `Call` carries
+    it down the stack), which saves an attach and a detach a request."""
 
     __slots__ = ("forwarded", "origin")
 
@@ -206,7 +203,7 @@ class _ServerObserved(_Observed):
 
 
 class _ClientObserved(_Observed):
-    __slots__ = ("backend_name", "via")
+    __slots__ = ("backend_name", "serving", "via")
 
     def __init__(
         self,
@@ -214,10 +211,13 @@ class _ClientObserved(_Observed):
         msg: Message,
         span: trace.Span | None,
         backend: str,
+        serving: Observation,
         via: _ServerObserved | None = None,
     ) -> None:
         super().__init__(telemetry, msg, span)
         self.backend_name = backend
+        # The client request it was made for (NO_OBSERVATION: the gateway's own).
+        self.serving = serving
         # Without a span of its own: the client request whose SERVER span the backend continues.
         self.via = via
 
@@ -338,11 +338,15 @@ class GatewayTelemetry:
                 log.warning("audit log: a request could not be recorded: %r", exc)
 
     def client(
-        self, msg: Message, backend: str, transport: str, address: tuple[str, int] | None
+        self,
+        msg: Message,
+        backend: str,
+        transport: str,
+        address: tuple[str, int] | None,
+        serving: Observation,
     ) -> Observation:
         span = None
         if self._tracer is not None:
-            serving = SERVING.get()[0]
             if (
                 not self._backend_spans
                 and isinstance(serving, _ServerObserved)
@@ -354,7 +358,7 @@ class GatewayTelemetry:
                 # the backend) stands for it, and the backend continues that span's context.
                 # Requests of the gateway's own or of a fan-out keep a CLIENT span each.
                 serving.forwarded = True
-                return _ClientObserved(self, msg, None, backend, serving)
+                return _ClientObserved(self, msg, None, backend, serving, serving)
             parent = (
                 trace.set_span_in_context(serving.span)
                 if isinstance(serving, _ServerObserved) and serving.span is not None
@@ -368,7 +372,7 @@ class GatewayTelemetry:
             if address is not None:
                 attrs["server.address"], attrs["server.port"] = address
             span = self._start(msg, SpanKind.CLIENT, parent, attrs)
-        return _ClientObserved(self, msg, span, backend)
+        return _ClientObserved(self, msg, span, backend, serving)
 
     def _end_client(self, observed: _ClientObserved) -> None:
         seconds = time.perf_counter() - observed.started
@@ -390,7 +394,7 @@ class GatewayTelemetry:
         if self._recorder is not None and method not in LONG_LIVED:
             target = ""
             if method in _NAME_ATTR:
-                serving = SERVING.get()[0]
+                serving = observed.serving
                 # A name becomes a label only if the client's name was a listed one (bounded).
                 if not isinstance(serving, _ServerObserved) or serving.target:
                     target = _span_target(msg)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.telemetry.api import HeaderFields
+from gateway.origin import HeaderFields
 
 log = logging.getLogger("gateway.telemetry")
 

@@ -23,9 +23,9 @@ from typing import Any
 import orjson
 
 from gateway.config import TapConfig
+from gateway.origin import HeaderFields
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import HeaderFields
 from gateway.telemetry.records import (
     ALWAYS_REDACTED_HEADERS,
     LineFile,

@@ -26,11 +26,11 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Call, NotificationSink
 from gateway.backends.era.link import Link
 from gateway.errors import BackendError, BackendUnavailable
+from gateway.origin import LegacyClient
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import LegacyClient
 
 log = logging.getLogger("gateway.backend")
 
@@ -48,7 +48,7 @@ class Lane(Protocol):
     inner: Link
 
     async def request(
-        self, msg: Message, sink: NotificationSink, *, long_lived: bool = False
+        self, msg: Message, sink: NotificationSink, call: Call, *, long_lived: bool = False
     ) -> Message: ...
 
     async def run(self) -> None: ...
@@ -77,7 +77,12 @@ class Lanes:
         self._closing: set[asyncio.Task[None]] = set()  # sessions being ended
 
     async def serve(
-        self, client: LegacyClient, msg: Message, sink: NotificationSink, long_lived: bool
+        self,
+        client: LegacyClient,
+        msg: Message,
+        sink: NotificationSink,
+        call: Call,
+        long_lived: bool,
     ) -> Message | None:
         """The reply in the legacy era; None: serve it in the modern era."""
         method = msg["method"]
@@ -90,7 +95,7 @@ class Lanes:
             lane = await self._open(client)
             if lane is None:
                 return None
-        return await lane.request(msg, sink, long_lived=long_lived)
+        return await lane.request(msg, sink, call, long_lived=long_lived)
 
     async def _open(self, client: LegacyClient) -> Lane | None:
         key = None if self._shared else client

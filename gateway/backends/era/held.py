@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Call, NotificationSink
 from gateway.backends.channel import Wakeup
 from gateway.backends.era import questions
 from gateway.backends.era.link import Link
@@ -86,11 +86,13 @@ class HeldCall(Wakeup):
     """A request on a legacy backend, which may outlive the client request that started it
     while it waits for the client's answers."""
 
-    def __init__(self, calls: HeldCalls, link: Link, caller: str, capabilities: object) -> None:
+    def __init__(self, calls: HeldCalls, link: Link, made_for: Call, capabilities: object) -> None:
         super().__init__()
         self._calls = calls
         self.link = link
-        self.caller = caller
+        # The client request that started it: what its answers to the backend are sent for.
+        self.made_for = made_for
+        self.caller = made_for.origin.caller()
         self.capabilities = capabilities if isinstance(capabilities, dict) else {}
         self.handle = secrets.token_urlsafe(16)
         self.sink: NotificationSink | None = None
@@ -114,7 +116,7 @@ class HeldCall(Wakeup):
                 await self.sink(msg)
             return
         if method == "ping":
-            await self.link.send(jsonrpc.result(msg["id"], {}))
+            await self.link.send(jsonrpc.result(msg["id"], {}), self.made_for)
             return
         capability = INPUT_METHODS.get(str(method))
         if capability is None or capability not in self.capabilities:
@@ -122,14 +124,16 @@ class HeldCall(Wakeup):
             if answer is not None:
                 # roots/list from a client without roots (the gateway's own catalog requests
                 # among them): the configured roots, as outside any request.
-                await self.link.send(answer)
+                await self.link.send(answer, self.made_for)
                 return
             if capability is not None and self.missing is None:
                 # The client is told what it lacks (basic/patterns/mrtr), as from a modern server.
                 self.missing = required_capability(capability, jsonrpc.params(msg))
                 self.wake()
             refusal = f"The client cannot answer {method}"
-            await self.link.send(jsonrpc.error(msg["id"], codes.METHOD_NOT_FOUND, refusal))
+            await self.link.send(
+                jsonrpc.error(msg["id"], codes.METHOD_NOT_FOUND, refusal), self.made_for
+            )
             return
         self.asks[f"{self._calls.name}-{msg['id']}"] = msg
         self.wake()
@@ -156,8 +160,8 @@ class HeldCalls:
     def __len__(self) -> int:
         return len(self._held)
 
-    def new(self, link: Link, caller: str, capabilities: object) -> HeldCall:
-        return HeldCall(self, link, caller, capabilities)
+    def new(self, link: Link, made_for: Call, capabilities: object) -> HeldCall:
+        return HeldCall(self, link, made_for, capabilities)
 
     def start(self, call: HeldCall, task: asyncio.Task[Message]) -> None:
         call.task = task
@@ -201,8 +205,10 @@ class HeldCalls:
         result = {"resultType": "input_required", "inputRequests": requests, "requestState": state}
         return jsonrpc.result(id_, result)
 
-    async def resume(self, msg: Message, sink: NotificationSink, caller: str) -> Message:
-        """A retry carrying `requestState`: answer the held call's questions, attend it again."""
+    async def resume(self, msg: Message, sink: NotificationSink, retry: Call) -> Message:
+        """A retry carrying `requestState`: answer the held call's questions (for the retry's
+        caller, who may present a refreshed token), attend it again."""
+        caller = retry.origin.caller()
         params = jsonrpc.params(msg)
         state = params.get("requestState")
         handle = self._sealer.open(state, caller, time.time()) if isinstance(state, str) else None
@@ -217,7 +223,8 @@ class HeldCalls:
         for key, ask in list(call.asks.items()):
             if key in answers:
                 del call.asks[key]
-                await call.link.send({"jsonrpc": "2.0", "id": ask["id"], "result": answers[key]})
+                answer = {"jsonrpc": "2.0", "id": ask["id"], "result": answers[key]}
+                await call.link.send(answer, retry)
         call.sink = sink
         return await self.attend(call, msg)
 
@@ -242,11 +249,13 @@ class HeldCalls:
     async def _abandon(self, call: HeldCall) -> None:
         for ask in call.asks.values():
             await _send_quietly(
-                call.link, jsonrpc.error(ask["id"], codes.INTERNAL_ERROR, "No answer in time")
+                call.link,
+                jsonrpc.error(ask["id"], codes.INTERNAL_ERROR, "No answer in time"),
+                call.made_for,
             )
         self.cancel(call)
 
 
-async def _send_quietly(link: Link, msg: Message) -> None:
+async def _send_quietly(link: Link, msg: Message, call: Call) -> None:
     with contextlib.suppress(BackendError):
-        await link.send(msg)
+        await link.send(msg, call)

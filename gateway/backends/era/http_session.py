@@ -23,6 +23,7 @@ import aiohttp
 import anyio
 from multidict import CIMultiDict
 
+from gateway.backend_auth.authorizer import GATEWAY
 from gateway.backend_auth.failures import AuthFailed
 from gateway.backends import hop, ids, web
 from gateway.backends.base import NotificationSink
@@ -39,6 +40,7 @@ from gateway.errors import (
     BackendUnavailable,
     SessionExpired,
 )
+from gateway.origin import Origin
 from gateway.protocol import headers, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
 
@@ -165,7 +167,7 @@ class HttpSession:
         backend = self.backend
         replica = legacy.pinned()
         try:
-            resp = await backend.open(replica, session, "GET", sent, None, None, shared=True)
+            resp = await backend.open(replica, session, "GET", sent, None, None)
         except BackendError as exc:
             if not backend.replicas.several:
                 raise
@@ -234,11 +236,11 @@ class HttpSession:
         (with the configured roots) are answered."""
         refusal = "The gateway answers questions only within a request"
         roots = self.backend.config.roots
-        await self.backend.send(questions.refuse_unattended(request, roots, refusal))
+        await self.backend.notify(questions.refuse_unattended(request, roots, refusal))
 
     # --- a request's reply stream, and its end -----------------------------------------------
 
-    def cancel(self, sent: ids.Sent, msg: Message) -> None:
+    def cancel(self, sent: ids.Sent, msg: Message, origin: Origin) -> None:
         """A legacy server learns that a request is given up only from `notifications/cancelled`
         (2025-11-25: a disconnection is not a cancellation), naming the id it was sent; never
         for `initialize` (basic/utilities/cancellation)."""
@@ -249,13 +251,13 @@ class HttpSession:
             "method": "notifications/cancelled",
             "params": {"requestId": sent.wire, "reason": "cancelled by the client"},
         }
-        task = asyncio.get_running_loop().create_task(self._notify_quietly(note))
+        task = asyncio.get_running_loop().create_task(self._notify_quietly(note, origin))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _notify_quietly(self, note: Message) -> None:
+    async def _notify_quietly(self, note: Message, origin: Origin) -> None:
         with contextlib.suppress(BackendError):
-            await self.backend.notify(note)
+            await self.backend.notify(note, origin)
 
     async def read_stream(
         self,
@@ -263,6 +265,7 @@ class HttpSession:
         resp: aiohttp.ClientResponse,
         sent: ids.Sent,
         sink: NotificationSink,
+        origin: Origin,
         within: float | None,
     ) -> Message:
         """The events of a streamed reply until the response, across resumptions (bounded by
@@ -272,7 +275,7 @@ class HttpSession:
         waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._awaited[sent.wire] = waiter
         try:
-            return await self._read_reply(legacy, resp, sent, sink, within, waiter)
+            return await self._read_reply(legacy, resp, sent, sink, origin, within, waiter)
         finally:
             del self._awaited[sent.wire]
 
@@ -282,6 +285,7 @@ class HttpSession:
         resp: aiohttp.ClientResponse,
         sent: ids.Sent,
         sink: NotificationSink,
+        origin: Origin,
         within: float | None,
         elsewhere: asyncio.Future[Message],
     ) -> Message:
@@ -305,7 +309,7 @@ class HttpSession:
         left = None if within is None else within - (anyio.current_time() - started)
 
         async def attempt(last_id: str, remaining: float | None) -> Message | None:
-            return await self._resume_once(legacy, last_id, remaining, reading, sent, sink)
+            return await self._resume_once(legacy, last_id, remaining, reading, sent, sink, origin)
 
         limits = backend.limits
         resuming = resume.resume(
@@ -344,6 +348,7 @@ class HttpSession:
         reading: Reading,
         sent: ids.Sent,
         sink: NotificationSink,
+        origin: Origin,
     ) -> Message | None:
         """One GET taking up a request's stream (2025-11-25 transports, Resumability and
         Redelivery): the response if it came on it."""
@@ -354,9 +359,10 @@ class HttpSession:
         headers = legacy.stream_headers.copy()
         headers[resume.LAST_EVENT_ID] = last_id
         deadline = web.timeout(within, backend.connect_timeout)
+        whose = web.caller(backend.authorizer, origin)
         try:
             resp = await backend.open(
-                legacy.pinned(), session, "GET", headers, None, within, deadline
+                legacy.pinned(), session, "GET", headers, None, within, deadline, whose=whose
             )
         except BackendTimeout:
             raise
@@ -441,12 +447,13 @@ class _Session:
         resp: aiohttp.ClientResponse,
         sent: ids.Sent,
         sink: NotificationSink,
+        origin: Origin,
         within: float | None,
     ) -> Coroutine[Any, Any, Message]:
-        return self._link.read_stream(self, resp, sent, sink, within)
+        return self._link.read_stream(self, resp, sent, sink, origin, within)
 
-    def cancel(self, sent: ids.Sent, msg: Message) -> None:
-        self._link.cancel(sent, msg)
+    def cancel(self, sent: ids.Sent, msg: Message, origin: Origin) -> None:
+        self._link.cancel(sent, msg, origin)
 
     async def end(self) -> None:
         """A legacy session the gateway no longer needs is ended with DELETE (2025-11-25
@@ -459,7 +466,7 @@ class _Session:
         if authorizer is not None:
             sent = sent.copy()
             with contextlib.suppress(AuthFailed):
-                header = await authorizer.authorization(web.caller(authorizer, True))
+                header = await authorizer.authorization(GATEWAY)
                 if header is not None:
                     sent["Authorization"] = header
         try:

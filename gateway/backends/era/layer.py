@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 
-from gateway.backends.base import Layer, NotificationSink
+from gateway.backends.base import GATEWAY_CALL, Call, Layer, NotificationSink
 from gateway.backends.channel import Channel
 from gateway.backends.era import discovery, questions
 from gateway.backends.era.dual import Lanes
@@ -46,7 +46,6 @@ from gateway.config import BackendConfig
 from gateway.errors import BackendError, BackendUnavailable, SessionExpired
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import SERVING
 
 log = logging.getLogger("gateway.backend")
 
@@ -299,6 +298,7 @@ class EraBackend(Layer[Link]):
         self,
         msg: Message,
         sink: NotificationSink,
+        call: Call,
         *,
         long_lived: bool = False,
     ) -> Message:
@@ -308,29 +308,29 @@ class EraBackend(Layer[Link]):
             elif self.era is None or self.session is None:
                 await self._settle()
             if self.era != "modern":
-                return await self._legacy(msg, sink)
+                return await self._legacy(msg, sink, call)
         if self._lanes is not None:
-            client = SERVING.get()[1].legacy
+            client = call.origin.legacy
             if client is not None:
                 # A legacy client: in its era where the server speaks both (dual.py).
-                reply = await self._lanes.serve(client, msg, sink, long_lived)
+                reply = await self._lanes.serve(client, msg, sink, call, long_lived)
                 if reply is not None:
                     return reply
         if self._no_discover is not None and msg["method"] == "server/discover":
-            return await self._discover_for(msg)
+            return await self._discover_for(msg, call)
         try:
-            return await self.inner.request(msg, sink, long_lived=long_lived)
+            return await self.inner.request(msg, sink, call, long_lived=long_lived)
         except BackendUnavailable:
             if not self._pinned and not self._channel:
                 self.era = None  # remembered until it fails: ask again next time
             raise
 
-    async def _discover_for(self, msg: Message) -> Message:
+    async def _discover_for(self, msg: Message, call: Call) -> Message:
         """`server/discover` of a modern backend that serves none (discovery.py)."""
         made = self._made_discover
         if made is None:
             try:
-                reply = await self.inner.request(msg, ignore)
+                reply = await self.inner.request(msg, ignore, call)
             except BackendUnavailable:
                 if not self.inner.up:
                     raise
@@ -338,7 +338,7 @@ class EraBackend(Layer[Link]):
             if discovery.is_discover_result(reply):
                 self._no_discover = None  # it has one after all (it was only slow to start)
                 return reply
-            ask = functools.partial(self.inner.request, sink=ignore)
+            ask = functools.partial(self.inner.request, sink=ignore, call=call)
             made = await discovery.synthesise(ask, GATEWAY_INFO, self._no_discover or None)
             self._made_discover = made
         return jsonrpc.result(msg["id"], copy.deepcopy(made))
@@ -351,7 +351,7 @@ class EraBackend(Layer[Link]):
             await self._settle()
         await self.inner.notify(to_legacy(msg) if self.era == "legacy" else msg)
 
-    async def _legacy(self, msg: Message, sink: NotificationSink) -> Message:
+    async def _legacy(self, msg: Message, sink: NotificationSink, call: Call) -> Message:
         session = self.session
         if session is None:
             raise BackendUnavailable(self.name, "the legacy session is not open")
@@ -359,40 +359,40 @@ class EraBackend(Layer[Link]):
         if method == "server/discover":
             return jsonrpc.result(msg["id"], discover_result(session))
         if method == "subscriptions/listen":
-            return await self._listens.listen(msg, sink, session)
+            return await self._listens.listen(msg, sink, session, call)
         params = jsonrpc.params(msg)
-        caller = SERVING.get()[1].caller()
         if "requestState" in params:
-            return await self._held.resume(msg, sink, caller)
+            return await self._held.resume(msg, sink, call)
         fields = jsonrpc.meta(msg)
         level = fields.get(meta.LOG_LEVEL)
         if isinstance(level, str):
-            await self._lower_level(level, session)
-        call = self._held.new(self.inner, caller, fields.get(meta.CLIENT_CAPABILITIES))
-        call.sink = sink
+            await self._lower_level(level, session, call)
+        held = self._held.new(self.inner, call, fields.get(meta.CLIENT_CAPABILITIES))
+        held.sink = sink
         # (The transport gives the request an id of the gateway's on the backend's session,
         # and tells the backend when it is given up: channel.py, http_session.py.)
         out = to_legacy(msg)
         task = asyncio.get_running_loop().create_task(
-            self._run_call(out, call, isinstance(level, str), session)
+            self._run_call(out, held, isinstance(level, str), session)
         )
-        self._held.start(call, task)
-        return await self._held.attend(call, msg)
+        self._held.start(held, task)
+        return await self._held.attend(held, msg)
 
     async def _run_call(
         self,
         out: Message,
-        call: HeldCall,
+        held: HeldCall,
         wants_logs: bool,
         session: LegacySession,
     ) -> Message:
+        on_message, made_for = held.on_message, held.made_for
         try:
-            return await self.inner.request(out, call.on_message, wants_logs=wants_logs)
+            return await self.inner.request(out, on_message, made_for, wants_logs=wants_logs)
         except SessionExpired:
             await self._reopen(session)
-            return await self.inner.request(out, call.on_message, wants_logs=wants_logs)
+            return await self.inner.request(out, on_message, made_for, wants_logs=wants_logs)
 
-    async def _lower_level(self, level: str, session: LegacySession) -> None:
+    async def _lower_level(self, level: str, session: LegacySession, call: Call) -> None:
         """Logging is per session in the legacy era: the most verbose level any request asked
         for (each request still gets only the messages routed to it)."""
         if "logging" not in session.capabilities or level not in LOG_LEVELS:
@@ -407,7 +407,7 @@ class EraBackend(Layer[Link]):
             "params": {"level": level},
         }
         with contextlib.suppress(BackendError):
-            await self.inner.request(set_level, self._unattended)
+            await self.inner.request(set_level, self._unattended, call)
 
     async def _unattended(self, msg: Message) -> None:
         """The sink of a request the gateway makes on its own once the session is open: a
@@ -415,7 +415,8 @@ class EraBackend(Layer[Link]):
         if "id" in msg and "method" in msg:
             refusal = "The gateway answers only ping and roots/list itself"
             with contextlib.suppress(BackendError):
-                await self.inner.send(questions.refuse_unattended(msg, self.roots, refusal))
+                refused = questions.refuse_unattended(msg, self.roots, refusal)
+                await self.inner.send(refused, GATEWAY_CALL)
 
     # --- change notifications -------------------------------------------------------------
 

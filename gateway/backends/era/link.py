@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Call, NotificationSink
 from gateway.protocol.jsonrpc import Message
 
 
@@ -34,6 +34,7 @@ class Link(Protocol):
         self,
         msg: Message,
         sink: NotificationSink,
+        call: Call,
         *,
         long_lived: bool = False,
         wants_logs: bool | None = None,
@@ -50,7 +51,10 @@ class Link(Protocol):
 
     async def notify(self, msg: Message) -> None: ...
 
-    async def send(self, msg: Message) -> None: ...
+    async def send(self, msg: Message, call: Call) -> None:
+        """An answer to the server's own request (for `call`'s caller, whose token HTTP sends),
+        or a notification of the handshake."""
+        ...
 
 
 @runtime_checkable

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from gateway.backends.base import NotificationSink
+from gateway.backends.base import Call, NotificationSink
 from gateway.backends.era.link import Link
 from gateway.backends.era.probe import ignore
 from gateway.backends.era.translate import LegacySession, capability
@@ -66,7 +66,10 @@ class Listens:
         for listener in self._listeners:
             listener.offer(None)
 
-    async def listen(self, msg: Message, sink: NotificationSink, session: LegacySession) -> Message:
+    async def listen(
+        self, msg: Message, sink: NotificationSink, session: LegacySession, call: Call
+    ) -> Message:
+        """The listen `call` asked for; the subscriptions it adds are made for it too."""
         wanted = jsonrpc.params(msg).get("notifications")
         wanted = wanted if isinstance(wanted, dict) else {}
         caps = session.capabilities
@@ -78,7 +81,7 @@ class Listens:
         uris: set[str] = set()
         if capability(caps, "resources", "subscribe"):
             for uri in wanted.get("resourceSubscriptions") or ():
-                if isinstance(uri, str) and await self._subscribe(uri):
+                if isinstance(uri, str) and await self._subscribe(uri, call):
                     uris.add(uri)
         listener = _Listener(flags, uris)
         self._listeners.add(listener)
@@ -102,19 +105,19 @@ class Listens:
         finally:
             self._listeners.discard(listener)
             for uri in uris:
-                await self._unsubscribe(uri)
+                await self._unsubscribe(uri, call)
 
-    async def _subscribe(self, uri: str) -> bool:
+    async def _subscribe(self, uri: str, call: Call) -> bool:
         count = self._subscribed.get(uri, 0)
         if count == 0:
             subscribe = _subscription("resources/subscribe", uri)
-            reply = await self._link.request(subscribe, self._unattended)
+            reply = await self._link.request(subscribe, self._unattended, call)
             if "error" in reply:
                 return False
         self._subscribed[uri] = count + 1
         return True
 
-    async def _unsubscribe(self, uri: str) -> None:
+    async def _unsubscribe(self, uri: str, call: Call) -> None:
         count = self._subscribed.get(uri, 0)
         if count > 1:
             self._subscribed[uri] = count - 1
@@ -124,7 +127,9 @@ class Listens:
         del self._subscribed[uri]
         with contextlib.suppress(BackendError):
             await asyncio.shield(
-                self._link.request(_subscription("resources/unsubscribe", uri), self._unattended)
+                self._link.request(
+                    _subscription("resources/unsubscribe", uri), self._unattended, call
+                )
             )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway import __version__
+from gateway.backends.base import GATEWAY_CALL
 from gateway.backends.era import discovery
 from gateway.backends.era.link import Link, SessionLink
 from gateway.backends.era.translate import LegacySession, session_from
@@ -107,6 +108,6 @@ async def handshake(link: Link, within: float) -> LegacySession:
     session = session_from(result)
     if session_link is not None:
         session_link.agreed(session.version)
-    await link.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    await link.send({"jsonrpc": "2.0", "method": "notifications/initialized"}, GATEWAY_CALL)
     link.takes_requests = True
     return session

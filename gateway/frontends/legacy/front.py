@@ -27,9 +27,10 @@ from typing import Any
 import anyio
 
 from gateway.core.dispatcher import Dispatcher
+from gateway.origin import STDIO_ORIGIN, LegacyClient, Origin
 from gateway.protocol import codes, jsonrpc, meta
 from gateway.protocol.jsonrpc import Message, RequestId
-from gateway.telemetry.api import STDIO_ORIGIN, LegacyClient, Origin, tapped
+from gateway.telemetry.api import tapped
 
 log = logging.getLogger("gateway.legacy")
 
@@ -90,7 +91,7 @@ class Session:
     deliver: Deliver | None = None
     subscribed: set[str] = field(default_factory=set)  # resource URIs (resources/subscribe)
     watcher: asyncio.Task[None] | None = None  # the modern listen that feeds `deliver`
-    # Names the session to backends that keep a child per client (telemetry.api.ClientSession).
+    # Names the session to backends that keep a child per client (origin.ClientSession).
     key: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     # The session as the backends see it: a backend speaking both eras keeps a legacy session
     # of its own for it (its server-to-client requests then reach this client), ended with it.

@@ -32,8 +32,8 @@ from gateway.frontends.legacy.records import (
     record_key,
     record_of,
 )
+from gateway.origin import STDIO_ORIGIN, Origin, credentials_digest
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import STDIO_ORIGIN, Origin, credentials_digest
 
 log = logging.getLogger("gateway.http")
 
