@@ -1068,7 +1068,7 @@ def _held_request(srv: Serving) -> bool:
 
 
 async def test_a_held_listener_answers_a_request_once_released() -> None:
-    """The gateway takes its address before its backends start (app.py) and holds what arrives
+    """The gateway takes its address before its backends start (gateway/app/) and holds what arrives
     meanwhile: a request waits, then is answered, not refused."""
     answered = asyncio.Event()
 
