@@ -9,8 +9,8 @@ import anyio
 import pytest
 
 from gateway.app import Gateway
-from tests.listener_support import Serving, gateway, port_of, request
 from tests.support import START_BOUND
+from tests.support.listener import Serving, gateway, port_of, request
 
 pytestmark = pytest.mark.anyio
 

@@ -24,7 +24,7 @@ from gateway.routing import table as routes
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import CatalogData, Exposure
 from gateway.telemetry.api import Origin
-from tests.memory_backend import MemoryBackend
+from tests.support.memory_backend import MemoryBackend
 from tests.test_policy_dispatch import FakeBackend, _listen, caller, gateway, policy
 
 pytestmark = pytest.mark.anyio

@@ -32,7 +32,6 @@ from gateway.protocol import codes
 from gateway.telemetry.api import Origin
 from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.otel import GatewayTelemetry
-from tests.memory_backend import MemoryBackend, dispatcher_over, ignore, modern, tool_call
 from tests.support import (
     BOUND,
     DEMO_STDIO,
@@ -42,6 +41,7 @@ from tests.support import (
     gateway_command,
     mirrored_headers,
 )
+from tests.support.memory_backend import MemoryBackend, dispatcher_over, ignore, modern, tool_call
 
 pytestmark = pytest.mark.anyio
 

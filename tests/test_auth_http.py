@@ -3,7 +3,7 @@ Token Handling, Error Handling, Scope Challenge Handling; authorization-server-d
 security-considerations, Token Audience Binding and Access Token Privilege Restriction).
 
 Real sockets on 127.0.0.1: the gateway in-process, a small authorization server of the test
-(tests/auth_support.py: metadata, JWKS, introspection, keys made per run) and a recording MCP
+(tests/support/auth.py: metadata, JWKS, introspection, keys made per run) and a recording MCP
 backend, so each test sees what the client got and what reached the backend. Challenges are
 parsed and asserted by field; bodies by JSON-RPC code.
 """
@@ -34,7 +34,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.app import Gateway
 from gateway.config import parse
-from tests.auth_support import (
+from tests.support import BOUND
+from tests.support.auth import (
     CLIENT_ID,
     CLIENT_SECRET,
     PRM_URL,
@@ -48,7 +49,6 @@ from tests.auth_support import (
     rsa_key,
     serving,
 )
-from tests.support import BOUND
 
 pytestmark = pytest.mark.anyio
 

@@ -1,5 +1,5 @@
 """The gateway as an OAuth 2.1 resource server, against a real authorization server nobody here
-wrote (`oidc-provider`, OpenID Certified, run on 127.0.0.1 by tests/oidc_support.py) and the
+wrote (`oidc-provider`, OpenID Certified, run on 127.0.0.1 by tests/support/oidc.py) and the
 official Python SDK client's OAuth flow.
 
 basic/authorization (Access Token Usage, Token Handling; Error Handling; Scope Challenge
@@ -39,7 +39,15 @@ from mcp_types import TextContent
 
 from gateway.app import Gateway
 from gateway.config import parse
-from tests.oidc_support import (
+from tests.support import (
+    BOUND,
+    Message,
+    both_event_loops,  # noqa: F401  (the anyio_backend fixture: asyncio, uvloop)
+    call,
+    mirrored_headers,
+    start_sdk_http,
+)
+from tests.support.oidc import (
     AuthServer,
     OAuthClient,
     Resource,
@@ -48,14 +56,6 @@ from tests.oidc_support import (
     claims,
     free_ports,
     unsigned,
-)
-from tests.support import (
-    BOUND,
-    Message,
-    both_event_loops,  # noqa: F401  (the anyio_backend fixture: asyncio, uvloop)
-    call,
-    mirrored_headers,
-    start_sdk_http,
 )
 
 pytestmark = pytest.mark.anyio

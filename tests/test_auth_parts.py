@@ -33,8 +33,8 @@ from gateway.errors import Refused
 from gateway.protocol import codes
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import NO_OBSERVATION, SERVING, Origin
-from tests.auth_support import RESOURCE, AuthServer, auth_server, rsa_key
 from tests.support import BOUND
+from tests.support.auth import RESOURCE, AuthServer, auth_server, rsa_key
 from tests.test_era_core import (
     FakeLink,
     eliciting_tool,

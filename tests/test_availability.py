@@ -4,7 +4,7 @@ basic/patterns/subscriptions, basic/index "Error Codes"): merged lists and disco
 with what is in `fan_out.grace` after the last answer, a listen is acknowledged without it, an
 unknown name is told at once, and a name of a backend whose catalog cannot be loaded is that
 backend's unavailability, not an unknown name. Under fail_closed a list still waits for every
-backend. Engine tests over in-memory backends (tests/memory_backend.py).
+backend. Engine tests over in-memory backends (tests/support/memory_backend.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from gateway.protocol import codes, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
-from tests.memory_backend import FakeBackend, MemoryBackend, ignore, modern, tool_call
+from tests.support.memory_backend import FakeBackend, MemoryBackend, ignore, modern, tool_call
 
 pytestmark = pytest.mark.anyio
 

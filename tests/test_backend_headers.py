@@ -20,7 +20,12 @@ from gateway.backends.http import HttpBackend
 from gateway.config import ConfigInvalid
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message
-from tests.backend_support import (
+from tests.support import (
+    both_event_loops,  # noqa: F401  (the anyio_backend fixture)
+    call,
+    request,
+)
+from tests.support.backend import (
     Peer,
     Request,
     Server,
@@ -31,11 +36,6 @@ from tests.backend_support import (
     json_reply,
     result_for,
     running,
-)
-from tests.support import (
-    both_event_loops,  # noqa: F401  (the anyio_backend fixture)
-    call,
-    request,
 )
 
 pytestmark = pytest.mark.anyio

@@ -1,5 +1,5 @@
 """Limits, deadlines and the connection pool of the HTTP backend (backends/http.py, web.py),
-against raw servers on 127.0.0.1 (tests/backend_support.py): every limit a backend can push on
+against raw servers on 127.0.0.1 (tests/support/backend.py): every limit a backend can push on
 (backends.NAME.http.limits: max_headers, max_header_bytes, max_reply_bytes, max_event_bytes,
 max_connections) is passed while a well-behaved backend, or the next call, is served; connect
 and request deadlines; cancellation. Errors are asserted by code.
@@ -15,7 +15,13 @@ import pytest
 from gateway import errors
 from gateway.protocol import codes
 from gateway.protocol.jsonrpc import Message
-from tests.backend_support import (
+from tests.support import (
+    BOUND,
+    both_event_loops,  # noqa: F401  (the anyio_backend fixture)
+    call,
+    request,
+)
+from tests.support.backend import (
     Peer,
     Server,
     answer,
@@ -33,12 +39,6 @@ from tests.backend_support import (
     sse_event,
     sse_head,
     stalled_listener,
-)
-from tests.support import (
-    BOUND,
-    both_event_loops,  # noqa: F401  (the anyio_backend fixture)
-    call,
-    request,
 )
 
 pytestmark = pytest.mark.anyio

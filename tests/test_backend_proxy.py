@@ -18,16 +18,6 @@ import trustme
 
 from gateway import errors
 from gateway.protocol import codes
-from tests.backend_support import (
-    Server,
-    answer,
-    backend_config,
-    free_port,
-    ignore,
-    json_rpc_server,
-    modern,
-    running,
-)
 from tests.servers.forward_proxy import ForwardProxy
 from tests.support import (
     BOUND,
@@ -37,6 +27,16 @@ from tests.support import (
     gateway_command,
     mirrored_headers,
     write_config,
+)
+from tests.support.backend import (
+    Server,
+    answer,
+    backend_config,
+    free_port,
+    ignore,
+    json_rpc_server,
+    modern,
+    running,
 )
 
 pytestmark = pytest.mark.anyio

@@ -1,6 +1,6 @@
 """Replicas of one HTTP backend (`urls:`): balancing, failover, sticky legacy sessions.
 
-Each replica is a raw HTTP server on 127.0.0.1 (tests/backend_support.py) speaking enough of the
+Each replica is a raw HTTP server on 127.0.0.1 (tests/support/backend.py) speaking enough of the
 modern era (streamable-http) for a whole gateway, counting the tool calls it gets; the legacy
 case runs two SDK servers of the 2025-11-25 era (transports, Session Management). What may be
 sent again is judged by the tools' annotations (schema, ToolAnnotations).
@@ -32,7 +32,15 @@ from gateway.backends.replicas import Replicas
 from gateway.config import ConfigInvalid, HttpTarget
 from gateway.protocol import codes
 from gateway.protocol.jsonrpc import Message
-from tests.backend_support import (
+from tests.support import (
+    BOUND,
+    START_BOUND,
+    call,
+    dead_url,
+    request,
+    start_sdk_http,
+)
+from tests.support.backend import (
     DISCOVERED,
     Peer,
     Server,
@@ -43,14 +51,6 @@ from tests.backend_support import (
     running,
     sse_event,
     sse_head,
-)
-from tests.support import (
-    BOUND,
-    START_BOUND,
-    call,
-    dead_url,
-    request,
-    start_sdk_http,
 )
 from tests.test_config_schema import BASE, loader_accepts, schema_errors
 from tests.test_legacy_backends import post, text_of

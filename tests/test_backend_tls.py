@@ -17,11 +17,11 @@ from gateway import errors
 from gateway.backends.http import HttpBackend
 from gateway.config import ConfigInvalid
 from gateway.protocol import codes
-from tests.backend_support import backend_config, ignore, json_rpc_server, running
 from tests.support import (
     both_event_loops,  # noqa: F401  (the anyio_backend fixture)
     call,
 )
+from tests.support.backend import backend_config, ignore, json_rpc_server, running
 
 pytestmark = pytest.mark.anyio
 

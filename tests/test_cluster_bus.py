@@ -20,8 +20,8 @@ from gateway.app import Gateway
 from gateway.cluster.bus import PREFIX, RedisBus
 from gateway.config import parse
 from gateway.telemetry.api import Stats
-from tests.redis_support import free_port, launch, redis_server, redis_url
 from tests.support import BOUND, DEMO_STDIO, START_BOUND, until
+from tests.support.redis_server import free_port, launch, redis_server, redis_url
 
 pytestmark = pytest.mark.anyio
 

@@ -37,7 +37,6 @@ from gateway.cluster.bus import PREFIX
 from gateway.config import parse
 from gateway.core import interest
 from gateway.core.changes import TOPIC
-from tests.redis_support import free_port, launch, need_redis, redis_url
 from tests.support import (
     BOUND,
     START_BOUND,
@@ -46,6 +45,7 @@ from tests.support import (
     stdio_backend,
     until,
 )
+from tests.support.redis_server import free_port, launch, need_redis, redis_url
 from tests.test_legacy_clients import Changes, legacy_only_method
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

@@ -37,8 +37,6 @@ from mcp.client.subscriptions import ToolsListChanged
 from mcp_types import ElicitRequestParams, ElicitResult, TextContent
 
 from gateway.protocol import codes
-from tests.nginx_support import Replica, behind_nginx, replicas, upstreams_logged
-from tests.redis_support import free_port, launch, need_redis, redis_url
 from tests.support import (
     BOUND,
     START_BOUND,
@@ -50,6 +48,8 @@ from tests.support import (
     stdio_backend,
     tool_names,
 )
+from tests.support.nginx import Replica, behind_nginx, replicas, upstreams_logged
+from tests.support.redis_server import free_port, launch, need_redis, redis_url
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

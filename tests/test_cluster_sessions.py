@@ -34,8 +34,8 @@ from gateway.app import Gateway
 from gateway.cluster.sessions import PREFIX
 from gateway.config import parse
 from gateway.protocol import codes
-from tests.redis_support import free_port, launch, need_redis, redis_server, redis_url
 from tests.support import BOUND, START_BOUND, Proc, sdk_stdio_command, stdio_backend
+from tests.support.redis_server import free_port, launch, need_redis, redis_server, redis_url
 from tests.test_http_transport_rules import Reply, echo, post, send
 
 pytestmark = pytest.mark.anyio

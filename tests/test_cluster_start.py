@@ -19,8 +19,8 @@ import yaml
 from gateway.app import Gateway
 from gateway.config import parse
 from tests.faults.test_http_faults import healthy, post
-from tests.redis_support import free_port, launch, need_redis, redis_url
 from tests.support import START_BOUND, Proc, call, request, serve_http
+from tests.support.redis_server import free_port, launch, need_redis, redis_url
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

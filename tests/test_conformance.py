@@ -33,8 +33,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests import conformance_support as suite
-from tests.conformance_support import Outcome
 from tests.support import (
     PYTHON,
     ROOT,
@@ -44,6 +42,8 @@ from tests.support import (
     stdio_backend,
     write_config,
 )
+from tests.support import conformance as suite
+from tests.support.conformance import Outcome
 
 pytestmark = [pytest.mark.conformance, pytest.mark.slow]
 

@@ -30,10 +30,10 @@ from gateway.app import HTTP_SHUTDOWN_GRACE
 from gateway.backends.stdio import EXIT_GRACE, STDERR_GRACE, TERM_GRACE
 from gateway.config import Config, ConfigInvalid, parse
 from gateway.frontends.ops import Operations, operation_routes
-from tests.nginx_support import SITE, UPSTREAM_INCLUDE
-from tests.probe_support import DIRECT, post, start, status
-from tests.redis_support import free_port, redis_server, redis_url
 from tests.support import BOUND, PYTHON, ROOT, START_BOUND, call
+from tests.support.nginx import SITE, UPSTREAM_INCLUDE
+from tests.support.probe import DIRECT, post, start, status
+from tests.support.redis_server import free_port, redis_server, redis_url
 from tests.test_docker import (
     RequiredUnset,
     dockerfile,

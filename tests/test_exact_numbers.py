@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from gateway.protocol import jsonrpc, numbers
-from tests.exact_support import BACKENDS, Gateway, gateways, numbers_of, post, tool_call
 from tests.servers.exact_server import FIRST, NUMBERS
+from tests.support.exact import BACKENDS, Gateway, gateways, numbers_of, post, tool_call
 
 pytestmark = [pytest.mark.slow]
 

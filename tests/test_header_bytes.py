@@ -10,8 +10,8 @@ import logging
 import orjson
 import pytest
 
-from tests.listener_support import Serving, gateway, mcp_request, port_of, request
 from tests.support import META
+from tests.support.listener import Serving, gateway, mcp_request, port_of, request
 from tests.test_legacy_sessions import initialize
 
 pytestmark = pytest.mark.anyio

@@ -20,15 +20,6 @@ import orjson
 import pytest
 
 from gateway.app import Gateway
-from tests.listener_support import (
-    Serving,
-    echo_call,
-    gateway,
-    mcp_request,
-    port_of,
-    request,
-    served,
-)
 from tests.support import (
     BOUND,
     META,
@@ -38,6 +29,15 @@ from tests.support import (
     sdk_stdio_command,
     stdio_backend,
     write_config,
+)
+from tests.support.listener import (
+    Serving,
+    echo_call,
+    gateway,
+    mcp_request,
+    port_of,
+    request,
+    served,
 )
 
 pytestmark = pytest.mark.anyio

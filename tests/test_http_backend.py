@@ -1,5 +1,5 @@
 """The HTTP backend (gateway/backends/http.py on aiohttp's ClientSession) against raw servers on
-127.0.0.1 (tests/backend_support.py), which control every reply byte and see every connection:
+127.0.0.1 (tests/support/backend.py), which control every reply byte and see every connection:
 how replies are read (JSON and SSE; streamable-http, Sending Messages to the Server), keep-alive
 and its expiry, and that nothing is ever sent twice. What is sent: test_backend_headers.py;
 limits, deadlines and the pool: test_backend_limits.py.
@@ -24,7 +24,14 @@ from gateway.app import Gateway
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Stats
-from tests.backend_support import (
+from tests.support import (
+    BOUND,
+    both_event_loops,  # noqa: F401  (the anyio_backend fixture)
+    call,
+    mirrored_headers,
+    request,
+)
+from tests.support.backend import (
     DISCOVERED,
     TOOLS,
     Peer,
@@ -42,13 +49,6 @@ from tests.backend_support import (
     settle,
     sse_event,
     sse_head,
-)
-from tests.support import (
-    BOUND,
-    both_event_loops,  # noqa: F401  (the anyio_backend fixture)
-    call,
-    mirrored_headers,
-    request,
 )
 
 pytestmark = pytest.mark.anyio

@@ -23,7 +23,6 @@ from gateway.app import Gateway
 from gateway.backends import ids
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message
-from tests.backend_support import backend_config, code_of, ignore, running
 from tests.servers import unruly_http
 from tests.support import (
     BOUND,
@@ -31,6 +30,7 @@ from tests.support import (
     call,
     mirrored_headers,
 )
+from tests.support.backend import backend_config, code_of, ignore, running
 
 pytestmark = pytest.mark.anyio
 LOGGER = "gateway.backend"

@@ -21,16 +21,6 @@ import orjson
 import pytest
 
 from gateway.app import Gateway
-from tests.listener_support import (
-    Serving,
-    chunk,
-    echo_call,
-    gateway,
-    mcp_request,
-    port_of,
-    request,
-    served,
-)
 from tests.support import (
     BOUND,
     START_BOUND,
@@ -41,6 +31,16 @@ from tests.support import (
     write_config,
 )
 from tests.support import sdk_stdio_command as sdk_command
+from tests.support.listener import (
+    Serving,
+    chunk,
+    echo_call,
+    gateway,
+    mcp_request,
+    port_of,
+    request,
+    served,
+)
 
 pytestmark = pytest.mark.anyio
 

@@ -26,7 +26,12 @@ from aiohttp import web
 from gateway.config import ListenerLimits
 from gateway.frontends.bodies import BodyError
 from gateway.frontends.listener import read_body, start_stream
-from tests.listener_support import (
+from tests.support import (
+    BOUND,
+    both_event_loops,  # noqa: F401  (the anyio_backend fixture)
+    until,
+)
+from tests.support.listener import (
     LIMITS,
     Serving,
     chunk,
@@ -34,11 +39,6 @@ from tests.listener_support import (
     pattern,
     request,
     wait,
-)
-from tests.support import (
-    BOUND,
-    both_event_loops,  # noqa: F401  (the anyio_backend fixture)
-    until,
 )
 
 pytestmark = pytest.mark.anyio

@@ -23,7 +23,6 @@ from gateway.backends.era import resume
 from gateway.backends.http import HttpBackend
 from gateway.protocol import codes, sse
 from gateway.protocol.jsonrpc import Message
-from tests.backend_support import backend_config, code_of, ignore, running
 from tests.servers import unruly_http
 from tests.support import (
     BOUND,
@@ -31,6 +30,7 @@ from tests.support import (
     call,
     mirrored_headers,
 )
+from tests.support.backend import backend_config, code_of, ignore, running
 
 pytestmark = pytest.mark.anyio
 

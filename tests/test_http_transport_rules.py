@@ -24,8 +24,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.app import Gateway
 from gateway.config import parse
-from tests.listener_support import Serving, chunk, echo_call, mcp_request, port_of
 from tests.support import BOUND, START_BOUND, sdk_stdio_command
+from tests.support.listener import Serving, chunk, echo_call, mcp_request, port_of
 
 pytestmark = pytest.mark.anyio
 

@@ -33,8 +33,8 @@ from gateway.routing.names import Naming
 from gateway.routing.table import Exposure
 from gateway.telemetry import procfs
 from gateway.telemetry.api import GATEWAY_ORIGIN, NO_OBSERVATION, SERVING, STDIO_ORIGIN, Origin
-from tests.conformance_support import npm_server
 from tests.support import PYTHON, ROOT, START_BOUND, gone, sdk_stdio_command
+from tests.support.conformance import npm_server
 from tests.test_http_transport_rules import call, post, send
 from tests.test_legacy_clients import model, user
 from tests.test_legacy_sessions import SESSION, in_session, legacy, open_session, result_of

@@ -16,7 +16,12 @@ import trustme
 
 from gateway.app import Gateway, StartupError
 from gateway.config import parse
-from tests.listener_support import (
+from tests.support import (
+    BOUND,
+    START_BOUND,
+    both_event_loops,  # noqa: F401  (the anyio_backend fixture: uvloop's TLS differs)
+)
+from tests.support.listener import (
     Serving,
     echo_call,
     gateway,
@@ -24,11 +29,6 @@ from tests.listener_support import (
     mcp_request,
     port_of,
     served,
-)
-from tests.support import (
-    BOUND,
-    START_BOUND,
-    both_event_loops,  # noqa: F401  (the anyio_backend fixture: uvloop's TLS differs)
 )
 
 pytestmark = pytest.mark.anyio

@@ -16,8 +16,8 @@ import pytest
 
 from gateway.backends import ids
 from gateway.protocol import headers, jsonrpc
-from tests.exact_support import BACKENDS, Gateway, gateways, post, tool_call
 from tests.servers.exact_server import LONE, LONE_DESCRIPTION
+from tests.support.exact import BACKENDS, Gateway, gateways, post, tool_call
 
 pytestmark = [pytest.mark.slow]
 

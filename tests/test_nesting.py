@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from gateway.protocol import codes, jsonrpc
-from tests.exact_support import Gateway, gateways, post, tool_call
+from tests.support.exact import Gateway, gateways, post, tool_call
 
 pytestmark = [pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """A real authorization server with a real login page, driven headlessly: the ground the
 gateway's OAuth client tests stand on.
 
-oidc-provider (tests/oidc_support.py) with native clients (pre-registered and registered
+oidc-provider (tests/support/oidc.py) with native clients (pre-registered and registered
 dynamically), its own login and consent pages walked through by Debian's chromium
 (tests/servers/browser_login.mjs), a loopback redirect URI on an ephemeral port (RFC 8252 7.3)
 and, as the protected resource, the gateway with an `auth:` section in front of the bundled
@@ -25,7 +25,8 @@ import jwt
 import orjson
 import pytest
 
-from tests.oidc_support import (
+from tests.support import BOUND, mirrored_headers, request
+from tests.support.oidc import (
     LOGIN_BOUND,
     AuthServer,
     CodeClient,
@@ -39,7 +40,6 @@ from tests.oidc_support import (
     require_browser,
     start_protected_gateway,
 )
-from tests.support import BOUND, mirrored_headers, request
 
 pytestmark = pytest.mark.anyio
 

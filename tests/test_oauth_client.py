@@ -1,6 +1,6 @@
 """The gateway logging in to protected backends (basic/authorization, the client's half), end to
 end on 127.0.0.1: the gateway in-process, a small authorization server of the test and a
-protected MCP backend (tests/oauth_support.py) that accepts only tokens issued for it.
+protected MCP backend (tests/support/oauth.py) that accepts only tokens issued for it.
 
 Service accounts (client credentials), token exchange for each caller (RFC 8693: the caller's
 own token never reaches the backend), step-up on 403 `insufficient_scope`, a bounded number of
@@ -36,8 +36,9 @@ from gateway.backend_auth.fetch import FetchFailed, OAuthHttp
 from gateway.backend_auth.redirect import RedirectListener
 from gateway.backend_auth.store import TokenStore
 from gateway.config import BackendAuth, ConfigInvalid, parse
-from tests.auth_support import VERSION, serving
-from tests.oauth_support import (
+from tests.support import BOUND
+from tests.support.auth import VERSION, serving
+from tests.support.oauth import (
     CLIENT_ID,
     CLIENT_SECRET,
     EXCHANGE,
@@ -46,8 +47,7 @@ from tests.oauth_support import (
     protected_backend,
     token_server,
 )
-from tests.oidc_support import free_ports
-from tests.support import BOUND
+from tests.support.oidc import free_ports
 
 pytestmark = pytest.mark.anyio
 

@@ -1,7 +1,7 @@
 """Backend logins shared by replicas (`cluster.redis`): two `Gateway`s in this process with the
 same config but their own ports, as a round-robin load balancer has behind it, a real
 `redis-server` on a free loopback port, and the OAuth tests' authorization server and
-protected backend (tests/oauth_support.py).
+protected backend (tests/support/oauth.py).
 
 A per-user login link made by one replica is opened at the other, its redirects come back to
 either, and the caller's token then serves both; the operator's login is one for the cluster;
@@ -36,10 +36,10 @@ from gateway.backend_auth.store import Key
 from gateway.cli import main
 from gateway.cluster.logins import PREFIX, RedisLogins, token_key
 from gateway.config import parse
-from tests.oauth_support import Backend, TokenServer, protected_backend, token_server
-from tests.oidc_support import free_ports
-from tests.redis_support import launch, need_redis, redis_url
 from tests.support import BOUND, START_BOUND, Proc, until
+from tests.support.oauth import Backend, TokenServer, protected_backend, token_server
+from tests.support.oidc import free_ports
+from tests.support.redis_server import launch, need_redis, redis_url
 from tests.test_oauth_client import call, grants, modern, post
 
 pytestmark = pytest.mark.anyio

@@ -1,7 +1,7 @@
 """The gateway as the OAuth client of a real authorization server with a real login page, driven
 headlessly (basic/authorization, the client's half).
 
-oidc-provider (tests/oidc_support.py) is the authorization server, with its own login and
+oidc-provider (tests/support/oidc.py) is the authorization server, with its own login and
 consent pages; a protected gateway (the gateway with an `auth:` section, in front of the demo
 server) is the backend that answers 401; the gateway under test runs as a process of its own
 (`run` with a backend `auth: {type: oauth}`, or `connect URL`), with a token store of its own
@@ -30,16 +30,6 @@ import yaml
 from mcp import Client, StdioServerParameters
 from mcp_types import TextContent
 
-from tests.oidc_support import (
-    LOGIN_BOUND,
-    AuthServer,
-    CodeClient,
-    Resource,
-    browser_args,
-    free_ports,
-    require_browser,
-    start_protected_gateway,
-)
 from tests.support import (
     PYTHON,
     ROOT,
@@ -49,6 +39,16 @@ from tests.support import (
     gateway_command,
     messages,
     mirrored_headers,
+)
+from tests.support.oidc import (
+    LOGIN_BOUND,
+    AuthServer,
+    CodeClient,
+    Resource,
+    browser_args,
+    free_ports,
+    require_browser,
+    start_protected_gateway,
 )
 
 pytestmark = pytest.mark.anyio

@@ -35,7 +35,6 @@ from gateway.config.operations import JSON_WINDOW
 from gateway.core.overload import BACKEND, OVERALL, Bound
 from gateway.frontends import http as http_frontend
 from gateway.protocol import codes
-from tests.auth_support import serving
 from tests.support import (
     BOUND,
     START_BOUND,
@@ -48,6 +47,7 @@ from tests.support import (
     sdk_stdio_command,
     stdio_backend,
 )
+from tests.support.auth import serving
 
 pytestmark = pytest.mark.anyio
 

@@ -28,8 +28,8 @@ from gateway.routing.fold import fold
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure
 from gateway.routing.uris import normalize, readings
-from tests.memory_backend import ignore, modern
 from tests.servers import lenient_server
+from tests.support.memory_backend import ignore, modern
 
 pytestmark = pytest.mark.anyio
 

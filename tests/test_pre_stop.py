@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from gateway.config import ConfigInvalid, Shutdown, parse
-from tests.probe_support import Started, post, start, status
 from tests.support import BOUND, DEMO_BACKEND, call, stdio_backend
+from tests.support.probe import Started, post, start, status
 
 # Long enough for the checks made within it on a loaded machine; short for the suite.
 DELAY = 3.0

@@ -30,7 +30,6 @@ from gateway.core.ratelimit import RateLimiter, caller_key, retry_after_header
 from gateway.errors import RateLimited
 from gateway.protocol import codes
 from gateway.telemetry.api import STDIO_ORIGIN, Origin
-from tests.memory_backend import MemoryBackend, dispatcher_over, ignore, modern, tool_call
 from tests.support import (
     BOUND,
     DEMO_STDIO,
@@ -42,6 +41,7 @@ from tests.support import (
     mirrored_headers,
     stdio_backend,
 )
+from tests.support.memory_backend import MemoryBackend, dispatcher_over, ignore, modern, tool_call
 
 pytestmark = pytest.mark.anyio
 

@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.nginx_support import behind_nginx, replicas
 from tests.support import BOUND, META, sdk_stdio_command, stdio_backend
+from tests.support.nginx import behind_nginx, replicas
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.conformance_support import npm_server
 from tests.support import START_BOUND, call, stdio_backend
+from tests.support.conformance import npm_server
 from tests.test_legacy_backends import gateway, post, text_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

@@ -30,8 +30,8 @@ from gateway.cluster.buckets import PREFIX, bucket_key, waits_from
 from gateway.config import ConfigInvalid, describe, parse
 from gateway.core.ratelimit import IDENTITY, TOOL, Want
 from gateway.protocol import codes
-from tests.redis_support import free_port, launch, need_redis, redis_server
 from tests.support import BOUND, DEMO_STDIO, START_BOUND, Proc, call, mirrored_headers
+from tests.support.redis_server import free_port, launch, need_redis, redis_server
 
 pytestmark = pytest.mark.anyio
 

@@ -20,9 +20,9 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from gateway.frontends import status_page
-from tests.conformance_support import NODE
-from tests.oidc_support import require_browser
-from tests.status_support import BACKENDS, MARKUP, call_echo, status_gateway
+from tests.support.conformance import NODE
+from tests.support.oidc import require_browser
+from tests.support.status import BACKENDS, MARKUP, call_echo, status_gateway
 
 pytestmark = pytest.mark.anyio
 

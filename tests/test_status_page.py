@@ -16,9 +16,9 @@ import pytest
 from gateway import __version__
 from gateway.app import Gateway
 from gateway.frontends import status_page
-from tests.listener_support import Serving, port_of, request
-from tests.status_support import BACKENDS, BROKEN_COMMAND, MARKUP, call_echo, status_gateway
 from tests.support import BOUND
+from tests.support.listener import Serving, port_of, request
+from tests.support.status import BACKENDS, BROKEN_COMMAND, MARKUP, call_echo, status_gateway
 
 pytestmark = pytest.mark.anyio
 

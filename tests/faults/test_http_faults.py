@@ -31,8 +31,8 @@ from gateway import config as gateway_config
 from gateway.app import Gateway
 from gateway.core import catalog
 from gateway.protocol import codes, meta
-from tests.backend_support import Peer, Server, head, hold, stalled_listener
 from tests.support import BOUND, call, dead_url, messages, mirrored_headers, request, serve_http
+from tests.support.backend import Peer, Server, head, hold, stalled_listener
 
 pytestmark = [pytest.mark.anyio]
 

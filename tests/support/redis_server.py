@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.backend_support import free_port
 from tests.support import Proc, missing
+from tests.support.backend import free_port
 
 REDIS_SERVER = "/usr/bin/redis-server"
 NO_DISK = ("--save", "", "--appendonly", "no")

@@ -42,8 +42,8 @@ from jwt.algorithms import RSAAlgorithm
 
 from gateway.app import Gateway
 from gateway.config import parse
-from tests.conformance_support import MODULES, NODE
 from tests.support import BOUND, DEMO_STDIO, ROOT, Proc, gateway_command, missing
+from tests.support.conformance import MODULES, NODE
 
 SCRIPT = ROOT / "tests" / "servers" / "oidc_provider.mjs"
 PACKAGE = MODULES / "oidc-provider" / "package.json"

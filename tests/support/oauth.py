@@ -25,7 +25,7 @@ import jwt
 import orjson
 from aiohttp import web
 
-from tests.auth_support import VERSION, public_jwk, rsa_key, serving
+from tests.support.auth import VERSION, public_jwk, rsa_key, serving
 
 EXCHANGE = "urn:ietf:params:oauth:grant-type:token-exchange"
 CLIENT_ID = "gateway-client"

@@ -23,7 +23,7 @@ import yaml
 from aiohttp import web
 from mcp import Client
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 SDK_SERVER = str(ROOT / "tests" / "servers" / "sdk_server.py")
 RUDE_SERVER = str(ROOT / "tests" / "servers" / "rude_server.py")

@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from tests.oidc_support import free_ports
 from tests.support import BOUND, ROOT, Proc, gateway_command, missing
+from tests.support.oidc import free_ports
 
 SITE = ROOT / "deploy" / "nginx" / "mcp-gateway.conf"
 UPSTREAM = ROOT / "deploy" / "nginx" / "mcp-gateway-upstream.conf"
