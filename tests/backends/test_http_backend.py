@@ -373,7 +373,7 @@ async def test_a_fresh_connection_closed_unanswered_is_not_sent_again() -> None:
 )
 async def test_a_connection_closed_mid_reply_is_lost_not_retried(partial: bytes) -> None:
     """Part of a reply means the backend acted on the request; sending it again could repeat
-    it. (An SSE stream that ends properly without its reply is tests/test_faults.py's.)"""
+    it. (An SSE stream that ends properly without its reply is tests/backends/test_faults.py's.)"""
 
     async def handler(peer: Peer) -> None:
         await peer.read_request()

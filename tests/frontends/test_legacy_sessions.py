@@ -153,7 +153,7 @@ async def test_version_negotiation(url: str, asked: str, answered: str) -> None:
 async def test_capabilities_are_the_merged_servers(url: str) -> None:
     """The InitializeResult advertises what the backends offer, change notifications and
     resource subscriptions included (the gateway relays them to the session); `extensions` only
-    when a backend declares one (this one declares none; tests/test_apps.py: one that does)."""
+    when a backend declares one (this one declares none; tests/core/test_apps.py: one that does)."""
     caps = (await post(url, initialize(), mirror=False)).json()["result"]["capabilities"]
     assert "tools" in caps and "resources" in caps and "prompts" in caps
     assert "extensions" not in caps

@@ -3,7 +3,8 @@
 process (the demo server and a backend that cannot start, whose error text is markup).
 
 With STATUS_SCREENSHOT=PATH the test also writes the page's screenshot there (README's
-docs/status-page.png: `STATUS_SCREENSHOT=docs/status-page.png pytest tests/test_status_browser.py`).
+docs/status-page.png:
+`STATUS_SCREENSHOT=docs/status-page.png pytest tests/frontends/test_status_browser.py`).
 """
 
 from __future__ import annotations

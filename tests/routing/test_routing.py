@@ -367,7 +367,7 @@ def test_discover_result_advertises_the_gateway_versions_and_merged_caps() -> No
     ]
     result = merge.discover_result(parts, prefixed=True, server=SERVER)
     assert result["supportedVersions"] == list(meta.SUPPORTED_VERSIONS)
-    # (extensions are merged like the other capabilities: tests/test_apps.py)
+    # (extensions are merged like the other capabilities: tests/core/test_apps.py)
     assert result["capabilities"] == {"tools": {}, "prompts": {}, "extensions": {"e": {}}}
     assert result["ttlMs"] == 20
     assert result["cacheScope"] == "private"

@@ -445,7 +445,7 @@ def test_compose_gateway_config_fits_the_compose_network() -> None:
         mounts(services[REPLICAS[0]])["/etc/mcp-gateway/config.yaml"].read_text(), env=ENV
     )
     assert config.listen.http is not None and config.listen.http.host == "0.0.0.0"
-    # The image's HEALTHCHECK asks the admin listener on 9464 (tests/test_docker.py).
+    # The image's HEALTHCHECK asks the admin listener on 9464 (tests/system/test_docker.py).
     assert config.listen.admin is not None and config.listen.admin.port == 9464
     assert config.cluster is not None and config.cluster.redis is not None
     assert urlsplit(config.cluster.redis).hostname == "redis"
@@ -474,7 +474,7 @@ def test_compose_gateway_config_checks_and_serves(tmp_path: Path) -> None:
 
 def test_docker_compose_reads_the_file() -> None:
     """`docker compose config` where the CLI is installed (as for docker itself in
-    tests/test_docker.py, its absence skips, in CI too: no daemon is needed for this)."""
+    tests/system/test_docker.py, its absence skips, in CI too: no daemon is needed for this)."""
     docker = shutil.which("docker")
     if docker is None:
         pytest.skip("docker is not installed: `docker compose config` is not run")

@@ -1,6 +1,6 @@
 """The operator-facing observability assets: Grafana provisioning and dashboard, Prometheus and
 OpenTelemetry Collector configs, Dockerfile and docker-compose.yml (who can reach the stack and
-the image's pins, user and health check: tests/test_docker.py).
+the image's pins, user and health check: tests/system/test_docker.py).
 
 Docker is not needed: the files are parsed and cross-checked (every metric the dashboard queries
 is one the gateway exports, every mounted file exists, ports agree). `promtool`, where installed
@@ -381,7 +381,7 @@ def test_otel_collector_sends_traces_to_jaeger_and_debug() -> None:
 
 
 def test_dockerfile_installs_the_project_and_runs_mcp_gateway() -> None:
-    """The rest of the image (pins, user, health check) is tests/test_docker.py's."""
+    """The rest of the image (pins, user, health check) is tests/system/test_docker.py's."""
     lines = [
         line.strip()
         for line in DOCKERFILE.read_text(encoding="utf-8").splitlines()
@@ -411,7 +411,7 @@ def test_compose_services_images_and_ports() -> None:
         service = services[name]
         if image is not None:
             assert service["image"].split(":")[0] == image, name
-        # container side only: which host address they bind is tests/test_docker.py's
+        # container side only: which host address they bind is tests/system/test_docker.py's
         assert ports <= {":".join(str(p).split(":")[-2:]) for p in service.get("ports", [])}, name
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]

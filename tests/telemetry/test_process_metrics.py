@@ -1,8 +1,8 @@
 """Process and per-backend metrics, the event loop's lag and exemplars, on a real gateway's
 /metrics (issue 21): every value here is measured (a blocked loop, a killed child, a call held
 open), none assumed. The dashboard's queries of them are checked against a live scrape in
-tests/test_observability_assets.py, a real Prometheus storing the exemplars in
-tests/test_prometheus_scrape.py."""
+tests/system/test_observability_assets.py, a real Prometheus storing the exemplars in
+tests/telemetry/test_prometheus_scrape.py."""
 
 from __future__ import annotations
 

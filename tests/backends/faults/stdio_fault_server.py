@@ -1,7 +1,7 @@
 """A hand-written modern stdio MCP server (stdlib + orjson, no SDK) that misbehaves on demand.
 
 Usage:
-    python tests/faults/stdio_fault_server.py FAULT [--size BYTES] [--after FILE]
+    python tests/backends/faults/stdio_fault_server.py FAULT [--size BYTES] [--after FILE]
 
 It answers `server/discover`, `tools/list` (one tool, `poke`) and the `tools/call` of `poke`
 ("poked PID") like any modern server, except for what FAULT makes it do:

@@ -1,6 +1,6 @@
 """A stdio backend that misbehaves, next to a healthy one, behind a gateway run as a process.
 
-Each fault of tests/faults/stdio_fault_server.py is put to the gateway as a backend `bad`
+Each fault of tests/backends/faults/stdio_fault_server.py is put to the gateway as a backend `bad`
 beside a healthy `good` (its tools reach clients as `bad_poke` and `good_poke`). Whatever `bad`
 does, a call to it is answered promptly (well under the default timeouts) with a JSON-RPC error
 of the gateway's own codes whose message names the backend, `good` is still served, the
