@@ -51,7 +51,8 @@ from tests.support.oidc import (
     start_protected_gateway,
 )
 
-pytestmark = pytest.mark.anyio
+# Logins through headless chromium at a real authorization server: several seconds a test.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 SCOPE = "mcp:tools"
 # The account typed into the login page: the token's `sub`.

@@ -263,6 +263,7 @@ async def test_slow_and_silent_backends_delay_neither_start_up_nor_the_others() 
             assert not gw.catalogs_loaded.is_set()  # the other two are still being waited for
 
 
+@pytest.mark.slow
 async def test_a_slow_starter_is_waited_for_only_until_start_wait_then_announced() -> None:
     """fan_out.start_wait: a list made while a child is still starting waits that long for it,
     then answers with the others (not the load's 15 s); once the child has started, an open

@@ -286,6 +286,7 @@ async def test_a_read_only_idempotent_call_moves_to_another_replica(fail: str) -
     assert bad.calls["read"] == 1  # (then ejected: the others went straight to `good`)
 
 
+@pytest.mark.slow
 async def test_a_legacy_session_stays_on_its_replica_and_moves_when_it_fails() -> None:
     """transports (2025-11-25), Session Management: a session lives on the replica that
     answered its `initialize`; when that replica is gone, a new session opens on another."""

@@ -46,7 +46,8 @@ from tests.support.conformance import npm_server
 from tests.system.test_legacy_clients import model, user
 from tests.system.test_parity import text_of
 
-pytestmark = pytest.mark.anyio
+# A child started per client and waited on to go idle: several seconds a test.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 COUNTER = str(ROOT / "tests" / "servers" / "counter_server.py")
 GATEWAY_OVERLOADED = -31004

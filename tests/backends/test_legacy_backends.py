@@ -181,6 +181,7 @@ async def test_a_legacy_http_backend_is_probed_then_initialised() -> None:
         proc.stop()
 
 
+@pytest.mark.slow
 async def test_an_http_backend_that_failed_is_probed_again() -> None:
     """basic/versioning: the era is remembered until the backend fails; a modern server replaced
     by a legacy one on the same URL is probed again and served in its era."""
@@ -208,6 +209,7 @@ async def test_an_http_backend_that_failed_is_probed_again() -> None:
 # --- keeping the session -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_restarted_stdio_child_gets_a_new_handshake() -> None:
     """A legacy child that dies mid-session is started again and initialised again before it
     serves: the next call works."""
@@ -226,6 +228,7 @@ async def test_a_restarted_stdio_child_gets_a_new_handshake() -> None:
         assert gw.eras[0].session is not None
 
 
+@pytest.mark.slow
 async def test_an_expired_http_session_is_initialised_again() -> None:
     """A legacy HTTP server that no longer knows the session answers 404 (2025-11-25
     transports, Session Management); the gateway initialises again and the call goes on."""

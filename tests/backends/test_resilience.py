@@ -228,6 +228,7 @@ async def test_a_tools_own_timeout_may_be_longer_than_the_backends() -> None:
         assert error_code(await reply_to(url, call(2, "steady"))) == codes.BACKEND_TIMEOUT
 
 
+@pytest.mark.slow
 async def test_over_stdio_progress_keeps_a_call_past_request_timeout_and_silence_ends_it() -> None:
     """The demo server's `sleep` reports progress each second when asked (a progressToken)."""
     demo = {

@@ -64,6 +64,7 @@ def test_one_byte_over_the_limit_once_decoded_is_413(coding: str, encoded: bytes
     assert refused.value.status == 413
 
 
+@pytest.mark.slow
 def test_a_bomb_is_refused_without_inflating_it() -> None:
     """A gigabyte of zeros in a megabyte of gzip: refused at the limit, never inflated whole."""
     compressor = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)

@@ -192,6 +192,7 @@ async def test_delete_ends_the_session(url: str) -> None:
     assert (await in_session(url, session_id, echo("after"))).status == 404
 
 
+@pytest.mark.slow
 async def test_an_idle_session_expires() -> None:
     """Session Management 3: the server may end a session; one idle past
     `session_idle_timeout` is ended, and its id gets 404."""
@@ -209,6 +210,7 @@ async def test_an_idle_session_expires() -> None:
         assert reply.status == 404
 
 
+@pytest.mark.slow
 async def test_sessions_beyond_the_limit_are_refused_until_one_ends(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -387,6 +389,7 @@ async def test_changes_reach_the_session_stream(url: str) -> None:
             tg.cancel_scope.cancel()
 
 
+@pytest.mark.slow
 async def test_a_disconnect_does_not_cancel_a_legacy_request(url: str) -> None:
     """2025-11-25 transports, Sending Messages to the Server: disconnection SHOULD NOT be taken
     for the client cancelling its request. The listener cancels a modern request whose client
@@ -422,6 +425,7 @@ async def test_a_disconnect_does_not_cancel_a_legacy_request(url: str) -> None:
     assert (await in_session(url, session_id, cancel)).status == 202
 
 
+@pytest.mark.slow
 async def test_shutdown_ends_a_session_stream_gracefully() -> None:
     """A stopping gateway ends a session's GET stream as a response ends (its last chunk, not a
     cut connection), before it ends the sessions."""
