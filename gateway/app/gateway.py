@@ -324,6 +324,7 @@ class Gateway:
             Policy(new.policy) if new.policy is not None else None,
             own,
             shared,
+            new.tool_search,
         )
         for w in steps.fresh:
             self._tg.start_soon(self._run_backend, w, name=f"backend {w.config.name}")

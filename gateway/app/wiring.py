@@ -306,4 +306,5 @@ def make_dispatcher(
             if config.cluster
             else functools.partial(taskkey.load, config.task_key_file)
         ),
+        tool_search=config.tool_search,
     )

@@ -20,7 +20,7 @@ from gateway.config import auth as auth_section
 from gateway.config import backends as backends_section
 from gateway.config import cluster as cluster_section
 from gateway.config import http as http_sections
-from gateway.config import keys
+from gateway.config import keys, search_loader
 from gateway.config import limits as limit_sections
 from gateway.config import policy as policy_sections
 from gateway.config.access import PolicyConfig, PolicyRule, PolicyTarget, PolicyWhen
@@ -189,6 +189,7 @@ def parse(
         audit=limit_sections.audit(check, top.get("audit"), lambda p: _beside(source, p)),
         auth=auth_section.auth(check, top.get("auth"), listen.http),
         cluster=cluster_section.cluster(check, top.get("cluster"), lambda p: _beside(source, p)),
+        tool_search=search_loader.tool_search(check, top.get("tool_search")),
         task_key_file=_task_key_file(check, top.get("tasks"), source),
     )
     unserved = config.auth is None or config.listen.http is None

@@ -50,6 +50,7 @@ from gateway.config.operations import (
     TapConfig,
     TelemetryConfig,
 )
+from gateway.config.search import ToolSearchConfig
 
 # Keys that fill no field of their own, only nest others: a backend's transport (its Target) and
 # its `tools:` (allow, deny, and each tool's own settings).
@@ -154,6 +155,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
     "cluster": keys_of(ClusterConfig),
     "tasks": keys_of(Config, "tasks"),
     "api_key": keys_of(ApiKey),
+    "tool_search": keys_of(ToolSearchConfig),
 }
 
 # A backend names exactly one of these (its transport).

@@ -24,6 +24,7 @@ from gateway.config.operations import (
     TapConfig,
     TelemetryConfig,
 )
+from gateway.config.search import ToolSearchConfig
 
 # A backend's limits (backends.NAME.http.limits / .sse.limits).
 # Open connections per backend; more concurrent calls wait for one.
@@ -450,6 +451,12 @@ class Config:
         "Require OAuth bearer tokens (or API keys) on listen.http.",
         None,
         section="auth",
+    )
+    tool_search: ToolSearchConfig = key(
+        "section",
+        "List a few meta-tools that find, describe and call the others instead of every tool.",
+        ToolSearchConfig(),
+        section="tool_search",
     )
     # None: every key is the process's own (one replica).
     cluster: ClusterConfig | None = key(

@@ -16,7 +16,8 @@ from gateway import errors
 from gateway.backends.base import GATEWAY_CALL, Backend, Call, NotificationSink
 from gateway.caller_auth.identity import Identity
 from gateway.config.model import DEFAULT_FAN_OUT_GRACE, DEFAULT_FAN_OUT_START_WAIT
-from gateway.core import apps, tasks, unknown
+from gateway.config.search import ToolSearchConfig
+from gateway.core import apps, tasks, toolsearch, unknown
 from gateway.core.catalog import Catalogs
 from gateway.core.fanout import FanOut
 from gateway.core.listen import Subscriptions
@@ -77,6 +78,7 @@ class Dispatcher:
         grace: float = DEFAULT_FAN_OUT_GRACE,
         start_wait: float = DEFAULT_FAN_OUT_START_WAIT,
         task_keys: Sequence[bytes] | Callable[[], bytes] = (),
+        tool_search: ToolSearchConfig | None = None,
     ) -> None:
         self.telemetry: Telemetry = telemetry or NoTelemetry()
         self._policy = policy  # None: every caller may see and call everything
@@ -107,6 +109,17 @@ class Dispatcher:
         # Task ids are sealed (core/tasks.py): keys from cluster.secrets or a key file (app/).
         self.tasks = tasks.TaskRouter(self, task_keys or (os.urandom(32),))
         self.tasks.attach(limiter, shared_limiter)
+        # None: every tool is listed (tool_search off); else core/toolsearch.py.
+        self.search: toolsearch.ToolSearch | None = None
+        self._search_with(tool_search)
+
+    def _search_with(self, config: ToolSearchConfig | None) -> None:
+        if config is None or not config.enabled:
+            self.search = None
+        elif self.search is None:
+            self.search = toolsearch.ToolSearch(config, self.catalogs)
+        else:
+            self.search.config = config  # (its index is of the same catalogs: kept)
 
     def reconfigure(
         self,
@@ -117,6 +130,7 @@ class Dispatcher:
         policy: Policy | None,
         limiter: RateLimiter | None,
         shared_limiter: SharedRateLimiter | None = None,
+        tool_search: ToolSearchConfig | None = None,
     ) -> list[str]:
         """A reloaded config (gateway/app/ `Gateway.reload`): from now on requests route over these
         backends, names and rules. Synchronous, so no request sees half of it; the maps are
@@ -130,6 +144,7 @@ class Dispatcher:
         self.limiter = limiter
         self.shared_limiter = shared_limiter
         self.tasks.attach(limiter, shared_limiter)
+        self._search_with(tool_search)
         fail_open = on_failure == FAIL_OPEN
         self.fan_out.route_over(self.backends, self._order, self._exposures, naming, fail_open)
         loads = self.catalogs.reconfigure(backends, exposures, naming)
@@ -178,6 +193,9 @@ class Dispatcher:
             else:
                 try:
                     if msg["method"] == "tools/call":
+                        if self.search is not None:
+                            # `_call_tool`: the call it names, judged as that call from here.
+                            msg = self.search.unwrap(msg)
                         # An app view's call by its server's own tool name (core/apps.py).
                         msg = apps.by_visible_name(
                             self.catalogs.table, msg, self._policy, origin.identity
@@ -243,6 +261,8 @@ class Dispatcher:
         replicas hear of it: `Subscriptions.heard`)."""
         if str(msg.get("method", "")).endswith("/list_changed"):
             self.catalogs.invalidate(backend)
+            if self.search is not None:
+                self.search.heard(backend, msg)
         self.subscriptions.heard(backend, msg)
 
     async def param_headers(
@@ -251,6 +271,8 @@ class Dispatcher:
         """The `x-mcp-header` annotations of a client-visible tool, if the tool is known (after
         refreshing stale catalogs: callers look in `catalogs.table` first, without a coroutine)
         and the policy shows it to the caller."""
+        if self.search is not None and tool in toolsearch.NAMES:
+            return None  # (a meta-tool: no annotations, and no catalog to refresh)
         route = await self._lookup(RouteTable.tool, tool) or self.catalogs.table.own_tool(tool)
         if route is None or not self.shows_tool(route, identity):
             return None
@@ -279,6 +301,8 @@ class Dispatcher:
         view = self._policy.view(origin.identity) if self._policy is not None else None
         if method == "tools/call":
             name = params.get("name")
+            if self.search is not None and isinstance(name, str) and name in toolsearch.LOCAL:
+                return await self.search.answer(msg, view, call)
             # A known tool is found without a coroutine; only a miss may refresh catalogs.
             found = self.catalogs.table.tool(name) if isinstance(name, str) else None
             route = found or await self._route_name(RouteTable.tool, TOOL, name, view, call)
@@ -290,6 +314,9 @@ class Dispatcher:
         if method == "server/discover":
             return await self.fan_out.discover(msg, view, call)
         if method in merge.LIST_KEYS:
+            search = self.search
+            if method == "tools/list" and search is not None and await search.replaces_list():
+                return search.list_result(msg, self.catalogs.client_info)
             return await self.fan_out.list_page(msg, view, call)
         if method == "prompts/get":
             name = params.get("name")

@@ -174,6 +174,7 @@ BASE: dict[str, Any] = {
     "policy": {"rules": [{"allow": {"backends": ["b"]}, "when": {}}]},
     "rate_limits": {"per_identity": {"rate": 1}},
     "overload": {},
+    "tool_search": {"mode": "auto"},
     "shutdown": {},
     "audit": {"path": "a.jsonl"},
     "auth": {
@@ -215,6 +216,7 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "rate_limits": ("rate_limits",),
     "rate": ("rate_limits", "per_identity"),
     "overload": ("overload",),
+    "tool_search": ("tool_search",),
     "shutdown": ("shutdown",),
     "audit": ("audit",),
     "auth": ("auth",),
