@@ -33,9 +33,9 @@ from gateway.config.search import ToolSearchConfig
 from gateway.core.catalog import Catalogs
 from gateway.core.policy import TOOL, View
 from gateway.errors import Refused
-from gateway.protocol import codes, jsonrpc, meta
+from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message
-from gateway.routing import search
+from gateway.routing import merge, search
 from gateway.routing.search import Entry, Index
 from gateway.routing.table import CatalogData, RouteTable
 
@@ -127,6 +127,7 @@ class ToolSearch:
         self._catalogs = catalogs
         self._index: Index | None = None
         self._indexed: RouteTable | None = None  # the table `_index` was built from
+        self._covered: frozenset[str] = frozenset()  # the backends with a catalog in `_index`
         self._building: RouteTable | None = None  # the table of the build under way, if any
         self._built = anyio.Event()  # set (and replaced) when a build ends
         self._generation = 0  # of the newest build started: an older one ending is dropped
@@ -169,11 +170,10 @@ class ToolSearch:
         page): one from the whole list, issued before search came on, has expired."""
         if jsonrpc.params(msg).get("cursor") is not None:
             raise Refused(codes.INVALID_PARAMS, "Invalid or expired cursor", "invalid_cursor")
-        result = {
-            "resultType": "complete",
-            "tools": list(META_TOOLS),
-            "_meta": {meta.SERVER_INFO: server},
-        }
+        # The same for every caller (public), and not to be kept: `auto` or a reload may turn
+        # the whole list back on (server/utilities/caching).
+        hints = {"ttlMs": 0, "cacheScope": "public"}
+        result = merge.list_result("tools", list(META_TOOLS), [hints], None, server)
         return jsonrpc.result(msg["id"], result)
 
     # --- the meta-tools answered here --------------------------------------------------------
@@ -234,19 +234,28 @@ class ToolSearch:
 
     async def index(self) -> Index:
         """The index of the catalogs' table as it is now, or, while that one is being built
-        from a newer table, the one before it: a reindex never holds a request. Only the first
-        waits for its build (in a worker thread, so no other request waits)."""
+        from a newer table, the one before it: a reindex never holds a request. A search waits
+        (for a build in a worker thread, so no other request does) only for the first index,
+        and for one that would add a backend the index it has lacks (one that started late)."""
         table = self._catalogs.table
         if table is self._indexed and self._index is not None:
             return self._index
-        if self._building is not table:
-            if self._index is not None and self._catalogs.spawn is not None:
+        if self._index is not None and self._loaded(table) <= self._covered:
+            if self._building is not table and self._catalogs.spawn is not None:
                 self._catalogs.spawn(self.rebuild)
                 return self._index
+            if self._building is table:
+                return self._index
+        if self._building is not table:
             await self.rebuild()
-        while self._index is None:
+        while self._indexed is not table and self._building is table:
             await self._built.wait()
+        assert self._index is not None
         return self._index
+
+    def _loaded(self, table: RouteTable) -> frozenset[str]:
+        """The backends of a table whose catalogs have been loaded."""
+        return frozenset(b for b in table.exposures if self._catalogs.data(b) is not None)
 
     async def rebuild(self) -> None:
         """Index the catalogs' table as it is now, off the event loop."""
@@ -261,6 +270,7 @@ class ToolSearch:
             index, shadowed = await anyio.to_thread.run_sync(_build, table, catalogs)
             if generation == self._generation or self._index is None:
                 self._index, self._indexed = index, table
+                self._covered = frozenset(b for b, data in catalogs.items() if data is not None)
                 self.builds += 1
                 for name in shadowed:
                     log.warning("tool %s is shadowed by tool search's meta-tool", name)

@@ -293,3 +293,24 @@ def test_config_problems() -> None:
         with pytest.raises(ConfigInvalid) as caught:
             parse(base + f"tool_search: {section}\n", "c.yaml", env={})
         assert any(where in p for p in caught.value.problems), caught.value.problems
+
+
+@pytest.mark.anyio
+async def test_a_backend_that_arrives_late_is_found_at_once(spawning: anyio.abc.TaskGroup) -> None:
+    """A search after a backend's first catalog arrives (one that started late) waits for the
+    index that has it rather than answer from one that lacks the backend."""
+    one = server("one", [{"name": "alpha", "description": "first", "inputSchema": {}}])
+    two = server("two", [{"name": "walrus", "description": "Counts walruses.", "inputSchema": {}}])
+    dispatcher = Dispatcher(
+        [one, two],
+        [Exposure(backend=b.name, namespace=b.name) for b in (one, two)],
+        Naming(backends=2),
+        GatewayInfo("mcp-gateway", "test"),
+        tool_search=ON,
+        start_wait=0,
+    )
+    dispatcher.catalogs.spawn = lambda run: spawning.start_soon(run)
+    await dispatcher.catalogs.refresh("one")
+    assert await searched(dispatcher, "walrus") == []
+    await dispatcher.catalogs.refresh("two")
+    assert [t["name"] for t in await searched(dispatcher, "walrus")] == ["two_walrus"]
