@@ -5,6 +5,7 @@ backend's list change without holding a request. Tool names and results: server/
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,10 +16,12 @@ import pytest
 from gateway.backends.base import NotificationSink
 from gateway.config import ConfigInvalid, parse
 from gateway.config.access import PolicyConfig, PolicyRule, PolicyTarget
+from gateway.config.operations import Rate, RateLimits
 from gateway.config.search import ToolSearchConfig
 from gateway.core import toolsearch
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.policy import Policy
+from gateway.core.ratelimit import RateLimiter
 from gateway.protocol import codes
 from gateway.protocol.jsonrpc import Message
 from gateway.routing import names
@@ -314,3 +317,44 @@ async def test_a_backend_that_arrives_late_is_found_at_once(spawning: anyio.abc.
     assert await searched(dispatcher, "walrus") == []
     await dispatcher.catalogs.refresh("two")
     assert [t["name"] for t in await searched(dispatcher, "walrus")] == ["two_walrus"]
+
+
+@pytest.mark.anyio
+async def test_a_reload_turns_search_on_and_off() -> None:
+    """`tool_search:` is reloaded (README "Reloading the config"): the dispatcher's
+    `reconfigure` turns it on, changes it, and turns it off."""
+    dispatcher = await engine(None)
+    backends = list(dispatcher.backends.values())
+    exposures = [Exposure(backend=b.name, namespace=b.name) for b in backends]
+    naming = Naming(backends=len(backends))
+
+    def reload(config: ToolSearchConfig | None) -> None:
+        dispatcher.reconfigure(backends, exposures, naming, "fail_open", None, None, None, config)
+
+    reload(ON)
+    assert await listed(dispatcher) == [toolsearch.FIND, toolsearch.DESCRIBE, toolsearch.CALL]
+    search = dispatcher.search
+    reload(ToolSearchConfig(mode="on", max_results=1))
+    assert dispatcher.search is search and len(await searched(dispatcher, "file", limit=5)) == 1
+    reload(ToolSearchConfig(mode="off"))
+    assert len(await listed(dispatcher)) == 36
+
+
+@pytest.mark.anyio
+async def test_call_tool_takes_the_tools_own_rate_limit() -> None:
+    """THREAT_MODEL.md, Tool search: a tool's own rate limit holds whether it is called by its
+    name or through `_call_tool` (the call is rewritten before rate limits see it)."""
+    limits = RateLimits(tools={"memory_read_graph": Rate(0.001, 1)})
+    found = [server(name, list(tools)) for name, tools in CATALOG.items()]
+    dispatcher = Dispatcher(
+        found,
+        [Exposure(backend=b.name, namespace=b.name) for b in found],
+        Naming(backends=len(found)),
+        GatewayInfo("mcp-gateway", "test"),
+        limiter=RateLimiter(limits, Counter(), lambda: 1000.0),
+        tool_search=ON,
+    )
+    await dispatcher.catalogs.load_all()
+    assert "result" in await dispatcher.handle(tool_call(20, "memory_read_graph"), ignore)
+    through = meta_call(21, toolsearch.CALL, name="memory_read_graph")
+    assert code(await dispatcher.handle(through, ignore)) == codes.RATE_LIMITED
