@@ -7,6 +7,7 @@ from __future__ import annotations
 from gateway.config.credentials import AuthConfig, ClusterConfig, redacted_url
 from gateway.config.model import Config, HttpTarget, SseTarget, StdioTarget
 from gateway.config.operations import AUDIT_STDERR
+from gateway.config.search import ToolSearchConfig
 
 
 def describe(config: Config) -> str:
@@ -52,6 +53,8 @@ def describe(config: Config) -> str:
         f" access log={t.access_log or 'off'}"
         f" payloads on spans={'yes' if t.record_payloads else 'no'}"
     )
+    if config.tool_search.enabled:
+        lines.append(describe_search(config.tool_search))
     if config.policy is not None:
         p = config.policy
         lines.append(f"  policy       default {p.default}, rules: {len(p.rules)}")
@@ -129,3 +132,9 @@ def _describe_cluster(cluster: ClusterConfig) -> str:
 
 def _mib(size: int) -> str:
     return f"{size / (1024 * 1024):g} MiB" if size >= 1024 * 1024 else f"{size} bytes"
+
+
+def describe_search(search: ToolSearchConfig) -> str:
+    """The `tool_search` line (a virtual server's too)."""
+    when = f" above {search.threshold_tokens} tokens" if search.mode == "auto" else ""
+    return f"  tool search  {search.mode}{when}: meta-tools listed instead of the tools"

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from gateway.backends.base import NotificationSink
-from gateway.config import ConfigInvalid, parse
+from gateway.config import ConfigInvalid, describe, parse
 from gateway.config.access import PolicyConfig, PolicyRule, PolicyTarget
 from gateway.config.operations import Rate, RateLimits
 from gateway.config.search import ToolSearchConfig
@@ -284,6 +284,9 @@ def test_the_config_section() -> None:
     assert parse(base + "tool_search: {mode: off}\n", env={}).tool_search.mode == "off"
     auto = parse(base + "tool_search: {mode: auto, threshold_tokens: 500}\n", env={})
     assert auto.tool_search == ToolSearchConfig(mode="auto", threshold_tokens=500)
+    # check-config says so (and nothing while it is off).
+    assert "tool search  auto above 500 tokens" in describe(auto)
+    assert "tool search" not in describe(parse(base, env={}))
 
 
 def test_config_problems() -> None:

@@ -106,6 +106,11 @@ async def test_a_client_finds_describes_and_calls_through_the_meta_tools(
         assert text(asked) == "answer: 42"
         direct = await session.call_tool("sdk_echo", {"text": "by name"})
         assert text(direct) == "by name"
+        # A tool with an x-mcp-header parameter (streamable-http, Routing Headers): the client
+        # mirrors nothing for `_call_tool`'s arguments, and none is asked of it (an HTTP
+        # backend gets them derived from the body it is sent).
+        regional = {"name": "sdk_regional", "arguments": {"region": "eu-west", "query": "q"}}
+        assert text(await session.call_tool("_call_tool", regional)) == "eu-west:q"
         with pytest.raises(MCPError) as caught:
             await session.call_tool("_call_tool", {"name": "sdk_nope"})
         assert caught.value.code == INVALID_PARAMS
