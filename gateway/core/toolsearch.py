@@ -132,6 +132,10 @@ class ToolSearch:
         self._built = anyio.Event()  # set (and replaced) when a build ends
         self._generation = 0  # of the newest build started: an older one ending is dropped
         self.builds = 0  # indexes built, for tests and the bench
+        # Backends whose catalog is being loaded again after a list change, and those that
+        # announced another change meanwhile (`heard`).
+        self._refreshing: set[str] = set()
+        self._again: set[str] = set()
 
     # --- the hot path's part: a dict lookup --------------------------------------------------
 
@@ -282,14 +286,28 @@ class ToolSearch:
 
     def heard(self, backend: str, msg: Message) -> None:
         """A backend's notification: after a tool list change, its catalog is loaded again and
-        the index rebuilt, in the background."""
+        the index rebuilt, in the background; changes announced meanwhile make one more round,
+        not one each (a backend announcing changes in a loop costs a load at a time)."""
         spawn = self._catalogs.spawn
         if msg.get("method") != "notifications/tools/list_changed" or spawn is None:
             return
+        if backend in self._refreshing:
+            self._again.add(backend)
+            return
+        self._refreshing.add(backend)
 
         async def refresh() -> None:
-            await self._catalogs.refresh(backend)
-            await self.rebuild()
+            try:
+                while True:
+                    self._again.discard(backend)
+                    # (again: a load under way when the change came marked it fresh)
+                    self._catalogs.invalidate(backend)
+                    await self._catalogs.refresh(backend)
+                    await self.rebuild()
+                    if backend not in self._again:
+                        return
+            finally:
+                self._refreshing.discard(backend)
 
         spawn(refresh)
 

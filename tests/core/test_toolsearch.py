@@ -34,6 +34,7 @@ CATALOG: dict[str, list[dict[str, Any]]] = orjson.loads(
     (ROOT / "tests" / "core" / "search_catalog.json").read_bytes()
 )
 ON = ToolSearchConfig(mode="on")
+CHANGED: Message = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
 
 
 def server(name: str, tools: list[dict[str, Any]]) -> FakeBackend:
@@ -361,3 +362,37 @@ async def test_call_tool_takes_the_tools_own_rate_limit() -> None:
     assert "result" in await dispatcher.handle(tool_call(20, "memory_read_graph"), ignore)
     through = meta_call(21, toolsearch.CALL, name="memory_read_graph")
     assert code(await dispatcher.handle(through, ignore)) == codes.RATE_LIMITED
+
+
+@pytest.mark.anyio
+async def test_list_changes_in_a_burst_cost_a_load_at_a_time(
+    spawning: anyio.abc.TaskGroup,
+) -> None:
+    """THREAT_MODEL.md, Tool search: a backend announcing list changes in a loop has its
+    catalog loaded one at a time: those announced before a load began cost that load, those
+    announced during it one more."""
+    tools = [{"name": "alpha", "description": "first", "inputSchema": {}}]
+    loads: list[int] = []
+    engines: list[Dispatcher] = []
+
+    async def handler(msg: Message, sink: NotificationSink) -> Message | None:
+        if msg["method"] != "tools/list":
+            return None
+        loads.append(len(tools))
+        if len(loads) == 2:  # the first load after the burst: more announced while it runs
+            for _ in range(20):
+                engines[0].backend_notification("one", CHANGED)
+        return {"jsonrpc": "2.0", "id": msg["id"], "result": {"tools": list(tools)}}
+
+    dispatcher = await engine(backends=[FakeBackend(handler, "one"), server("two", [])])
+    engines.append(dispatcher)
+    dispatcher.catalogs.spawn = lambda run: spawning.start_soon(run)
+    search = dispatcher.search
+    assert search is not None
+    await search.index()
+    tools.append({"name": "walrus", "description": "Counts walruses.", "inputSchema": {}})
+    for _ in range(50):
+        dispatcher.backend_notification("one", CHANGED)
+    await until(lambda: "one" not in search._refreshing)
+    assert len(loads) == 3  # the first load, one for the burst, one for those during it
+    assert [t["name"] for t in await searched(dispatcher, "walrus")] == ["one_walrus"]
