@@ -114,6 +114,7 @@ ci-deps:
 bench: $(RUN_STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) -m bench $(ARGS)
+	$(PY) -m bench.search
 
 clean:
 	rm -rf $(VENV) build *.egg-info $(NPM_DIR)/node_modules
