@@ -93,11 +93,8 @@ def document(tool: Mapping[str, Any]) -> list[str]:
     name = tool.get("name")
     if isinstance(name, str):
         out += words(name) * NAME_WEIGHT
-    title = tool.get("title")
-    if not isinstance(title, str):
-        annotations = tool.get("annotations")
-        title = annotations.get("title") if isinstance(annotations, dict) else None
-    if isinstance(title, str):
+    title = title_of(tool)
+    if title is not None:
         out += words(title) * TITLE_WEIGHT
     description = tool.get("description")
     if isinstance(description, str):
@@ -108,6 +105,15 @@ def document(tool: Mapping[str, Any]) -> list[str]:
         for argument in properties:
             out += words(str(argument))
     return out
+
+
+def title_of(tool: Mapping[str, Any]) -> str | None:
+    """A tool's title: its own, else the older `annotations.title`."""
+    title = tool.get("title")
+    if not isinstance(title, str):
+        annotations = tool.get("annotations")
+        title = annotations.get("title") if isinstance(annotations, dict) else None
+    return title if isinstance(title, str) else None
 
 
 class Index:
@@ -190,8 +196,9 @@ def summary(entry: Entry) -> dict[str, Any]:
     whole definition."""
     tool = entry.tool
     out: dict[str, Any] = {"name": entry.name}
-    if isinstance(tool.get("title"), str):
-        out["title"] = tool["title"]
+    title = title_of(tool)
+    if title is not None:
+        out["title"] = title
     description = tool.get("description")
     if isinstance(description, str) and description.strip():
         line = description.strip().splitlines()[0]
