@@ -254,7 +254,8 @@ class ToolSearch:
             await self.rebuild()
         while self._indexed is not table and self._building is table:
             await self._built.wait()
-        assert self._index is not None
+        if self._index is None:
+            raise Refused(codes.INTERNAL_ERROR, "Tool search has no index (see the log)")
         return self._index
 
     def _loaded(self, table: RouteTable) -> frozenset[str]:
@@ -271,7 +272,11 @@ class ToolSearch:
         self._building = table
         catalogs = {b: self._catalogs.data(b) for b in table.exposures}
         try:
-            index, shadowed = await anyio.to_thread.run_sync(_build, table, catalogs)
+            try:
+                index, shadowed = await anyio.to_thread.run_sync(_build, table, catalogs)
+            except Exception as exc:  # (a backend's list the index cannot read: keep the last)
+                log.warning("tool search: index not rebuilt: %r", exc)
+                return
             if generation == self._generation or self._index is None:
                 self._index, self._indexed = index, table
                 self._covered = frozenset(b for b, data in catalogs.items() if data is not None)

@@ -396,3 +396,22 @@ async def test_list_changes_in_a_burst_cost_a_load_at_a_time(
     await until(lambda: "one" not in search._refreshing)
     assert len(loads) == 3  # the first load, one for the burst, one for those during it
     assert [t["name"] for t in await searched(dispatcher, "walrus")] == ["one_walrus"]
+
+
+@pytest.mark.anyio
+async def test_an_index_that_cannot_be_built_is_one_log_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failure building the index (a bug, or a list it cannot read) is one warning and an
+    internal error (-32603) for the search, never a traceback, and the gateway goes on."""
+
+    def broken(entries: object) -> None:
+        raise ValueError("unreadable")
+
+    dispatcher = await engine()
+    monkeypatch.setattr(toolsearch.Index, "build", broken)
+    reply = await dispatcher.handle(meta_call(30, toolsearch.FIND, query="file"), ignore)
+    assert code(reply) == codes.INTERNAL_ERROR
+    assert [r.levelname for r in caplog.records if "index not rebuilt" in r.message] == ["WARNING"]
+    assert not any(r.exc_info for r in caplog.records)
+    assert "result" in await dispatcher.handle(tool_call(31, "memory_read_graph"), ignore)
