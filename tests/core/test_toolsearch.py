@@ -26,6 +26,7 @@ from gateway.protocol import codes
 from gateway.protocol.jsonrpc import Message
 from gateway.routing import names
 from gateway.routing.names import Naming, PrefixMode
+from gateway.routing.search import Index
 from gateway.routing.table import Exposure
 from tests.memory_backend import FakeBackend, ignore, modern, tool_call
 from tests.support import ROOT, until
@@ -409,7 +410,7 @@ async def test_an_index_that_cannot_be_built_is_one_log_line(
         raise ValueError("unreadable")
 
     dispatcher = await engine()
-    monkeypatch.setattr(toolsearch.Index, "build", broken)
+    monkeypatch.setattr(Index, "build", broken)
     reply = await dispatcher.handle(meta_call(30, toolsearch.FIND, query="file"), ignore)
     assert code(reply) == codes.INTERNAL_ERROR
     assert [r.levelname for r in caplog.records if "index not rebuilt" in r.message] == ["WARNING"]
