@@ -28,8 +28,8 @@ from gateway.routing import names
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.search import Index
 from gateway.routing.table import Exposure
-from tests.memory_backend import FakeBackend, ignore, modern, tool_call
 from tests.support import ROOT, until
+from tests.support.memory_backend import FakeBackend, ignore, modern, tool_call
 
 CATALOG: dict[str, list[dict[str, Any]]] = orjson.loads(
     (ROOT / "tests" / "core" / "search_catalog.json").read_bytes()

@@ -21,8 +21,8 @@ from mcp import Client, MCPError
 from mcp.client.context import ClientRequestContext
 from mcp_types import ElicitRequestFormParams, ElicitRequestParams, ElicitResult, TextContent
 
-from tests.conformance_support import npm_server
 from tests.support import BOUND, VERSION, sdk_stdio_command, start_gateway_http, stdio_backend
+from tests.support.conformance import npm_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
