@@ -126,6 +126,13 @@ class Catalogs:
         entry = self._entries.get(backend)
         return entry.data if entry is not None and entry.discover is not None else None
 
+    def sources(self) -> list[tuple[Exposure, CatalogData | None]]:
+        """Each backend's exposure and catalog (None before its first load), in config order:
+        what the merged lists are made of (core/budget.py estimates what they cost)."""
+        return [
+            (e.exposure, e.data if e.discover is not None else None) for e in self._entries.values()
+        ]
+
     def problem(self, backend: str) -> str | None:
         """Why the backend's last catalog load failed; None once one has succeeded (and before
         the first has ended)."""
