@@ -32,10 +32,14 @@ _PIECES = re.compile(
     r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\w]?+[^\W\d_]++|\d{1,3}+| ?(?:[^\s\w]|_)++[\r\n]*+"
     r"|\s++$|\s*[\r\n]|\s+(?!\S)|\s"
 )
+# Ideographs, kana, hangul and full-width forms: most are a token or so each, however they run.
+_CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
 # Fitted (bench/budget_calibrate.py): a piece is a token, long pieces split a token per ~50
-# bytes more, and text beyond ASCII (CJK, Cyrillic) runs about a token per 5 extra UTF-8 bytes.
+# bytes more; other text beyond ASCII (accents, Cyrillic, Greek) about a token per 5 bytes past
+# its first, and CJK characters 0.85 of a token each.
 BYTES_PER_EXTRA_TOKEN = 50
 WIDE_BYTES_PER_TOKEN = 5
+TOKENS_PER_CJK = 0.85
 
 
 def shown(item: Mapping[str, Any]) -> dict[str, Any]:
@@ -53,8 +57,12 @@ def estimate_tokens(items: Sequence[Mapping[str, Any]]) -> int:
         return 0 if len(items) == 1 else sum(estimate_tokens([i]) for i in items)
     text = data.decode()
     pieces = _PIECES.subn("", text)[1]  # (counts without building a list of the pieces)
-    wide = len(data) - len(text)
-    return round(pieces + len(data) / BYTES_PER_EXTRA_TOKEN + wide / WIDE_BYTES_PER_TOKEN)
+    estimate = pieces + len(data) / BYTES_PER_EXTRA_TOKEN
+    if not text.isascii():
+        cjk = _CJK.subn("", text)[1]  # (each 3 bytes in UTF-8: 2 past its first)
+        wide = len(data) - len(text) - 2 * cjk
+        estimate += wide / WIDE_BYTES_PER_TOKEN + cjk * TOKENS_PER_CJK
+    return round(estimate)
 
 
 # The kinds of list a server offers, as metric labels, and each one's key in a catalog's items.
