@@ -137,8 +137,10 @@ function render(data) {
   document.getElementById('servers').replaceChildren(...(data.servers || []).map((s) => {
     const parts = Object.entries(s.backend_tokens).sort((a, b) => b[1] - a[1])
       .map(([name, tokens]) => `${name} ${tokens}`).join(', ');
+    const total = num(s.total_tokens);
+    total.classList.add('total');
     const tr = row([el('th', s.name), el('td', kinds(s.items), 'num'),
-      el('td', kinds(s.tokens), 'num'), num(s.total_tokens), el('td', parts || '\u2013')]);
+      el('td', kinds(s.tokens), 'num'), total, el('td', parts || '\u2013')]);
     tr.dataset.server = s.name;
     return tr;
   }));
