@@ -39,10 +39,13 @@ class ServerCatalog:
 
 
 def quiet(config: Config) -> Config:
-    """The config with nothing but its backends: no listener, tap, audit, access log or span
-    export (an inventory is no traffic of anyone's)."""
+    """The config with nothing but its backends: no listener, tap, audit, access log, span
+    export or Redis (an inventory is no traffic of anyone's, and shares nothing)."""
     telemetry = replace(config.telemetry, access_log=None, otlp_endpoint=None)
-    return replace(config, listen=Listen(), tap=None, audit=None, telemetry=telemetry)
+    cluster = replace(config.cluster, redis=None) if config.cluster is not None else None
+    return replace(
+        config, listen=Listen(), tap=None, audit=None, telemetry=telemetry, cluster=cluster
+    )
 
 
 async def inventory(config: Config) -> list[ServerCatalog]:

@@ -6,6 +6,7 @@ never on a request's path; the metrics and the status page read what was compute
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -16,6 +17,8 @@ from gateway.core.catalog import Catalogs
 from gateway.routing.budget import KINDS, Cost, backend_costs
 from gateway.routing.names import Naming
 from gateway.routing.table import CatalogData, Exposure
+
+log = logging.getLogger("gateway.budget")
 
 # The name the whole merged server (`/mcp`, stdio) goes by in the metrics and on the status page.
 DEFAULT_SERVER = "default"
@@ -99,7 +102,10 @@ class Budget:
         gateway's): after each load, list change and reload."""
         while True:
             changed = catalogs.changed  # (taken first: a change during the update is not missed)
-            await self.update(server, catalogs.naming, catalogs.sources())
+            try:
+                await self.update(server, catalogs.naming, catalogs.sources())
+            except Exception as exc:  # (a figure for operators: never worth the gateway)
+                log.warning("context budget of %s not estimated: %r", server, exc)
             await changed.wait()
 
     def _notify(self) -> None:

@@ -10,11 +10,13 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.from_thread
 import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.app.views import catalog_rows, server_facts
 from gateway.backends.base import NotificationSink
+from gateway.core import budget
 from gateway.core.budget import DEFAULT_SERVER, Budget
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.protocol.jsonrpc import Message
@@ -210,3 +212,30 @@ async def test_the_status_page_lists_each_server(tg: anyio.abc.TaskGroup) -> Non
     ]
     engine.budget.forget(DEFAULT_SERVER)
     assert server_facts(engine.budget) == []
+
+
+async def test_an_estimate_that_fails_is_one_log_line_and_the_next_change_is_estimated(
+    tg: anyio.abc.TaskGroup, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The budget is a figure for operators: its failure never ends the gateway's tasks."""
+    failed = anyio.Event()
+    real = budget._estimate
+
+    def once_broken(naming: Naming, stale: Any) -> Any:
+        if not failed.is_set():
+            anyio.from_thread.run_sync(failed.set)
+            raise ValueError("not today")
+        return real(naming, stale)
+
+    monkeypatch.setattr(budget, "_estimate", once_broken)
+    alpha = Lists("alpha", [tool("search", "Find.")])
+    engine = Engine(tg, alpha.backend)
+    await engine.start()
+    with anyio.fail_after(BOUND):
+        await failed.wait()
+    alpha.tools.append(tool("fetch", "Get one."))
+    engine.dispatcher.backend_notification("alpha", CHANGED)
+    await engine.settled(lambda: engine.budget.costs(DEFAULT_SERVER)["tools"].items == 2)
+    lines = [r for r in caplog.records if r.name == "gateway.budget"]
+    assert len(lines) == 1 and "not today" in lines[0].getMessage()
+    assert lines[0].exc_info is None  # (no traceback)
