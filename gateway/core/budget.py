@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
 import anyio.to_thread
 
-from gateway.core.catalog import Catalogs
 from gateway.routing.budget import KINDS, Cost, backend_costs
 from gateway.routing.names import Naming
 from gateway.routing.table import CatalogData, Exposure
@@ -25,6 +25,19 @@ DEFAULT_SERVER = "default"
 
 # A backend's exposure and its catalog (None: not loaded yet), as one server shows it.
 Source = tuple[Exposure, CatalogData | None]
+
+
+class Listed(Protocol):
+    """What one server's lists are made of: `Catalogs` (core/catalog.py) for the merged
+    server, or a virtual server's view over the same catalogs."""
+
+    @property
+    def changed(self) -> anyio.Event: ...  # set (and replaced) at each change
+
+    @property
+    def naming(self) -> Naming: ...
+
+    def sources(self) -> Sequence[Source]: ...
 
 
 @dataclass(frozen=True)
@@ -97,7 +110,7 @@ class Budget:
             self._servers[server] = kept
             self._notify()
 
-    async def follow(self, server: str, catalogs: Catalogs) -> None:
+    async def follow(self, server: str, catalogs: Listed) -> None:
         """Keep `server`'s costs current with `catalogs` until cancelled (a task of the
         gateway's): after each load, list change and reload."""
         while True:
