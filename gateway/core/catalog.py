@@ -130,9 +130,7 @@ class Catalogs:
     def sources(self) -> list[tuple[Exposure, CatalogData | None]]:
         """Each backend's exposure and catalog (None before its first load), in config order:
         what the merged lists are made of (core/budget.py estimates what they cost)."""
-        return [
-            (e.exposure, e.data if e.discover is not None else None) for e in self._entries.values()
-        ]
+        return [(exposure, self.data(exposure.backend)) for exposure in self._exposures]
 
     def problem(self, backend: str) -> str | None:
         """Why the backend's last catalog load failed; None once one has succeeded (and before
