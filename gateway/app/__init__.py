@@ -7,6 +7,7 @@ cluster.py   the replicas' shared state over Redis (buckets, bus, session record
 observe.py   spans, tap, audit and access logs, opened from the config
 reload.py    what a reload may change: its plan, report and the retiring of old backends
 views.py     what it shows of itself: backend states, status facts, queues, readiness, metrics
+inventory.py `check-config --catalog`: the backends started, their catalogs' items and tokens
 process.py   the process: signals, SIGHUP and `--watch` reloads, the pid file, gc settings
 errors.py    StartupError
 """
@@ -14,6 +15,7 @@ errors.py    StartupError
 from gateway.app.cluster import shared_logins
 from gateway.app.errors import StartupError
 from gateway.app.gateway import HTTP_SHUTDOWN_GRACE, Gateway
+from gateway.app.inventory import describe_catalogs, inventory
 from gateway.app.process import run
 from gateway.app.reload import Reloaded
 from gateway.app.wiring import INFO
@@ -24,6 +26,8 @@ __all__ = [
     "Gateway",
     "Reloaded",
     "StartupError",
+    "describe_catalogs",
+    "inventory",
     "run",
     "shared_logins",
 ]

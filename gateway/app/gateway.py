@@ -39,7 +39,15 @@ from gateway.app.reload import (
     report,
     retire_all,
 )
-from gateway.app.views import backend_facts, backend_states, backends_up, queued, render_metrics
+from gateway.app.views import (
+    backend_facts,
+    backend_states,
+    backends_up,
+    catalog_rows,
+    queued,
+    render_metrics,
+    server_facts,
+)
 from gateway.app.wiring import (
     Wired,
     build_stack,
@@ -59,6 +67,7 @@ from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
 from gateway.caller_auth.authenticator import Authenticator
 from gateway.config import BackendConfig, Config, ConfigInvalid, ListenerLimits
+from gateway.core.budget import DEFAULT_SERVER, Budget
 from gateway.core.overload import Bound
 from gateway.core.policy import Policy
 from gateway.frontends import guard
@@ -115,6 +124,8 @@ class Gateway:
         self._reloading = anyio.Lock()
         # Set once every backend's catalog has been asked for (loaded, or failed) at start-up.
         self.catalogs_loaded = anyio.Event()
+        # What each server's lists cost a model, kept current as catalogs change (a task).
+        self.budget = Budget()
         self._collect_metrics()
         self._serving = False
         # Set when shutdown begins (a signal, the end of stdin): /readyz answers 503 from then
@@ -169,7 +180,11 @@ class Gateway:
     def _collect_metrics(self) -> None:
         self.registry.register(
             GatewayCollector(
-                self.telemetry.stats, self._backend_states, self._listens, self._queued
+                self.telemetry.stats,
+                self._backend_states,
+                self._listens,
+                self._queued,
+                lambda: catalog_rows(self.budget),
             )
         )
         # The process (CPU, memory, fds, GC) and the event loop's measured lag (run in __aenter__).
@@ -247,6 +262,8 @@ class Gateway:
                 self._tg.start_soon(self.changes.run, name="cluster changes")
             for wired in self.wired:
                 self._tg.start_soon(self._run_backend, wired, name=f"backend {wired.config.name}")
+            catalogs = self.dispatcher.catalogs
+            self._tg.start_soon(self.budget.follow, DEFAULT_SERVER, catalogs, name="budget")
             if self.config.namespacing.prefix == "never":
                 # Unprefixed names collide only once both lists are known: a collision must
                 # stop the start before anyone is served under it, so this mode waits.
@@ -364,6 +381,7 @@ class Gateway:
             version=__version__,
             listeners=listeners,
             backends=facts,
+            servers=server_facts(self.budget),
             serving=self._serving,
             draining=self.draining,
         )

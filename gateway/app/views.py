@@ -12,11 +12,12 @@ from gateway.backends.http import HttpBackend
 from gateway.backends.isolated import IsolatedBackend
 from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
+from gateway.core.budget import Budget
 from gateway.core.catalog import Catalogs
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.overload import BACKEND, OVERALL
 from gateway.telemetry.metrics import BackendState
-from gateway.telemetry.status import BackendFacts
+from gateway.telemetry.status import BackendFacts, ServerFacts
 
 
 def backend_states(wired: list[Wired], dispatcher: Dispatcher) -> list[BackendState]:
@@ -69,6 +70,27 @@ def backend_facts(wired: list[Wired], catalogs: Catalogs) -> list[BackendFacts]:
             )
         )
     return facts
+
+
+def catalog_rows(budget: Budget) -> list[tuple[str, str, int, int]]:
+    """(server, kind, items, tokens) for the metrics."""
+    return [(server, kind, cost.items, cost.tokens) for server, kind, cost in budget.rows()]
+
+
+def server_facts(budget: Budget) -> list[ServerFacts]:
+    """The status page's line per server: its lists and their estimated tokens."""
+    return [
+        ServerFacts(
+            name=server,
+            items={kind: cost.items for kind, cost in budget.costs(server).items()},
+            tokens={kind: cost.tokens for kind, cost in budget.costs(server).items()},
+            backend_tokens={
+                name: sum(cost.tokens for cost in costs.values())
+                for name, costs in budget.backends(server).items()
+            },
+        )
+        for server in budget.servers()
+    ]
 
 
 def queued(wired: list[Wired], dispatcher: Dispatcher) -> list[tuple[str, str, int]]:

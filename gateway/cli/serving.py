@@ -9,12 +9,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import anyio
 import click
 import orjson
 
+from gateway import app
 from gateway.cli.common import (
     config_env,
     config_option,
+    error,
     inputs,
     load_or_exit,
     log_format,
@@ -126,10 +129,20 @@ def _is_mcp_json(path: Path) -> bool:
 @click.argument("path", required=False, type=click.Path(path_type=Path))
 @config_option
 @mcp_json_option
-def check_config(path: Path | None, config_path: Path | None, mcp_json: Path | None) -> None:
+@click.option(
+    "--catalog",
+    is_flag=True,
+    help="Also start the backends (no listener), load their catalogs, print each server's "
+    "tools, prompts, resources and templates with the tokens showing them costs a model "
+    '(README "Context budget"), and stop them; exit 1 if a catalog did not load.',
+)
+def check_config(
+    path: Path | None, config_path: Path | None, mcp_json: Path | None, catalog: bool
+) -> None:
     """Validate what `run` would load from the same --config and --mcp-json (or FILE, a config
     or an mcp.json) and print what it would start: exit 2 on errors. A stdio command not found
-    here is a warning (exit 0): it may exist where the gateway runs."""
+    here is a warning (exit 0): it may exist where the gateway runs. Nothing is started unless
+    --catalog is given."""
     if path is not None:
         if config_path is not None:
             raise click.UsageError("give the config as FILE or as --config, not both")
@@ -145,6 +158,22 @@ def check_config(path: Path | None, config_path: Path | None, mcp_json: Path | N
     click.echo(summary)
     for warning in missing_commands(config, config_env()):
         click.echo(f"warning: {warning}", err=True)
+    if catalog:
+        _print_catalogs(config)
+
+
+def _print_catalogs(config: Config) -> None:
+    try:
+        servers = anyio.run(app.inventory, config)
+    except app.StartupError as exc:
+        error(str(exc))
+        sys.exit(2)
+    except TimeoutError:
+        error("the backends did not start and stop in time")
+        sys.exit(1)
+    click.echo(app.describe_catalogs(servers))
+    if not all(server.complete for server in servers):
+        sys.exit(1)
 
 
 @click.command("schema")

@@ -87,6 +87,7 @@ class Catalogs:
         # refreshes then run on their own, and the lookup waits only until its name routes.
         self.spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object] | None = None
         self._refreshing: dict[str, anyio.Event] = {}  # a background refresh -> its end
+        self._again: set[str] = set()  # lists changed during their background refresh
         self._changed = anyio.Event()  # set (and replaced) when the table or a refresh changes
 
     def reconfigure(
@@ -125,6 +126,11 @@ class Catalogs:
         """What the backend lists, once its catalog has been loaded (None before)."""
         entry = self._entries.get(backend)
         return entry.data if entry is not None and entry.discover is not None else None
+
+    def sources(self) -> list[tuple[Exposure, CatalogData | None]]:
+        """Each backend's exposure and catalog (None before its first load), in config order:
+        what the merged lists are made of (core/budget.py estimates what they cost)."""
+        return [(exposure, self.data(exposure.backend)) for exposure in self._exposures]
 
     def problem(self, backend: str) -> str | None:
         """Why the backend's last catalog load failed; None once one has succeeded (and before
@@ -217,6 +223,10 @@ class Catalogs:
         async def run() -> None:
             try:
                 await self.refresh(backend, during)
+                while backend in self._again:  # (changed while it loaded: once more)
+                    self._again.discard(backend)
+                    self.invalidate(backend)
+                    await self.refresh(backend)
             finally:
                 del self._refreshing[backend]
                 end.set()
@@ -229,6 +239,18 @@ class Catalogs:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = anyio.Event()
+
+    def list_changed(self, backend: str) -> None:
+        """The backend said one of its lists changed: its catalog is stale, and loaded again
+        in the background (the route table and what follows it, core/budget.py, need not wait
+        for a miss); more changes during that load make one more load, not one each."""
+        self.invalidate(backend)
+        if self.spawn is None:
+            return
+        if backend in self._refreshing:
+            self._again.add(backend)
+        else:
+            self._refresh_in_background(backend, GATEWAY_CALL)
 
     def invalidate(self, backend: str) -> None:
         entry = self._entries.get(backend)  # (None: a reload removed it)

@@ -257,10 +257,10 @@ class Dispatcher:
 
     def backend_notification(self, backend: str, msg: Message) -> None:
         """A notification a backend sent outside any request: a list change makes its catalog
-        stale, so the next lookup that misses refetches it (and, with a cluster bus, the other
+        stale, and it is loaded again in the background (and, with a cluster bus, the other
         replicas hear of it: `Subscriptions.heard`)."""
         if str(msg.get("method", "")).endswith("/list_changed"):
-            self.catalogs.invalidate(backend)
+            self.catalogs.list_changed(backend)
             if self.search is not None:
                 self.search.heard(backend, msg)
         self.subscriptions.heard(backend, msg)

@@ -291,7 +291,7 @@ class Subscriptions:
         wanted: Mapping[str, Any] = found if isinstance(found, dict) else {}
         readable, hidden = judge() if judge is not None else (None, None)
         plans = self._plan(wanted, readable, hidden, locate=locate)
-        stream = _Stream(client_id, plans, sink, self._catalogs.invalidate, self._show_task)
+        stream = _Stream(client_id, plans, sink, self._catalogs.list_changed, self._show_task)
 
         async def relay(backend: str, note: Message) -> None:
             if note.get("method") != ACKNOWLEDGED:

@@ -133,6 +133,18 @@ function render(data) {
   listeners.replaceChildren(...Object.entries(g.listeners).map(([name, where]) =>
     row([el('th', name), el('td', where === null ? 'off' : where)])));
 
+  const kinds = (m) => `${m.tools} / ${m.prompts} / ${m.resources} / ${m.templates}`;
+  document.getElementById('servers').replaceChildren(...(data.servers || []).map((s) => {
+    const parts = Object.entries(s.backend_tokens).sort((a, b) => b[1] - a[1])
+      .map(([name, tokens]) => `${name} ${tokens}`).join(', ');
+    const total = num(s.total_tokens);
+    total.classList.add('total');
+    const tr = row([el('th', s.name), el('td', kinds(s.items), 'num'),
+      el('td', kinds(s.tokens), 'num'), total, el('td', parts || '\u2013')]);
+    tr.dataset.server = s.name;
+    return tr;
+  }));
+
   const body = document.getElementById('backends');
   body.replaceChildren(...data.backends.map((b) => {
     const health = el('td');
@@ -198,6 +210,15 @@ PAGE = f"""<!doctype html>
 <span id="stale"></span></div>
 <h2>Listeners</h2>
 <table class="narrow"><tbody id="listeners"></tbody></table>
+<h2>Servers</h2>
+<table>
+<thead><tr><th>server</th><th>tools / prompts / resources / templates</th>
+<th>tokens: tools / prompts / resources / templates</th><th>tokens</th>
+<th>tokens by backend</th></tr></thead>
+<tbody id="servers"></tbody>
+</table>
+<div class="muted">What showing each server's lists costs a model: an estimate (README
+&ldquo;Context budget&rdquo;).</div>
 <h2>Backends</h2>
 <table>
 <thead><tr><th>name</th><th>transport</th><th>era</th><th>health</th><th>in flight</th>

@@ -216,12 +216,15 @@ class GatewayCollector(Collector):
         backends: Callable[[], list[BackendState]],
         listen_streams: Callable[[], int],
         queued: Callable[[], list[tuple[str, str, int]]] = list,
+        catalogs: Callable[[], list[tuple[str, str, int, int]]] = list,
     ) -> None:
         self._stats = stats
         self._backends = backends
         self._listens = listen_streams
         # (scope, backend, requests waiting) of each overload bound, read when scraped
         self._queued = queued
+        # (server, kind, items, tokens) of each server's lists, as last estimated (core/budget.py)
+        self._catalogs = catalogs
 
     def collect(self) -> Iterator[Metric]:
         in_flight = GaugeMetricFamily(
@@ -249,6 +252,25 @@ class GatewayCollector(Collector):
             value=self._listens(),
         )
         yield from self._backend_metrics()
+        yield from self._catalog_metrics()
+
+    def _catalog_metrics(self) -> Iterator[Metric]:
+        """What each server's lists hold and cost a model: computed when catalogs change."""
+        items = GaugeMetricFamily(
+            "mcp_gateway_catalog_items",
+            "Entries of a server's list (tools, prompts, resources, templates), of the backends"
+            " whose catalog is loaded.",
+            labels=["server", "kind"],
+        )
+        tokens = GaugeMetricFamily(
+            "mcp_gateway_catalog_tokens",
+            "Estimated tokens a model pays to be shown a server's list (README Context budget).",
+            labels=["server", "kind"],
+        )
+        for server, kind, count, estimate in self._catalogs():
+            items.add_metric([server, kind], count)
+            tokens.add_metric([server, kind], estimate)
+        yield from (items, tokens)
 
     def _access_metrics(self) -> Iterator[Metric]:
         """Who was turned away: by authentication, by policy, by a rate limit, by overload."""

@@ -265,12 +265,24 @@ class BackendFacts:
     breaker: str | None = None  # its circuit breaker: closed, open, half_open; None: none
 
 
+@dataclass(frozen=True)
+class ServerFacts:
+    """One server the gateway serves (the merged one, `default`; or a virtual one): what its
+    lists hold and the tokens showing them costs a model (core/budget.py), by kind."""
+
+    name: str
+    items: Mapping[str, int]  # tools, prompts, resources, templates
+    tokens: Mapping[str, int]  # the same kinds
+    backend_tokens: Mapping[str, int]  # each loaded backend's part of the total
+
+
 def snapshot(
     board: StatusBoard,
     *,
     version: str,
     listeners: Mapping[str, Any],
     backends: Sequence[BackendFacts],
+    servers: Sequence[ServerFacts] = (),
     serving: bool,
     draining: bool,
 ) -> dict[str, Any]:
@@ -309,5 +321,15 @@ def snapshot(
         },
         "slot_seconds": SLOT_SECONDS,
         "backends": out_backends,
+        "servers": [
+            {
+                "name": s.name,
+                "items": dict(s.items),
+                "tokens": dict(s.tokens),
+                "total_tokens": sum(s.tokens.values()),
+                "backend_tokens": dict(s.backend_tokens),
+            }
+            for s in servers
+        ],
         "recent_errors": [e.json() for e in reversed(board.errors)],
     }

@@ -20,7 +20,9 @@ import orjson
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from gateway.core.budget import DEFAULT_SERVER
 from gateway.frontends import status_page
+from tests.support import BOUND
 from tests.support.conformance import NODE
 from tests.support.oidc import require_browser
 from tests.support.status import BACKENDS, MARKUP, call_echo, status_gateway
@@ -54,6 +56,10 @@ async def test_the_page_renders_the_backends_and_refreshes_itself(tmp_path: Path
     screenshot = os.environ.get("STATUS_SCREENSHOT") or str(tmp_path / "status.png")
     async with status_gateway() as gw:
         assert gw.admin_url is not None and gw.http_url is not None
+        with anyio.fail_after(BOUND):  # (the context budget, computed once the catalogs load)
+            while "demo" not in gw.budget.backends(DEFAULT_SERVER):
+                await gw.budget.changed.wait()
+        tokens = gw.budget.tokens(DEFAULT_SERVER)
         await call_echo(gw.http_url, "before the page")
         command = [str(NODE), str(SCRIPT), f"{gw.admin_url}/status"]
         for name in BACKENDS:
@@ -87,6 +93,8 @@ async def test_the_page_renders_the_backends_and_refreshes_itself(tmp_path: Path
     assert report["foreign"] == [] and report["failed"] == []
     # The backends' rows and charts (and the markup in an error shown as text, never run).
     assert report["rows"] == len(BACKENDS) and report["charts"] == len(BACKENDS)
+    # The merged server's row: what its lists cost a model (README "Context budget").
+    assert report["servers"] == 1 and report["defaultTokens"] == tokens > 0
     assert report["pwned"] is None
     # It refreshed itself: the same document fetched status.json again and shows the calls.
     assert report["reloads"] == 0

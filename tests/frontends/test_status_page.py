@@ -15,7 +15,9 @@ import pytest
 
 from gateway import __version__
 from gateway.app import Gateway
+from gateway.core.budget import DEFAULT_SERVER
 from gateway.frontends import status_page
+from gateway.routing.budget import backend_costs
 from tests.support import BOUND
 from tests.support.listener import Serving, port_of, request
 from tests.support.status import BACKENDS, BROKEN_COMMAND, MARKUP, call_echo, status_gateway
@@ -80,6 +82,25 @@ async def test_status_json_describes_the_gateway_and_each_backend(gw: Gateway) -
     assert ("broken", "down") in codes
     down = next(e for e in data["recent_errors"] if e["code"] == "down")
     assert MARKUP in down["message"]  # data, as it was: the page shows it as text
+
+
+async def test_status_json_shows_what_each_servers_lists_cost_a_model(gw: Gateway) -> None:
+    """The merged server's lists (server/tools, server/prompts, server/resources) as its
+    clients get them: counts and the estimated tokens, with each backend's part."""
+    with anyio.fail_after(BOUND):
+        while "demo" not in gw.budget.backends(DEFAULT_SERVER):
+            await gw.budget.changed.wait()
+    catalogs = gw.dispatcher.catalogs
+    demo = catalogs.data("demo")
+    assert demo is not None
+    exposure = next(e for e, _ in catalogs.sources() if e.backend == "demo")
+    expected = backend_costs(catalogs.naming, exposure, demo)
+    (server,) = (await status_json(gw))["servers"]
+    assert server["name"] == "default"
+    assert server["items"] == {"tools": 4, "prompts": 1, "resources": 1, "templates": 1}
+    assert server["tokens"] == {kind: cost.tokens for kind, cost in expected.items()}
+    assert server["total_tokens"] == sum(server["tokens"].values()) > 0
+    assert server["backend_tokens"] == {"demo": server["total_tokens"]}  # (broken: no catalog)
 
 
 async def test_a_request_through_the_gateway_moves_the_numbers(gw: Gateway) -> None:

@@ -123,6 +123,10 @@ async function run({ url, expect, shows, screenshot }) {
         failed,
         pwned: await page.evaluate(() => window.__pwned ?? null),
         rows: await page.locator('#backends tr').count(),
+        servers: await page.locator('#servers tr').count(),
+        defaultTokens: Number(
+          await page.locator('#servers tr[data-server="default"] td.total').innerText(),
+        ),
         charts: await page.locator('#charts .chart svg').count(),
         refreshes: Number(await page.evaluate(() => document.body.dataset.refreshes)),
       },
