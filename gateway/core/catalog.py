@@ -78,6 +78,8 @@ class Catalogs:
         # Told of a backend's first successful load when merged lists went without it until
         # then (a failed first load, or past start_wait): core/listen.py tells open listens.
         self.on_late_arrival: list[Callable[[str], None]] = []
+        # Told after each rebuild of the route table (a server's tool search reindexes then).
+        self.on_rebuilt: list[Callable[[], None]] = []
         self._exposures = tuple(exposures)
         self._entries = {e.backend: _Entry(b, e) for b, e in zip(backends, exposures, strict=True)}
         self._client_info = client_info
@@ -109,6 +111,8 @@ class Catalogs:
         self.refreshes = {name: self.refreshes.get(name, 0) for name in entries}
         self.table = routes.build(naming, self._exposures, self._data())
         self._notify()
+        for hook in self.on_rebuilt:
+            hook()
         return [name for name, entry in entries.items() if old.get(name) is not entry]
 
     @property
@@ -294,6 +298,8 @@ class Catalogs:
             entry.fetched_at = max(entry.fetched_at, anyio.current_time() - entry.ttl)
             self.table = routes.build(self.naming, self._exposures, self._data())
             self._notify()
+            for hook in self.on_rebuilt:
+                hook()
             for collision in self.table.collisions:
                 log.warning("%s", collision)
             for note in self.table.shortened:

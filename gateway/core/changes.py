@@ -81,8 +81,6 @@ class ClusterChanges:
         self._outbox: MemoryObjectSendStream[Key] | None = None  # while running
         self._queued: set[Key] = set()
         self._heard_at: dict[Key, float] = {}
-        self._refreshing: set[str] = set()
-        self._again: set[str] = set()
         self._tg: anyio.abc.TaskGroup | None = None
         self.published = 0
         self.dropped = 0
@@ -157,7 +155,7 @@ class ClusterChanges:
             log.debug("cluster: a change notice of unknown backend %s ignored", backend)
             return
         if method in LIST_CHANGED:
-            self._refresh(backend)
+            self._catalogs.list_changed(backend)
         heard = self._heard_at.get((backend, method, uri), -math.inf)
         if anyio.current_time() - heard < ECHO_WINDOW:
             return  # heard from its own backend: already relayed
@@ -206,7 +204,7 @@ class ClusterChanges:
                 acked.set()
                 return
             if method in LIST_CHANGED:
-                self._refresh(name)
+                self._catalogs.list_changed(name)
             self.heard(name, note)
 
         with scope:
@@ -226,25 +224,3 @@ class ClusterChanges:
         if self._tg is not None:
             for backend in added:
                 self._tg.start_soon(self._watch, backend)
-
-    def _refresh(self, backend: str) -> None:
-        """A list changed: the catalog is stale now and loaded again in the background (one
-        load at a time per backend, and one more if a change came during it)."""
-        self._catalogs.invalidate(backend)
-        if self._tg is None:
-            return
-        if backend in self._refreshing:
-            self._again.add(backend)
-            return
-        self._refreshing.add(backend)
-        self._tg.start_soon(self._load, backend)
-
-    async def _load(self, backend: str) -> None:
-        try:
-            await self._catalogs.refresh(backend)
-            while backend in self._again:
-                self._again.discard(backend)
-                self._catalogs.invalidate(backend)
-                await self._catalogs.refresh(backend)
-        finally:
-            self._refreshing.discard(backend)

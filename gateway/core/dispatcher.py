@@ -115,6 +115,8 @@ class Dispatcher:
 
     def _search_with(self, config: ToolSearchConfig | None) -> None:
         if config is None or not config.enabled:
+            if self.search is not None:
+                self.search.close()
             self.search = None
         elif self.search is None:
             self.search = toolsearch.ToolSearch(config, self.catalogs)
@@ -261,8 +263,6 @@ class Dispatcher:
         replicas hear of it: `Subscriptions.heard`)."""
         if str(msg.get("method", "")).endswith("/list_changed"):
             self.catalogs.list_changed(backend)
-            if self.search is not None:
-                self.search.heard(backend, msg)
         self.subscriptions.heard(backend, msg)
 
     async def param_headers(

@@ -8,10 +8,11 @@ input_required retries and tasks see exactly the call the client could have made
 other two are answered here, from an index of the server's catalog (routing/search.py),
 filtered by the caller's policy view: a caller never finds or reads what it may not see.
 
-The index is rebuilt, in a worker thread, when the route table it was built from is replaced
-(a catalog load, a reload); a search meanwhile answers from the index it has. A backend's
-`tools/list_changed` has its catalog loaded again at once, and the index after it, so a search
-finds what the backend offers now without waiting for a list or a miss to refresh it.
+The index follows the route table: once one has been built, each rebuild of the table (a
+catalog load, a reload) has it rebuilt in a worker thread, and a search meanwhile answers from
+the index it has. A backend's list change has its catalog loaded again at once by the catalogs
+(`Catalogs.list_changed`), so a search finds what the backend offers now without waiting for a
+list or a miss to refresh it.
 
 The meta-tools' names begin with `_`: a prefixed name begins with its namespace, which begins
 with a letter or digit (config: namespaces and backend names), so under prefixing no backend
@@ -132,10 +133,17 @@ class ToolSearch:
         self._built = anyio.Event()  # set (and replaced) when a build ends
         self._generation = 0  # of the newest build started: an older one ending is dropped
         self.builds = 0  # indexes built, for tests and the bench
-        # Backends whose catalog is being loaded again after a list change, and those that
-        # announced another change meanwhile (`heard`).
-        self._refreshing: set[str] = set()
-        self._again: set[str] = set()
+        catalogs.on_rebuilt.append(self._table_rebuilt)
+
+    def close(self) -> None:
+        """Search turned off (a reload): the catalogs' rebuilds no longer reach this index."""
+        if self._table_rebuilt in self._catalogs.on_rebuilt:
+            self._catalogs.on_rebuilt.remove(self._table_rebuilt)
+
+    def _table_rebuilt(self) -> None:
+        # Before the first index nobody has searched: the first search builds it.
+        if self._index is not None and self._catalogs.spawn is not None:
+            self._catalogs.spawn(self.rebuild)
 
     # --- the hot path's part: a dict lookup --------------------------------------------------
 
@@ -288,33 +296,6 @@ class ToolSearch:
                 self._building = None
             self._built.set()
             self._built = anyio.Event()
-
-    def heard(self, backend: str, msg: Message) -> None:
-        """A backend's notification: after a tool list change, its catalog is loaded again and
-        the index rebuilt, in the background; changes announced meanwhile make one more round,
-        not one each (a backend announcing changes in a loop costs a load at a time)."""
-        spawn = self._catalogs.spawn
-        if msg.get("method") != "notifications/tools/list_changed" or spawn is None:
-            return
-        if backend in self._refreshing:
-            self._again.add(backend)
-            return
-        self._refreshing.add(backend)
-
-        async def refresh() -> None:
-            try:
-                while True:
-                    self._again.discard(backend)
-                    # (again: a load under way when the change came marked it fresh)
-                    self._catalogs.invalidate(backend)
-                    await self._catalogs.refresh(backend)
-                    await self.rebuild()
-                    if backend not in self._again:
-                        return
-            finally:
-                self._refreshing.discard(backend)
-
-        spawn(refresh)
 
 
 def _build(table: RouteTable, catalogs: dict[str, CatalogData | None]) -> tuple[Index, list[str]]:

@@ -343,6 +343,7 @@ async def test_a_reload_turns_search_on_and_off() -> None:
     assert dispatcher.search is search and len(await searched(dispatcher, "file", limit=5)) == 1
     reload(ToolSearchConfig(mode="off"))
     assert len(await listed(dispatcher)) == 36
+    assert dispatcher.catalogs.on_rebuilt == []  # (the index no longer follows the catalogs)
 
 
 @pytest.mark.anyio
@@ -394,7 +395,10 @@ async def test_list_changes_in_a_burst_cost_a_load_at_a_time(
     tools.append({"name": "walrus", "description": "Counts walruses.", "inputSchema": {}})
     for _ in range(50):
         dispatcher.backend_notification("one", CHANGED)
-    await until(lambda: "one" not in search._refreshing)
+    catalogs = dispatcher.catalogs
+    await until(lambda: "one" not in catalogs._refreshing)
+    # (the index follows the table the last load built, in the background)
+    await until(lambda: search._indexed is catalogs.table, wake=lambda: search.built.wait())
     assert len(loads) == 3  # the first load, one for the burst, one for those during it
     assert [t["name"] for t in await searched(dispatcher, "walrus")] == ["one_walrus"]
 
