@@ -257,7 +257,7 @@ async def main() -> None:
             f"  search at the gateway ({len(times)} calls)  p50 {p50:.3f} ms  p99 {p99:.3f} ms"
             f"  max {max(times):.3f} ms"
         )
-    print("(tokens: estimated as the tools/list result's JSON bytes / 4)")
+    print("(tokens: the context budget's estimate, gateway/routing/budget.py)")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from gateway.core.policy import TOOL, View
 from gateway.errors import Refused
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message
-from gateway.routing import merge, search
+from gateway.routing import budget, merge, search
 from gateway.routing.search import Entry, Index
 from gateway.routing.table import CatalogData, RouteTable
 
@@ -117,7 +117,7 @@ META_TOOLS: tuple[dict[str, Any], ...] = (
     },
 )
 # What listing the meta-tools costs a model, against what the catalog would (README figures).
-META_TOKENS = search.estimate_tokens(META_TOOLS)
+META_TOKENS = budget.estimate_tokens(META_TOOLS)
 
 
 class ToolSearch:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.protocol import jsonrpc
+from gateway.routing import budget
 from gateway.routing.apps import app_only
 from gateway.routing.table import CatalogData, RouteTable, expose_tool
 
@@ -152,7 +152,7 @@ class Index:
             ids = array("i", per_doc)
             weights = array("d", (idf * f * (K1 + 1) / (f + norms[i]) for i, f in per_doc.items()))
             postings[word] = (ids, weights)
-        return cls(tuple(entries), postings, estimate_tokens([e.tool for e in entries]))
+        return cls(tuple(entries), postings, budget.estimate_tokens([e.tool for e in entries]))
 
     def search(
         self, query: str, limit: int, shown: Callable[[Entry], bool] | None = None
@@ -181,13 +181,6 @@ class Index:
 
     def find(self, name: str) -> Entry | None:
         return self.by_name.get(name)
-
-
-def estimate_tokens(tools: Sequence[Mapping[str, Any]]) -> int:
-    """What listing these tools costs a model, estimated as a quarter of the bytes of the
-    tools/list result's JSON: about what tokenizers make of JSON-heavy English. The one place
-    a tokenizer would replace (issue 33's context budget)."""
-    return len(jsonrpc.dumps({"tools": list(tools)})) // 4
 
 
 def summary(entry: Entry) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from gateway.core.policy import Policy
 from gateway.core.ratelimit import RateLimiter
 from gateway.protocol import codes
 from gateway.protocol.jsonrpc import Message
-from gateway.routing import names
+from gateway.routing import budget, names
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.search import Index
 from gateway.routing.table import Exposure
@@ -109,6 +109,19 @@ async def test_auto_turns_on_past_the_threshold() -> None:
     assert len(await listed(small)) == 36
     large = await engine(ToolSearchConfig(mode="auto", threshold_tokens=1000))
     assert await listed(large) == [toolsearch.FIND, toolsearch.DESCRIBE, toolsearch.CALL]
+
+
+@pytest.mark.anyio
+async def test_auto_reads_the_context_budgets_estimate_of_the_full_list() -> None:
+    """`auto`'s figure is the context budget's estimate (routing/budget.py) of the tools/list
+    a client would get: the meta-tools from one token past it, the whole list at it."""
+    whole = await engine(None)
+    reply = await whole.handle(modern(1, "tools/list"), ignore)
+    tokens = budget.estimate_tokens(reply["result"]["tools"])
+    past = await engine(ToolSearchConfig(mode="auto", threshold_tokens=tokens - 1))
+    assert await listed(past) == [toolsearch.FIND, toolsearch.DESCRIBE, toolsearch.CALL]
+    at = await engine(ToolSearchConfig(mode="auto", threshold_tokens=tokens))
+    assert len(await listed(at)) == 36
 
 
 @pytest.mark.anyio
