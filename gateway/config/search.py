@@ -10,8 +10,8 @@ from gateway.config.key import key
 
 SEARCH_MODES = ("off", "on", "auto")
 # `auto` turns search on past this many estimated tokens of tool definitions: about where a
-# catalog starts to cost a model a noticeable share of its context (core/toolsearch.py says how
-# tokens are estimated).
+# catalog starts to cost a model a noticeable share of its context (the context budget's
+# estimate: routing/budget.py).
 DEFAULT_THRESHOLD_TOKENS = 10_000
 # Tools one search answers with at most; a caller may ask for fewer. Enough for a model to pick
 # from, few enough that an answer stays a small fraction of the catalog it replaces.

@@ -246,8 +246,10 @@ class Catalogs:
 
     def list_changed(self, backend: str) -> None:
         """The backend said one of its lists changed: its catalog is stale, and loaded again
-        in the background (the route table and what follows it, core/budget.py, need not wait
-        for a miss); more changes during that load make one more load, not one each."""
+        in the background (the route table and what follows it, core/budget.py and tool
+        search's index, need not wait for a miss); more changes during that load make one more
+        load, not one each. The one place a list change reloads a catalog (a relay, a listen,
+        a cluster notice all come here)."""
         self.invalidate(backend)
         if self.spawn is None:
             return
