@@ -286,7 +286,8 @@ class Endpoint:
         The request is handled in this task: no extra task, queue or cancel scope per request
         on the common path. Only a request still running when the JSON window closes gets a
         helper task, which turns the reply into a stream and keeps it alive."""
-        relay = Relay(request, self._stats, self._timers)
+        relay = Relay(request, self._stats)
+        timer = relay.open_window(self._timers)
         try:
             reply = await self.dispatcher.handle(msg, relay.note, origin_of(request))
         except asyncio.CancelledError:
@@ -294,7 +295,7 @@ class Endpoint:
                 raise  # the client has gone
             reply = cut_off(msg["id"])
         finally:
-            relay.timer.cancel()
+            timer.cancel()
             if relay.keepalive is not None:
                 await relay.stop_keepalive()
         if relay.stream is None:  # the common case, without a coroutine

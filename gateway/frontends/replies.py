@@ -20,7 +20,7 @@ from gateway.frontends.listener import start_stream
 from gateway.protocol import codes, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Stats
-from gateway.timers import Wheel
+from gateway.timers import Timer, Wheel
 
 SSE_HEADERS = (
     ("Content-Type", "text/event-stream"),
@@ -130,14 +130,12 @@ def count_out(stats: Stats, data: bytes) -> bytes:
 
 class Relay:
     """The reply of one request: a JSON body, or an SSE stream once there is something to send
-    before the reply (a notification, or a keep-alive after the JSON window, whose timer starts
-    here and is the caller's to cancel)."""
+    before the reply (a notification, or a keep-alive after the JSON window: `open_window`)."""
 
     def __init__(
         self,
         request: web.BaseRequest,
         stats: Stats,
-        timers: Wheel,
         *,
         cancel_when_gone: bool = True,
     ) -> None:
@@ -147,7 +145,12 @@ class Relay:
         self.stream: web.StreamResponse | None = None
         self._lock: asyncio.Lock | None = None  # made on first use: most replies never stream
         self.keepalive: asyncio.Task[None] | None = None
-        self.timer = timers.call_later(JSON_WINDOW, self.window_closed)
+
+    def open_window(self, timers: Wheel) -> Timer:
+        """The JSON window's timer, the caller's to cancel. Not kept here: the timer holds this
+        relay, and a relay holding its timer would be a cycle per request, left to the cyclic
+        collector (measured: 6% of HTTP->HTTP throughput and 4 MB of peak memory)."""
+        return timers.call_later(JSON_WINDOW, self.window_closed)
 
     def count_out(self, data: bytes) -> bytes:
         return count_out(self._stats, data)

@@ -180,7 +180,8 @@ class SessionEndpoint:
         """Like `_answer`, except that the request runs in a task of the session: a legacy
         client's disconnect does not cancel its request (only `notifications/cancelled` or the
         end of the session does), so the work is not tied to this connection."""
-        relay = Relay(request, self._stats, self._timers, cancel_when_gone=False)
+        relay = Relay(request, self._stats, cancel_when_gone=False)
+        timer = relay.open_window(self._timers)
         loop = asyncio.get_running_loop()
         id_ = msg["id"]
         work = loop.create_task(self._legacy.handle(session, msg, relay.note, origin_of(request)))
@@ -197,7 +198,7 @@ class SessionEndpoint:
             else:
                 reply = jsonrpc.error(id_, codes.INTERNAL_ERROR, "Request cancelled")
         finally:
-            relay.timer.cancel()
+            timer.cancel()
             if relay.keepalive is not None:
                 await relay.stop_keepalive()
         if msg["method"] in SESSION_STATE_METHODS:
