@@ -30,7 +30,15 @@ def carry_over(dispatcher: Dispatcher, limiter: RateLimiter | None) -> None:
 # tap, audit, overload, cluster) is what the running process was built around, so a change
 # there is logged as needing a restart and left as it was, never half-applied.
 RELOADED = frozenset(
-    {"backends", "namespacing", "on_backend_failure", "policy", "rate_limits", "shutdown"}
+    {
+        "backends",
+        "namespacing",
+        "on_backend_failure",
+        "policy",
+        "rate_limits",
+        "shutdown",
+        "servers",
+    }
 )
 # What a removed backend is given beyond its request timeout to finish what it was sent (the
 # timeout's own error takes that long to come back through the layers).

@@ -55,6 +55,13 @@ def _loader(path: Path, mcp_json: Path | None) -> Callable[[], Config]:
     help="Also reload when the config file changes (its modification time, looked at every "
     "second).",
 )
+@click.option(
+    "--server",
+    "server",
+    metavar="NAME",
+    help="Serve the virtual server NAME (servers.NAME) on stdio instead of the merged server "
+    "(needs listen.stdio); HTTP serves every path as configured.",
+)
 @log_level
 @log_format
 def run(
@@ -62,6 +69,7 @@ def run(
     mcp_json: Path | None,
     pid_file: Path | None,
     watch: bool,
+    server: str | None,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -75,7 +83,14 @@ def run(
     setup_logging(log_level, log_format.lower())
     path, extra = inputs(config_path, mcp_json)
     config = load_or_exit(path, extra)
-    run_gateway(config, _loader(path, extra), pid_file, path if watch else None)
+    if server is not None:
+        names = [s.name for s in config.servers]
+        if server not in names:
+            known = ", ".join(names) or "none"
+            raise click.UsageError(f"--server {server}: no such virtual server (servers: {known})")
+        if not config.listen.stdio:
+            raise click.UsageError("--server serves a virtual server on stdio: set listen.stdio")
+    run_gateway(config, _loader(path, extra), pid_file, path if watch else None, server)
 
 
 @click.command()
