@@ -28,7 +28,7 @@ from gateway.routing import cursor as cursors
 from gateway.routing import taskids
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
-from gateway.telemetry.otel import GatewayTelemetry
+from gateway.telemetry.api import Telemetry
 
 # Starts a task in the gateway's task group; makes a server's endpoint (dispatcher, path, its
 # authenticator): the composition root's.
@@ -93,7 +93,7 @@ def make(
     server: ServerConfig,
     main: Dispatcher,
     pool: Mapping[str, Backend],
-    telemetry: GatewayTelemetry,
+    telemetry: Telemetry,
 ) -> VirtualDispatcher:
     """One virtual server's dispatcher. Its own rate limits are buckets of its own (the
     replica's); without them it shares the merged server's limiters, buckets and all."""
@@ -130,7 +130,7 @@ def reconfigure(
     server: ServerConfig,
     main: Dispatcher,
     pool: Mapping[str, Backend],
-    telemetry: GatewayTelemetry,
+    telemetry: Telemetry,
 ) -> None:
     """A kept server after a reload: the backends as they now are, its settings as now
     configured (its own rate limits keep the buckets of limits that did not change)."""
@@ -198,7 +198,7 @@ class VirtualServers:
         config: Config,
         main: Dispatcher,
         pool: Mapping[str, Backend],
-        telemetry: GatewayTelemetry,
+        telemetry: Telemetry,
     ) -> None:
         self._main = main
         self._telemetry = telemetry

@@ -1,0 +1,345 @@
+"""Virtual servers over real processes (issue 33): three servers (the issue's `docs` exactly,
+`ops` with a policy of its own, `admin` with everything) over four real backends (the npm
+reference servers `server-everything` and `server-memory`, the SDK test server over stdio, named
+`time` as in the issue's example, and over HTTP), reached with the official SDK client in both
+eras at each path; a client of one path is refused everything of another; a reload changes one
+server under load while the others keep serving; and the process count shows one shared pool."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import pytest
+import yaml
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.subscriptions import ToolsListChanged
+
+from gateway.app import Gateway
+from gateway.config import parse
+from gateway.protocol import codes
+from tests.conformance_support import npm_server
+from tests.support import (
+    BOUND,
+    PYTHON,
+    START_BOUND,
+    gateway_command,
+    sdk_stdio_command,
+    start_sdk_http,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+ERAS = ["2026-07-28", "legacy"]  # (the SDK client's modes: adopt the modern revision, or not)
+DOCS_INSTRUCTIONS = "Docs tools only."
+
+
+@pytest.fixture(scope="module")
+def sdk_url() -> Iterator[str]:
+    proc, url = start_sdk_http("--label", "h")
+    yield url
+    proc.stop()
+
+
+def stdio(command: list[str]) -> dict[str, Any]:
+    return {"stdio": {"command": command[0], "args": command[1:]}}
+
+
+def team_config(sdk_url: str, *, ops_tools: list[str] | None = None, extra: bool = False) -> str:
+    """The team's config: the issue's `docs` as written, `ops` with its own policy, `admin`
+    with every backend whole (`extra`: a fourth server, for reloads)."""
+    backends = {
+        "everything": stdio([*npm_server("server-everything"), "stdio"]),
+        "time": stdio(sdk_stdio_command("--label", "t")),
+        "memory": stdio(npm_server("server-memory")),
+        "sdk": {"http": {"url": sdk_url}},
+    }
+    servers: dict[str, Any] = {
+        "docs": {
+            "backends": {
+                "everything": {"tools": ["echo", "get-*"], "prompts": [], "resources": ["*"]},
+                "time": {},
+            },
+            "namespacing": {"prefix": "auto"},
+            "instructions": DOCS_INSTRUCTIONS,
+            "tool_search": {"mode": "on"},
+        },
+        "ops": {
+            "backends": {
+                "time": {"tools": ops_tools or ["echo", "add", "boom", "whoami", "change_tools"]},
+                "memory": {},
+            },
+            "policy": {"rules": [{"deny": {"backends": ["time"], "tools": ["boom"]}}]},
+        },
+        "admin": {"backends": {name: {} for name in backends}},
+    }
+    if extra:
+        servers["extra"] = {"backends": {"memory": {"tools": ["read_graph"]}}}
+    return yaml.safe_dump(
+        {
+            "listen": {"http": {"host": "127.0.0.1", "port": 0}},
+            "fan_out": {"grace": 5},
+            "backends": backends,
+            "servers": servers,
+        }
+    )
+
+
+@asynccontextmanager
+async def team(sdk_url: str) -> AsyncIterator[Gateway]:
+    with anyio.fail_after(3 * START_BOUND):
+        async with Gateway(parse(team_config(sdk_url))) as gw:
+            await gw.catalogs_loaded.wait()
+            yield gw
+
+
+def at(gw: Gateway, path: str) -> str:
+    assert gw.http_url is not None
+    return gw.http_url.removesuffix("/mcp") + path
+
+
+@asynccontextmanager
+async def client(url: str, era: str = ERAS[0]) -> AsyncIterator[Client]:
+    with anyio.fail_after(3 * START_BOUND):
+        async with Client(url, mode=era) as found:
+            yield found
+
+
+async def tool_names(c: Client) -> list[str]:
+    names: list[str] = []
+    cursor: str | None = None
+    while True:
+        page = await c.list_tools(cursor=cursor)
+        names += [t.name for t in page.tools]
+        if (cursor := page.next_cursor) is None:
+            return names
+
+
+def docs_offers(name: str) -> bool:
+    return name == "everything_echo" or name.startswith(("everything_get-", "time_"))
+
+
+def ops_offers(name: str) -> bool:
+    ops = ("time_echo", "time_add", "time_whoami", "time_change_tools")
+    return name in ops or name.startswith("memory_")
+
+
+def children() -> set[int]:
+    """This process's children (an in-process gateway's stdio backends are among them)."""
+    me = os.getpid()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+            found.add(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_each_path_is_a_server_of_its_own(sdk_url: str, era: str) -> None:
+    """server/tools, Listing Tools and utilities/pagination, at each path, in both eras: each
+    server lists (page after page) exactly its selection, names as the merged server's, and
+    calls reach the backends; /mcp stays the whole merged server."""
+    async with team(sdk_url) as gw:
+        async with client(at(gw, "/mcp/admin"), era) as c:
+            everything = await tool_names(c)
+        async with client(at(gw, "/mcp"), era) as c:
+            assert sorted(await tool_names(c)) == sorted(everything)
+        async with client(at(gw, "/mcp/docs"), era) as c:
+            docs = await tool_names(c)
+            assert sorted(docs) == sorted(n for n in everything if docs_offers(n))
+            assert "time_echo" in docs and "everything_get-sum" in docs
+            echoed = await c.call_tool("everything_echo", {"message": "from docs"})
+            assert "from docs" in echoed.content[0].text  # type: ignore[union-attr]
+            assert (await c.list_prompts()).prompts  # time's prompts; none of everything's
+            assert all(p.name.startswith("time_") for p in (await c.list_prompts()).prompts)
+            assert (await c.list_resources()).resources
+        async with client(at(gw, "/mcp/ops"), era) as c:
+            ops = await tool_names(c)
+            assert sorted(ops) == sorted(n for n in everything if ops_offers(n))
+            added = await c.call_tool("time_add", {"a": 2, "b": 3})
+            assert added.content[0].text == "5"  # type: ignore[union-attr]
+
+
+async def test_a_client_of_one_path_is_refused_everything_of_another(sdk_url: str) -> None:
+    """A tool, a cursor and a legacy session of one server are nothing to another: -32602
+    unknown tool, -32602 invalid cursor, 404 unknown session."""
+    async with (
+        team(sdk_url) as gw,
+        client(at(gw, "/mcp/docs")) as docs,
+        client(at(gw, "/mcp/ops")) as ops,
+    ):
+        for tool in ("memory_read_graph", "sdk_echo", "everything_get-sum"):
+            c = docs if tool != "everything_get-sum" else ops
+            with pytest.raises(MCPError) as refused:
+                await c.call_tool(tool, {})
+            assert refused.value.error.code == codes.INVALID_PARAMS
+        page = await docs.list_tools()
+        assert page.next_cursor is not None  # (time pages by 10)
+        with pytest.raises(MCPError) as refused:
+            await ops.list_tools(cursor=page.next_cursor)
+        assert refused.value.error.code == codes.INVALID_PARAMS
+        # A legacy session opened at /mcp/docs is unknown at /mcp/ops.
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
+        headers = {"Accept": "application/json, text/event-stream"}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(at(gw, "/mcp/docs"), json=init, headers=headers) as opened:
+                assert opened.status == 200
+                session = opened.headers["Mcp-Session-Id"]
+            listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+            headed = {**headers, "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+            async with http.post(at(gw, "/mcp/ops"), json=listing, headers=headed) as other:
+                assert other.status == 404
+            async with http.post(at(gw, "/mcp/docs"), json=listing, headers=headed) as own:
+                assert own.status == 200
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_policy_inside_a_virtual_server(sdk_url: str, era: str) -> None:
+    """ops's own policy denies time's `boom`: not listed, refused as unknown (-32602); admin,
+    under the top-level (no) policy, calls it."""
+    async with (
+        team(sdk_url) as gw,
+        client(at(gw, "/mcp/ops"), era) as ops,
+        client(at(gw, "/mcp/admin"), era) as admin,
+    ):
+        assert "time_boom" not in await tool_names(ops)
+        with pytest.raises(MCPError) as refused:
+            await ops.call_tool("time_boom", {})
+        assert refused.value.error.code == codes.INVALID_PARAMS
+        try:
+            reached = await admin.call_tool("time_boom", {})
+            assert reached.is_error
+        except MCPError as exc:  # (the tool's own failure, not a refusal)
+            assert exc.error.code != codes.INVALID_PARAMS
+
+
+async def test_listen_hears_only_the_servers_backends(sdk_url: str) -> None:
+    """basic/patterns/subscriptions: a listen on a server is made of listens on its backends
+    only; a list change of a backend it does not offer (sdk) is not heard there."""
+    async with (
+        team(sdk_url) as gw,
+        client(at(gw, "/mcp/ops")) as ops,
+        client(at(gw, "/mcp/admin")) as admin,
+        ops.listen(tools_list_changed=True) as ops_sub,
+        admin.listen(tools_list_changed=True) as admin_sub,
+    ):
+        assert ops_sub.honored.tools_list_changed and admin_sub.honored.tools_list_changed
+        ops_events, admin_events = ops_sub.__aiter__(), admin_sub.__aiter__()
+        await admin.call_tool("sdk_change_tools", {})
+        with anyio.fail_after(BOUND):
+            assert isinstance(await admin_events.__anext__(), ToolsListChanged)
+        # Heard at admin (so relayed by now); then a change of a backend ops does offer.
+        await admin.call_tool("time_change_tools", {})
+        with anyio.fail_after(BOUND):
+            assert isinstance(await ops_events.__anext__(), ToolsListChanged)
+        with anyio.move_on_after(1.0) as nothing_more:
+            await ops_events.__anext__()
+        assert nothing_more.cancelled_caught  # (sdk's change never reached ops)
+
+
+async def test_a_reload_changes_one_server_while_the_others_serve(sdk_url: str) -> None:
+    """Hot reload: ops changed, a server added then removed, under steady calls to docs and
+    admin: none of theirs fails, and each path serves its new config at once."""
+    async with team(sdk_url) as gw:
+        failures: list[BaseException] = []
+        calls = 0
+        stop = anyio.Event()
+        tick = [anyio.Event()]  # set (and replaced) at each answered call
+
+        async def answered(count: int) -> None:
+            while calls < count:
+                await tick[0].wait()
+
+        async def steady(path: str, tool: str, arguments: dict[str, Any]) -> None:
+            nonlocal calls
+            async with client(at(gw, path)) as c:
+                while not stop.is_set():
+                    try:
+                        result = await c.call_tool(tool, arguments)
+                        assert not result.is_error
+                        calls += 1
+                        tick[0].set()
+                        tick[0] = anyio.Event()
+                    except Exception as exc:
+                        failures.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(steady, "/mcp/docs", "everything_echo", {"message": "m"})
+            tg.start_soon(steady, "/mcp/admin", "time_echo", {"text": "t"})
+            with anyio.fail_after(3 * START_BOUND):
+                await answered(20)
+                changed = team_config(sdk_url, ops_tools=["echo"], extra=True)
+                done = await gw.reload(lambda: parse(changed))
+                assert done is not None
+                async with client(at(gw, "/mcp/ops")) as ops:
+                    assert sorted(n for n in await tool_names(ops) if n.startswith("time_")) == [
+                        "time_echo"
+                    ]
+                async with client(at(gw, "/mcp/extra")) as extra:
+                    assert await tool_names(extra) == ["read_graph"]
+                before = calls
+                assert await gw.reload(lambda: parse(team_config(sdk_url))) is not None
+                await answered(before + 20)
+            stop.set()
+        assert failures == []
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(at(gw, "/mcp/extra"), json={}) as gone,
+        ):
+            assert gone.status == 404
+
+
+async def test_one_shared_pool_of_children(sdk_url: str) -> None:
+    """The backends are one supervised pool: serving three more servers, in both eras, starts
+    no process beyond what the merged server alone uses."""
+    before = children()
+    async with team(sdk_url) as gw:
+        stdio_backends = [t for t in gw.transports if t.transport == "stdio"]
+        for era in ERAS:
+            async with client(at(gw, "/mcp"), era) as c:
+                await tool_names(c)
+                await c.call_tool("time_echo", {"text": "x"})
+        merged_only = children() - before
+        assert len(merged_only) >= len(stdio_backends) == 3
+        for path in ("/mcp/docs", "/mcp/ops", "/mcp/admin"):
+            for era in ERAS:
+                async with client(at(gw, path), era) as c:
+                    await tool_names(c)
+                    await c.call_tool("time_echo", {"text": "x"})
+        assert children() - before == merged_only
+
+
+async def test_run_server_serves_one_virtual_server_on_stdio(sdk_url: str, tmp_path: Path) -> None:
+    """`run --server docs`: the stdio front end is the docs server (its tools, its
+    serverInfo), the backends are started once for it and the HTTP paths."""
+    settings = yaml.safe_load(team_config(sdk_url))
+    settings["listen"]["stdio"] = True
+    config = tmp_path / "team.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    command = gateway_command(config, "--server", "docs")
+    params = StdioServerParameters(command=PYTHON, args=command[1:])
+    with anyio.fail_after(3 * START_BOUND):
+        async with Client(params) as c:
+            names = await tool_names(c)
+    assert names and all(docs_offers(n) for n in names)
+    assert "everything_echo" in names and "memory_read_graph" not in names
