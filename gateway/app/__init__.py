@@ -8,12 +8,15 @@ observe.py   spans, tap, audit and access logs, opened from the config
 reload.py    what a reload may change: its plan, report and the retiring of old backends
 views.py     what it shows of itself: backend states, status facts, queues, readiness, metrics
 process.py   the process: signals, SIGHUP and `--watch` reloads, the pid file, gc settings
+servers.py   virtual servers (`servers:`): a dispatcher each over the shared backends
+inventory.py what each virtual server would show, for `check-config --catalogs`
 errors.py    StartupError
 """
 
 from gateway.app.cluster import shared_logins
 from gateway.app.errors import StartupError
 from gateway.app.gateway import HTTP_SHUTDOWN_GRACE, Gateway
+from gateway.app.inventory import inventory
 from gateway.app.process import run
 from gateway.app.reload import Reloaded
 from gateway.app.wiring import INFO
@@ -24,6 +27,7 @@ __all__ = [
     "Gateway",
     "Reloaded",
     "StartupError",
+    "inventory",
     "run",
     "shared_logins",
 ]

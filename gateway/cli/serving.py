@@ -9,9 +9,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import anyio
 import click
 import orjson
 
+from gateway import app
 from gateway.cli.common import (
     config_env,
     config_option,
@@ -31,7 +33,12 @@ from gateway.config import (
     load_mcp_json,
     missing_commands,
 )
+from gateway.config.describe import describe_servers
 from gateway.config.schema import schema_text
+
+# How long `check-config --catalogs` waits for the backends' catalogs (a backend's own load is
+# bounded by its timeouts; one slower than this counts nothing).
+INVENTORY_WAIT = 60.0
 
 
 def _loader(path: Path, mcp_json: Path | None) -> Callable[[], Config]:
@@ -141,7 +148,15 @@ def _is_mcp_json(path: Path) -> bool:
 @click.argument("path", required=False, type=click.Path(path_type=Path))
 @config_option
 @mcp_json_option
-def check_config(path: Path | None, config_path: Path | None, mcp_json: Path | None) -> None:
+@click.option(
+    "--catalogs",
+    is_flag=True,
+    help="Also start the backends (no listener), load their catalogs and print how many "
+    "tools, prompts, resources and templates each virtual server shows of each.",
+)
+def check_config(
+    path: Path | None, config_path: Path | None, mcp_json: Path | None, catalogs: bool
+) -> None:
     """Validate what `run` would load from the same --config and --mcp-json (or FILE, a config
     or an mcp.json) and print what it would start: exit 2 on errors. A stdio command not found
     here is a warning (exit 0): it may exist where the gateway runs."""
@@ -154,6 +169,10 @@ def check_config(path: Path | None, config_path: Path | None, mcp_json: Path | N
             config_path = path
     config = load_or_exit(*inputs(config_path, mcp_json))
     summary = describe(config)
+    if catalogs and config.servers:
+        counts = anyio.run(app.inventory, config, INVENTORY_WAIT)
+        listed = "\n".join(describe_servers(config))
+        summary = summary.replace(listed, "\n".join(describe_servers(config, counts)))
     if config_path is None and mcp_json is not None:  # not the bundled listen-only file's name
         _, _, rest = summary.partition("\n")
         summary = f"mcp.json {mcp_json}: OK\n{rest}"

@@ -4,6 +4,8 @@ secret (this output is pasted into tickets).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from gateway.config.credentials import AuthConfig, ClusterConfig, redacted_url
 from gateway.config.model import Config, HttpTarget, SseTarget, StdioTarget
 from gateway.config.operations import AUDIT_STDERR
@@ -67,7 +69,52 @@ def describe(config: Config) -> str:
             f"{''.join(', ' + h for h in tap.redact_headers)})"
         )
     lines.extend(_limit_lines(config))
+    lines.extend(describe_servers(config))
     return "\n".join(lines)
+
+
+def describe_servers(
+    config: Config, counts: Mapping[str, Mapping[str, Mapping[str, int]]] | None = None
+) -> list[str]:
+    """Each virtual server: where it is served, its own settings, and per backend what it
+    selects; with `counts` (server -> backend -> list -> items, from loaded catalogs: `check-config
+    --catalogs`), how many items each list then shows."""
+    lines = []
+    for s in config.servers:
+        own = [f"serverInfo {s.server_name}"]
+        if s.namespacing is not None:
+            own.append(f"prefix={s.namespacing.prefix}")
+        if s.instructions is not None:
+            own.append("own instructions")
+        if s.auth is not None:
+            own.append(f"auth scopes: {' '.join(s.auth.scopes) or 'none'}")
+        if s.policy is not None:
+            own.append(f"own policy ({len(s.policy.rules)} rules)")
+        if s.rate_limits is not None:
+            own.append("own rate limits")
+        if s.tool_search is not None:
+            own.append(f"tool search {s.tool_search.get('mode', 'off')}")
+        lines.append(f"  server {s.name}: {s.path} ({', '.join(own)})")
+        found = (counts or {}).get(s.name, {})
+        for b in s.backends:
+            picked = [f"{kind} {_selection(getattr(b, kind))}" for kind in _KINDS]
+            rename = f"; {len(b.rename)} renamed" if b.rename else ""
+            line = f"    {b.name}: {'; '.join(picked)}{rename}"
+            if b.name in found:
+                shown = found[b.name]
+                line += "  -> " + ", ".join(f"{shown.get(k, 0)} {k}" for k in _COUNTED)
+            lines.append(line)
+    return lines
+
+
+_KINDS = ("tools", "prompts", "resources")
+_COUNTED = ("tools", "prompts", "resources", "templates")
+
+
+def _selection(patterns: tuple[str, ...] | None) -> str:
+    if patterns is None:
+        return "all"
+    return ", ".join(patterns) if patterns else "none"
 
 
 def _limit_lines(config: Config) -> list[str]:

@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
+from gateway.app.inventory import table_counts
 from gateway.app.servers import make
 from gateway.app.wiring import INFO, make_exposure, make_naming
 from gateway.backends.base import NotificationSink
 from gateway.config import Config, parse
+from gateway.config.describe import describe_servers
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.virtual import VirtualDispatcher, unwrap_state, wrap_state
 from gateway.protocol import codes
@@ -352,3 +354,21 @@ async def test_own_rate_limits_are_the_servers_buckets(tmp_path: Path) -> None:
     assert "result" in await ask(clock, tool_call(1, "convert_time"))
     assert code(await ask(clock, tool_call(2, "convert_time"))) == codes.RATE_LIMITED
     assert "result" in await ask(docs, tool_call(3, "time_convert_time"))
+
+
+async def test_check_config_lists_each_server_and_its_counts(team: Team) -> None:
+    """check-config: each server, its path and settings, and per backend its selection; with
+    the counts `--catalogs` takes from the loaded catalogs (here the servers' route tables)."""
+    counts = {name: table_counts(d.catalogs.table) for name, d in team.servers.items()}
+    assert counts["docs"]["everything"] == {"tools": 3, "resources": 1, "templates": 1}
+    assert counts["ops"]["time"] == {"tools": 1, "prompts": 1, "resources": 1, "templates": 1}
+    lines = describe_servers(team.config, counts)
+    assert lines[0] == "  server docs: /mcp/docs (serverInfo docs, prefix=auto, own instructions)"
+    assert lines[1] == (
+        "    everything: tools echo, get-*; prompts none; resources *"
+        "  -> 3 tools, 0 prompts, 1 resources, 1 templates"
+    )
+    assert "  server ops: /mcp/ops (serverInfo team-ops)" in lines
+    assert "    time: tools convert_time; prompts all; resources all; 1 renamed" in "\n".join(
+        describe_servers(team.config)
+    )

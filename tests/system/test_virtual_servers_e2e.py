@@ -29,6 +29,7 @@ from tests.support import (
     PYTHON,
     START_BOUND,
     gateway_command,
+    run_cli,
     sdk_stdio_command,
     start_sdk_http,
 )
@@ -343,3 +344,20 @@ async def test_run_server_serves_one_virtual_server_on_stdio(sdk_url: str, tmp_p
             names = await tool_names(c)
     assert names and all(docs_offers(n) for n in names)
     assert "everything_echo" in names and "memory_read_graph" not in names
+
+
+def test_check_config_counts_what_each_server_shows(sdk_url: str, tmp_path: Path) -> None:
+    """`check-config --catalogs`: each virtual server with its backends and how many items of
+    each it shows, from catalogs loaded as `run` loads them."""
+    config = tmp_path / "team.yaml"
+    config.write_text(team_config(sdk_url))
+    done = run_cli("check-config", str(config), "--catalogs")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    docs = lines.index(
+        "  server docs: /mcp/docs (serverInfo docs, prefix=auto, own instructions, tool search on)"
+    )
+    everything = lines[docs + 1]
+    assert everything.startswith("    everything: tools echo, get-*; prompts none; resources *")
+    assert " 0 prompts," in everything and " 0 tools," not in everything
+    assert any(line.startswith("    memory: ") and " 9 tools," in line for line in lines)
