@@ -122,6 +122,8 @@ class Gateway:
         # Cluster changes: list changes and resource updates across replicas. Its topics are
         # named on the bus here, before the bus runs; it runs in __aenter__.
         self.changes = cluster_changes(self.bus, self.dispatcher)
+        if self.changes is not None:
+            self.servers.follow(self.dispatcher.subscriptions)
         # One reload at a time (SIGHUP, `reload`, --watch), its drain of removed backends
         # included: each one starts from the set the one before it left.
         self._reloading = anyio.Lock()

@@ -20,6 +20,7 @@ from gateway.backends.base import Backend
 from gateway.caller_auth.authenticator import Authenticator
 from gateway.config import AuthConfig, BackendConfig, Config, ServerConfig
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
+from gateway.core.listen import Subscriptions
 from gateway.core.policy import Policy
 from gateway.core.ratelimit import RateLimiter
 from gateway.core.virtual import Scope, VirtualDispatcher, scoped_keys, scoped_loader
@@ -208,6 +209,7 @@ class VirtualServers:
         self._endpoint_for: MakeEndpoint | None = None
         self._spawn: Spawn | None = None
         self._closing: list[Authenticator] = []  # replaced by a reload, closed at the end
+        self._leader: Subscriptions | None = None  # with a cluster bus: the merged server's
         for server in config.servers:
             self.served[server.name] = self._make(config, server, pool)
 
@@ -215,11 +217,20 @@ class VirtualServers:
         dispatcher = make(config, server, self._main, pool, self._telemetry)
         if self._spawn is not None:
             dispatcher.catalogs.spawn = self._spawn
+        if self._leader is not None:
+            dispatcher.subscriptions.follow(self._leader)
         return Served(server, dispatcher, authenticator(config, server))
 
     @property
     def dispatchers(self) -> list[VirtualDispatcher]:
         return [s.dispatcher for s in self.served.values()]
+
+    def follow(self, leader: Subscriptions) -> None:
+        """With a cluster bus: their listens take part in the replicas' changes as the merged
+        server's do (core/changes.py), through `leader`, the merged server's listens."""
+        self._leader = leader
+        for dispatcher in self.dispatchers:
+            dispatcher.subscriptions.follow(leader)
 
     def start(self, spawn: Spawn) -> None:
         """The catalogs' background loads run in the gateway's task group."""
@@ -263,6 +274,8 @@ class VirtualServers:
             gone = self.served.pop(name)
             self._unmount(gone)
             gone.dispatcher.leave()
+            if self._leader is not None:
+                gone.dispatcher.subscriptions.unfollow(self._leader)
             self._retire(gone)
         for name, server in wanted.items():
             served = self.served.get(name)

@@ -140,7 +140,7 @@ def expose_tool(naming: Naming, exp: Exposure, tool: Item) -> Item | None:
 
 def expose_prompt(naming: Naming, exp: Exposure, prompt: Item) -> Item | None:
     name = prompt.get("name")
-    if not isinstance(name, str) or not exp.prompt_allowed(name):
+    if not isinstance(name, str) or (exp.prompts is not None and not exp.prompt_allowed(name)):
         return None
     visible = names.client_name(naming, exp.namespace, name)
     return prompt if visible == name else {**prompt, "name": visible}
@@ -148,7 +148,7 @@ def expose_prompt(naming: Naming, exp: Exposure, prompt: Item) -> Item | None:
 
 def expose_uri_field(naming: Naming, exp: Exposure, item: Item, key: str) -> Item | None:
     uri = item.get(key)
-    if not isinstance(uri, str) or not exp.resource_allowed(uri):
+    if not isinstance(uri, str) or (exp.resources is not None and not exp.resource_allowed(uri)):
         return None
     visible = names.client_uri(naming, exp.namespace, uri)
     return item if visible == uri else {**item, key: visible}
@@ -252,7 +252,9 @@ class RouteTable:
         if self.naming.prefixed:
             split = names.split_client_uri(visible)
             exp = self.namespaces.get(split[0]) if split is not None else None
-            if split is None or exp is None or not self._offers(exp, split[1]):
+            if split is None or exp is None:
+                return None
+            if exp.resources is not None and not self._offers(exp, split[1]):
                 return None
             return Route(exp.backend, split[1])
         for pattern, backend in self.templates:
