@@ -20,9 +20,6 @@ from gateway.config.virtual import ServerAuth, ServerBackend, ServerConfig
 Path_ = tuple[str, ...]
 # Paths the HTTP listener serves for itself: a virtual server never shadows them.
 RESERVED_PATHS = ("/.well-known/", "/oauth/", "/metrics", "/healthz", "/readyz", "/status")
-# More virtual servers than this is a config generated wrong, not a team's endpoints: each one
-# holds a route table and list state of its own.
-MAX_SERVERS = 256
 _SCOPE = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
 # The keys of a tool_search mapping the tool-search work reads (its own checks come with it).
 _TOOL_SEARCH_KEYS = frozenset({"mode", "threshold_tokens"})
@@ -54,9 +51,6 @@ def servers(
     if raw is None:
         return ()
     found = c.mapping(raw, ("servers",))
-    if len(found) > MAX_SERVERS:
-        c.r.problem(("servers",), f"names {len(found)} servers; at most {MAX_SERVERS}")
-        return ()
     if found and http is None and not stdio:
         c.r.problem(("servers",), "needs listen.http or listen.stdio to be served on")
     known = {b.name for b in backends}

@@ -372,3 +372,16 @@ async def test_check_config_lists_each_server_and_its_counts(team: Team) -> None
     assert "    time: tools convert_time; prompts all; resources all; 1 renamed" in "\n".join(
         describe_servers(team.config)
     )
+
+
+def test_the_readme_team_example_is_a_valid_config() -> None:
+    """README "Virtual servers": its worked example loads, with the three servers it names."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("## Virtual servers", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    config = parse(example)
+    assert [s.name for s in config.servers] == ["docs", "ops", "admin"]
+    assert [s.path for s in config.servers] == ["/mcp/docs", "/oncall", "/mcp/admin"]
+    ops = config.servers[1]
+    assert ops.selection["time"].rename == {"convert_time": "tz"}
+    assert ops.selection["tickets"].prompts == ()
