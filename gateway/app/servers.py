@@ -23,7 +23,7 @@ from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.listen import Subscriptions
 from gateway.core.policy import Policy
 from gateway.core.ratelimit import RateLimiter
-from gateway.core.virtual import Scope, VirtualDispatcher, scoped_keys, scoped_loader
+from gateway.core.virtual import Answer, Scope, VirtualDispatcher, scoped_keys, scoped_loader
 from gateway.frontends import http as http_frontend
 from gateway.routing import cursor as cursors
 from gateway.routing import taskids
@@ -89,6 +89,13 @@ def backends_of(server: ServerConfig, pool: Mapping[str, Backend]) -> list[Backe
     return [pool[b.name] for b in server.backends]
 
 
+def answering(server: ServerConfig, dispatcher: VirtualDispatcher) -> Answer | None:
+    """What the server answers itself before its backends: its tool search, when
+    `server.tool_search` turns it on (the tool-search work plugs in here: an index over
+    `dispatcher.catalogs`, refreshed from `catalogs.on_rebuilt`). None until then."""
+    return None
+
+
 def make(
     config: Config,
     server: ServerConfig,
@@ -101,7 +108,7 @@ def make(
     own = server.rate_limits
     limiter = RateLimiter(own, telemetry.stats.rate_limited) if own is not None else None
     cluster = config.cluster
-    return VirtualDispatcher(
+    dispatcher = VirtualDispatcher(
         backends_of(server, pool),
         exposures(config, server),
         naming(config, server),
@@ -123,6 +130,8 @@ def make(
             else scoped_loader(functools.partial(taskkey.load, config.task_key_file), server.name)
         ),
     )
+    dispatcher.answer = answering(server, dispatcher)
+    return dispatcher
 
 
 def reconfigure(
@@ -153,6 +162,7 @@ def reconfigure(
         None if own is not None else main.shared_limiter,
     )
     dispatcher.rescope(scope(server, main))
+    dispatcher.answer = answering(server, dispatcher)
 
 
 def server_auth(auth: AuthConfig, server: ServerConfig) -> AuthConfig:

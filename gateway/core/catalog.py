@@ -83,6 +83,8 @@ class Catalogs:
         # Told of a backend's first successful load when merged lists went without it until
         # then (a failed first load, or past start_wait): core/listen.py tells open listens.
         self.on_late_arrival: list[Callable[[str], None]] = []
+        # Told after each rebuild of the route table (a server's tool search reindexes then).
+        self.on_rebuilt: list[Callable[[], None]] = []
         self._root: Catalogs = self if shared is None else shared._root
         self._members: list[Catalogs] = [self] if shared is None else self._root._members
         if shared is not None:
@@ -118,6 +120,8 @@ class Catalogs:
             self.refreshes = self._root.refreshes
         self.table = routes.build(naming, self._exposures, self._data())
         self._notify()
+        for hook in self.on_rebuilt:
+            hook()
         if self._root is not self:
             return []  # (the merged server's catalogs load what is new)
         return [name for name, entry in entries.items() if old.get(name) is not entry]
@@ -315,6 +319,8 @@ class Catalogs:
         """The route table again, from the catalogs as they are now."""
         self.table = routes.build(self.naming, self._exposures, self._data())
         self._notify()
+        for hook in self.on_rebuilt:
+            hook()
         for collision in self.table.collisions:
             log.warning("%s", collision)
         for note in self.table.shortened:

@@ -7,8 +7,10 @@ merged server's `Dispatcher` with these differences, and nothing else:
 
 - its catalogs are the merged server's (core/catalog.py `shared`): one load per backend;
 - everything it signs is signed with keys of its own (`scoped_keys`), so a cursor or task id
-  of another server's is refused as a forged one, and a `requestState` it hands out is wrapped
-  in a tag of its own (`wrap_state`), so a retry elsewhere is refused before any backend sees it;
+  of another server's is refused as a forged one, and a `requestState` it hands out (in any
+  reply) is wrapped in a tag of its own (`wrap_state`), so a retry elsewhere is refused before
+  any backend sees it;
+- it may answer some requests itself first (`answer`: its tool search);
 - it never forwards a name its catalogs lack on a guess (as under a policy): what a server does
   not list, it does not offer;
 - its discovery and listens leave out the capabilities it selects nothing of.
@@ -23,7 +25,7 @@ import dataclasses
 import functools
 import hashlib
 import hmac
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +36,9 @@ from gateway.core.dispatcher import Dispatcher
 from gateway.errors import Refused
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message
-from gateway.routing.table import Route
 
+# A request the server answers itself (its reply), or leaves to its backends (None).
+Answer = Callable[[Message, NotificationSink, Call], Awaitable[Message | None]]
 # What a server's keys are derived with, from the keys of the merged server's use.
 PURPOSE = b"mcp-gateway virtual server v1 "
 STATE = "requestState"
@@ -95,6 +98,9 @@ class VirtualDispatcher(Dispatcher):
         self.tasks.attach(limiter, shared)
         self.scope = scope
         self.tasks.always_seal = True
+        # What the server answers before its backends are asked (its tool search, when its
+        # `tool_search:` is on: app/servers.py `answering`); None: nothing of its own.
+        self.answer: Answer | None = None
         self._state_keys = self.cursor_keys  # (the server's own: scoped, or random)
         self.rescope(scope)
 
@@ -115,22 +121,20 @@ class VirtualDispatcher(Dispatcher):
     def _guarded(self) -> bool:
         return True  # a name the server does not list is not forwarded on a guess
 
-    async def _forward(
-        self,
-        msg: Message,
-        params: dict[str, Any],
-        sink: NotificationSink,
-        route: Route,
-        field: str,
-        call: Call,
-    ) -> Message:
-        if STATE in params:
-            own = unwrap_state(params[STATE], self._state_keys)
-            if own is None:
+    async def _dispatch(self, msg: Message, sink: NotificationSink, call: Call) -> Message:
+        """The merged server's dispatch, with what this server answers itself first (`answer`)
+        and its `requestState` tags checked on the way in and added on the way out."""
+        if self.answer is not None:
+            own = await self.answer(msg, sink, call)
+            if own is not None:
+                return own
+        params = msg.get("params")
+        if isinstance(params, dict) and STATE in params:
+            state = unwrap_state(params[STATE], self._state_keys)
+            if state is None:
                 raise Refused(codes.INVALID_PARAMS, "requestState is unknown here")
-            params = {**params, STATE: own}
-            msg = {**msg, "params": params}
-        reply = await super()._forward(msg, params, sink, route, field, call)
+            msg = {**msg, "params": {**params, STATE: state}}
+        reply = await super()._dispatch(msg, sink, call)
         result = reply.get("result")
         if isinstance(result, dict) and isinstance(result.get(STATE), str):
             result[STATE] = wrap_state(result[STATE], self._state_keys[0])

@@ -385,3 +385,19 @@ def test_the_readme_team_example_is_a_valid_config() -> None:
     ops = config.servers[1]
     assert ops.selection["time"].rename == {"convert_time": "tz"}
     assert ops.selection["tickets"].prompts == ()
+
+
+async def test_what_a_server_answers_itself_comes_first(team: Team) -> None:
+    """The hook a server's tool search plugs into (`VirtualDispatcher.answer`): a reply it
+    gives is the server's; a request it leaves (None) is dispatched as usual."""
+    docs = team.servers["docs"]
+
+    async def search(msg: Message, sink: NotificationSink, call: Any) -> Message | None:
+        if msg["method"] != "tools/list":
+            return None
+        return {"jsonrpc": "2.0", "id": msg["id"], "result": {"tools": [{"name": "find"}]}}
+
+    docs.answer = search
+    assert await names(docs) == ["find"]
+    assert "result" in await ask(docs, tool_call(1, "everything_echo"))
+    assert await names(team.servers["ops"]) != ["find"]

@@ -26,9 +26,12 @@ from gateway.protocol import codes
 from tests.conformance_support import npm_server
 from tests.support import (
     BOUND,
+    META,
     PYTHON,
     START_BOUND,
+    call,
     gateway_command,
+    mirrored_headers,
     run_cli,
     sdk_stdio_command,
     start_sdk_http,
@@ -361,3 +364,35 @@ def test_check_config_counts_what_each_server_shows(sdk_url: str, tmp_path: Path
     assert everything.startswith("    everything: tools echo, get-*; prompts none; resources *")
     assert " 0 prompts," in everything and " 0 tools," not in everything
     assert any(line.startswith("    memory: ") and " 9 tools," in line for line in lines)
+
+
+async def test_an_input_request_is_answered_only_where_it_was_asked(sdk_url: str) -> None:
+    """basic/patterns/mrtr: time's `ask` answers a modern call with input_required and a
+    requestState; a retry carrying it at another path offering the same tool (admin) is
+    -32602 before the backend sees it; at docs, where it was asked, the answer goes through."""
+    async with team(sdk_url) as gw, aiohttp.ClientSession() as http:
+
+        async def post(path: str, msg: dict[str, Any]) -> dict[str, Any]:
+            async with http.post(at(gw, path), json=msg, headers=mirrored_headers(msg)) as got:
+                reply: dict[str, Any] = await got.json()
+                return reply
+
+        def asking(rid: int) -> dict[str, Any]:
+            msg = call(rid, "time_ask", question="colour?")
+            caps: dict[str, Any] = {"elicitation": {"form": {}}}
+            msg["params"]["_meta"] = {**META, "io.modelcontextprotocol/clientCapabilities": caps}
+            return msg
+
+        asked = await post("/mcp/docs", asking(1))
+        result = asked["result"]
+        assert result["resultType"] == "input_required"
+        (key,) = result["inputRequests"]
+        retry = asking(2)
+        retry["params"]["requestState"] = result["requestState"]
+        retry["params"]["inputResponses"] = {
+            key: {"action": "accept", "content": {"answer": "blue"}}
+        }
+        elsewhere = await post("/mcp/admin", retry)
+        assert elsewhere["error"]["code"] == codes.INVALID_PARAMS
+        here = await post("/mcp/docs", retry)
+        assert here["result"]["content"][0]["text"] == "answer: blue"
