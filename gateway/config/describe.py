@@ -102,7 +102,8 @@ def describe_servers(
             line = f"    {b.name}: {'; '.join(picked)}{rename}"
             if b.name in found:
                 shown = found[b.name]
-                line += "  -> " + ", ".join(f"{shown.get(k, 0)} {k}" for k in _COUNTED)
+                more = sorted(k for k in shown if k not in _COUNTED)  # (a token estimate, say)
+                line += "  -> " + ", ".join(f"{shown.get(k, 0)} {k}" for k in (*_COUNTED, *more))
             lines.append(line)
     return lines
 

@@ -39,7 +39,7 @@ from tests.support import (
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-ERAS = ["2026-07-28", "legacy"]  # (the SDK client's modes: adopt the modern revision, or not)
+ERAS = ["auto", "legacy"]  # (the SDK client discovers the modern era; or opens a session)
 DOCS_INSTRUCTIONS = "Docs tools only."
 
 
@@ -160,6 +160,10 @@ async def test_each_path_is_a_server_of_its_own(sdk_url: str, era: str) -> None:
         async with client(at(gw, "/mcp"), era) as c:
             assert sorted(await tool_names(c)) == sorted(everything)
         async with client(at(gw, "/mcp/docs"), era) as c:
+            # server/discover, or the InitializeResult of a legacy session: the server's own.
+            assert (c.protocol_version == "2026-07-28") == (era == "auto")
+            assert c.instructions == DOCS_INSTRUCTIONS
+            assert c.server_info is not None and c.server_info.name == "docs"
             docs = await tool_names(c)
             assert sorted(docs) == sorted(n for n in everything if docs_offers(n))
             assert "time_echo" in docs and "everything_get-sum" in docs
@@ -169,6 +173,7 @@ async def test_each_path_is_a_server_of_its_own(sdk_url: str, era: str) -> None:
             assert all(p.name.startswith("time_") for p in (await c.list_prompts()).prompts)
             assert (await c.list_resources()).resources
         async with client(at(gw, "/mcp/ops"), era) as c:
+            assert c.server_info is not None and c.server_info.name == "ops"
             ops = await tool_names(c)
             assert sorted(ops) == sorted(n for n in everything if ops_offers(n))
             added = await c.call_tool("time_add", {"a": 2, "b": 3})
