@@ -355,7 +355,8 @@ class Gateway:
             own,
             shared,
         )
-        added, changed, removed = self.servers.apply(new, self._pool())
+        # (the running config: its auth, cluster and task key are what the process was built with)
+        added, changed, removed = self.servers.apply(self.config, self._pool())
         if added or changed or removed:
             log.info(
                 "virtual servers reloaded: added %s; changed %s; removed %s",
