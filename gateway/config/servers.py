@@ -58,7 +58,9 @@ def servers(
     paths: dict[str, str] = {}
     for server in out:
         where = ("servers", server.name, "path")
-        if server.path in paths:
+        if http is not None and server.path == http.path:
+            c.r.problem(where, f"{server.path} is the merged server's (listen.http.path)")
+        elif server.path in paths:
             c.r.problem(where, f"{server.path} is also {paths[server.path]}'s")
         paths[server.path] = server.name
     return tuple(out)
