@@ -41,7 +41,8 @@ def server(name: str, tools: list[str], page: int = 0) -> FakeBackend:
         method, params = msg["method"], msg.get("params") or {}
         result: dict[str, Any] | None = None
         if method == "server/discover":
-            caps: dict[str, Any] = {"tools": {}, "prompts": {}, "resources": {}}
+            changes = {"listChanged": True}
+            caps: dict[str, Any] = {"tools": changes, "prompts": changes, "resources": changes}
             result = {"capabilities": caps, "supportedVersions": ["2026-07-28"]}
         elif method == "tools/list":
             start = int(params.get("cursor") or 0)
@@ -401,3 +402,16 @@ async def test_what_a_server_answers_itself_comes_first(team: Team) -> None:
     assert await names(docs) == ["find"]
     assert "result" in await ask(docs, tool_call(1, "everything_echo"))
     assert await names(team.servers["ops"]) != ["find"]
+
+
+async def test_a_listen_asks_only_what_the_server_offers(team: Team) -> None:
+    """basic/patterns/subscriptions: a listen on a server is planned over its backends only,
+    and not for the changes of a list it selects nothing of (docs: no prompts of everything)."""
+    wanted = {"toolsListChanged": True, "promptsListChanged": True}
+    docs, clock = team.servers["docs"], team.servers["clock"]
+    readable, hidden = docs._judge(None)
+    plans = docs.subscriptions._plan(wanted, readable, hidden)
+    assert plans["everything"].flags == {"toolsListChanged": True}
+    assert plans["time"].flags == wanted
+    readable, hidden = clock._judge(None)
+    assert set(clock.subscriptions._plan(wanted, readable, hidden)) == {"time"}
