@@ -31,6 +31,7 @@ from tests.support import (
     START_BOUND,
     call,
     gateway_command,
+    messages,
     mirrored_headers,
     run_cli,
     sdk_stdio_command,
@@ -41,6 +42,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 ERAS = ["auto", "legacy"]  # (the SDK client discovers the modern era; or opens a session)
 DOCS_INSTRUCTIONS = "Docs tools only."
+TASKS = "io.modelcontextprotocol/tasks"
 
 
 @pytest.fixture(scope="module")
@@ -401,3 +403,45 @@ async def test_an_input_request_is_answered_only_where_it_was_asked(sdk_url: str
         assert elsewhere["error"]["code"] == codes.INVALID_PARAMS
         here = await post("/mcp/docs", retry)
         assert here["result"]["content"][0]["text"] == "answer: blue"
+
+
+async def test_a_task_is_known_only_to_the_server_that_made_it(tmp_path: Path) -> None:
+    """Tasks extension, over tests/servers/tasks_server.py: two servers offering the same one
+    backend (where the merged server would pass task ids through) each seal their own; a task
+    made at one path is polled there and is -32602 at the other."""
+    tasks_server = str(Path(__file__).parents[1] / "servers" / "tasks_server.py")
+    text = yaml.safe_dump(
+        {
+            "listen": {"http": {"host": "127.0.0.1", "port": 0}},
+            "backends": {"c": stdio([PYTHON, tasks_server, "stdio", "--label", "c"])},
+            "tasks": {"key_file": str(tmp_path / "task-key")},
+            "servers": {"one": {"backends": {"c": {}}}, "two": {"backends": {"c": {}}}},
+        }
+    )
+    meta = {**META, "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS: {}}}}
+
+    def request(rid: int, method: str, **params: Any) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "id": rid, "method": method, "params": {**params, "_meta": meta}}
+
+    with anyio.fail_after(3 * START_BOUND):
+        async with Gateway(parse(text)) as gw, aiohttp.ClientSession() as http:
+
+            async def post(path: str, msg: dict[str, Any], name: str) -> dict[str, Any]:
+                headed = {
+                    **mirrored_headers({**msg, "method": "ping"}),
+                    "Mcp-Method": msg["method"],
+                }
+                headed["Mcp-Name"] = name
+                async with http.post(at(gw, path), json=msg, headers=headed) as got:
+                    async for reply in messages(got):
+                        if reply.get("id") == msg["id"]:
+                            return reply
+                raise AssertionError(f"no reply to {msg['method']}")
+
+            made = await post("/mcp/one", request(1, "tools/call", name="slow_job"), "slow_job")
+            task_id = made["result"]["taskId"]
+            assert not task_id.startswith("c-")  # (sealed: not the backend's own id)
+            here = await post("/mcp/one", request(2, "tasks/get", taskId=task_id), task_id)
+            assert here["result"]["taskId"] == task_id
+            there = await post("/mcp/two", request(3, "tasks/get", taskId=task_id), task_id)
+            assert there["error"]["code"] == codes.INVALID_PARAMS
