@@ -428,10 +428,11 @@ async def test_a_task_is_known_only_to_the_server_that_made_it(tmp_path: Path) -
 
             async def post(path: str, msg: dict[str, Any], name: str) -> dict[str, Any]:
                 headed = {
-                    **mirrored_headers({**msg, "method": "ping"}),
+                    "Accept": "application/json, text/event-stream",
+                    "MCP-Protocol-Version": "2026-07-28",
                     "Mcp-Method": msg["method"],
+                    "Mcp-Name": name,  # (the tool's name, or the task's id: routing headers)
                 }
-                headed["Mcp-Name"] = name
                 async with http.post(at(gw, path), json=msg, headers=headed) as got:
                     async for reply in messages(got):
                         if reply.get("id") == msg["id"]:
