@@ -446,3 +446,33 @@ async def test_a_task_is_known_only_to_the_server_that_made_it(tmp_path: Path) -
             assert here["result"]["taskId"] == task_id
             there = await post("/mcp/two", request(3, "tasks/get", taskId=task_id), task_id)
             assert there["error"]["code"] == codes.INVALID_PARAMS
+
+
+class Changes:
+    """A legacy session's message handler counting the tools list changes it receives."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.arrived = anyio.Event()
+
+    async def __call__(self, message: Any) -> None:
+        if getattr(message, "method", None) == "notifications/tools/list_changed":
+            self.seen += 1
+            self.arrived.set()
+            self.arrived = anyio.Event()
+
+
+async def test_a_legacy_session_hears_its_servers_list_changes(sdk_url: str) -> None:
+    """server/tools List Changed, legacy era: a session at /mcp/ops is told of a list change
+    of a backend ops offers (its watch is a listen planned over ops's backends, as a modern
+    client's: test_listen_hears_only_the_servers_backends)."""
+    changes = Changes()
+    async with team(sdk_url) as gw:
+        with anyio.fail_after(3 * START_BOUND):
+            async with Client(at(gw, "/mcp/ops"), mode="legacy", message_handler=changes) as ops:
+                # The session's watch opens with it: change until one is heard (each call's
+                # own notification comes back through the watch).
+                while changes.seen == 0:
+                    await ops.call_tool("time_change_tools", {})
+                    with anyio.move_on_after(0.5):
+                        await changes.arrived.wait()
