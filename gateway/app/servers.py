@@ -184,8 +184,8 @@ def server_auth(auth: AuthConfig, server: ServerConfig) -> AuthConfig:
 
 @dataclass
 class Served:
-    """One virtual server as it runs: its config, dispatcher, and authenticator (None: none,
-    or the top-level one's rules are its own)."""
+    """One virtual server as it runs: its config, dispatcher, and authenticator (None: no
+    `auth:`)."""
 
     config: ServerConfig
     dispatcher: VirtualDispatcher
