@@ -397,6 +397,11 @@ class Gateway:
             "mcp_stdio": "stdin/stdout" if listen.stdio else None,
             "admin": self.admin_url,
         }
+        origin = (
+            self.http_url.removesuffix(listen.http.path) if self.http_url and listen.http else None
+        )
+        for name, served in self.servers.served.items():  # (virtual servers: their paths)
+            listeners[f"server {name}"] = origin + served.config.path if origin else None
         return snapshot(
             self.status,
             version=__version__,

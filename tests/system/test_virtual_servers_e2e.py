@@ -157,6 +157,8 @@ async def test_each_path_is_a_server_of_its_own(sdk_url: str, era: str) -> None:
     server lists (page after page) exactly its selection, names as the merged server's, and
     calls reach the backends; /mcp stays the whole merged server."""
     async with team(sdk_url) as gw:
+        listed = gw._status()["gateway"]["listeners"]  # (the status page: each server's URL)
+        assert listed["server docs"] == at(gw, "/mcp/docs")
         async with client(at(gw, "/mcp/admin"), era) as c:
             everything = await tool_names(c)
         async with client(at(gw, "/mcp"), era) as c:
