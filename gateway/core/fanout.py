@@ -223,6 +223,12 @@ class FanOut:
         )
         if self.instructions is not None:
             result["instructions"] = self.instructions
+        elif self.own_server and len(pairs) == 1 and not naming.prefixed:
+            # A virtual server of one backend under its own names: its instructions as written
+            # (they name its tools as the server shows them).
+            found = pairs[0][1].get("instructions")
+            if isinstance(found, str):
+                result["instructions"] = found
         return jsonrpc.result(msg["id"], result)
 
     def _as_seen(

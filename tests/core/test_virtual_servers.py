@@ -43,7 +43,11 @@ def server(name: str, tools: list[str], page: int = 0) -> FakeBackend:
         if method == "server/discover":
             changes = {"listChanged": True}
             caps: dict[str, Any] = {"tools": changes, "prompts": changes, "resources": changes}
-            result = {"capabilities": caps, "supportedVersions": ["2026-07-28"]}
+            result = {
+                "capabilities": caps,
+                "supportedVersions": ["2026-07-28"],
+                "instructions": f"Ask {name}.",
+            }
         elif method == "tools/list":
             start = int(params.get("cursor") or 0)
             end = start + page if page else len(tools)
@@ -251,6 +255,10 @@ async def test_discovery_is_the_servers_own(team: Team) -> None:
     # One backend: still the virtual server, not the backend shown through.
     assert clock["result"]["_meta"][info]["name"] == "clock"
     assert docs["result"]["instructions"] == "Docs tools only."
+    # Without its own: one backend under its names, that backend's as written; several, each
+    # under its namespace (as the merged server's).
+    assert clock["result"]["instructions"] == "Ask time."
+    assert "namespace `time`" in ops["result"]["instructions"]
 
 
 async def test_one_catalog_load_per_backend_for_every_server(team: Team) -> None:
