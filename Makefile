@@ -44,10 +44,10 @@ pytest: $(DEV_STAMP) npm-deps
 # npm tools the tests use (tests/npm/package.json, exact versions in its package-lock.json):
 # node 24 (the official conformance suite needs node >= 22; the machine's node may be older),
 # @modelcontextprotocol/conformance, the reference servers, oidc-provider (the authorization
-# server of tests/test_auth_oidc.py) and playwright-core (drives chromium through its login
-# page, tests/servers/browser_login.mjs). Installed with the machine's
-# npm into tests/npm/node_modules, again only when the lock file changes (the stamp). Without
-# npm (or when `npm ci` fails) it says so and those tests skip; with CI=true it fails instead.
+# server of tests/caller_auth/test_auth_oidc.py) and playwright-core (drives chromium through
+# its login page, tests/servers/browser_login.mjs). Installed with the machine's npm into
+# tests/npm/node_modules, again only when the lock file changes (the stamp). Without npm (or
+# when `npm ci` fails) it says so and those tests skip; with CI=true it fails instead.
 NPM_DIR := tests/npm
 NPM_STAMP := $(NPM_DIR)/node_modules/.installed
 
@@ -72,8 +72,8 @@ test-fast: $(DEV_STAMP)
 	$(PY) -m pytest -q -m fast $(PYTEST_ARGS)
 
 # The config's JSON Schema shipped in the package, made from the loader's key tables
-# (gateway/config/keys.py, read off the model's fields); tests/test_config_schema.py fails when
-# it is stale.
+# (gateway/config/keys.py, read off the model's fields); tests/config/test_config_schema.py
+# fails when it is stale.
 schema: install
 	$(PY) -m gateway schema > gateway/config/schema.json
 
@@ -81,11 +81,11 @@ schema: install
 # config checks and the real-scrape test, and Debian's `chromium` (headless, driven by npm's
 # playwright-core) for the browser logins at the authorization server
 # (tests/servers/browser_login.mjs), and Debian's `nginx` in front of gateway replicas
-# (tests/test_replicas_nginx.py runs deploy/nginx/mcp-gateway.conf; the service the package starts
-# is stopped: the tests run their own), and Debian's `redis-server` for the rate limits replicas
-# share (tests/test_shared_rate_limits.py starts its own on a free loopback port; the service the
-# package starts is stopped too). Without apt (or root) it says so; those tests then skip
-# with the reason outside CI and fail under CI=true.
+# (tests/system/test_replicas_nginx.py runs deploy/nginx/mcp-gateway.conf; the service the
+# package starts is stopped: the tests run their own), and Debian's `redis-server` for the rate
+# limits replicas share (tests/cluster/test_shared_rate_limits.py starts its own on a free
+# loopback port; the service the package starts is stopped too). Without apt (or root) it says
+# so; those tests then skip with the reason outside CI and fail under CI=true.
 ci-deps:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  sudo=; [ "$$(id -u)" = 0 ] || sudo='sudo -n'; \

@@ -131,6 +131,19 @@ def target(request: pytest.FixtureRequest, config_dir: Path) -> Iterator[Target]
     proc.stop()
 
 
+# Every test has pyproject's `timeout` (10 s); a `slow` one, and all of tests/system/ (whole
+# gateways, clusters, builds), this much: a bound that still ends a hung test within a minute.
+SLOW_TIMEOUT = 60.0
+SYSTEM = Path(__file__).resolve().parent / "system"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks `fast` the tests that start no process and no server (`make test-fast`)."""
+    """Marks `fast` the tests that start no process and no server (`make test-fast`); marks
+    `slow` the tests of tests/system/ and gives every `slow` test SLOW_TIMEOUT, unless it names
+    its own timeout."""
     fast.mark(items)
+    for item in items:
+        if item.path.is_relative_to(SYSTEM):
+            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))

@@ -5,7 +5,7 @@ Why not the OTLP exporter's encoder: it builds a protobuf object per span, attri
 in Python (~30 us a span, more than the whole gateway spends on a request's spans otherwise);
 this writes the bytes at once and keeps each attribute's encoding, since most repeat from span
 to span (method, tool, transport, backend). The output decodes to the very message the
-exporter's `encode_spans` builds (tests/test_otlp_wire.py holds it to that).
+exporter's `encode_spans` builds (tests/telemetry/test_otlp_wire.py holds it to that).
 """
 
 from __future__ import annotations

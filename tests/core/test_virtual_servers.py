@@ -20,7 +20,7 @@ from gateway.core.virtual import VirtualDispatcher, unwrap_state, wrap_state
 from gateway.protocol import codes
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import NoTelemetry
-from tests.memory_backend import FakeBackend, ignore, modern, tool_call
+from tests.support.memory_backend import FakeBackend, ignore, modern, tool_call
 
 pytestmark = pytest.mark.anyio
 

@@ -1,6 +1,6 @@
 """A modern Streamable HTTP MCP server (aiohttp) that does not implement `server/discover`.
 
-Served in-process by a test: `serve_http(handler(seen))` (tests/support.py).
+Served in-process by a test: `serve_http(handler(seen))` (tests/support/__init__.py).
 
 It validates as a modern server does (streamable-http, Server Validation): a request without
 MCP-Protocol-Version, a legacy `initialize` included, gets 400 with HeaderMismatch (-32020).

@@ -1,4 +1,4 @@
-// The status page in a real browser, for tests/test_status_browser.py: Debian's chromium,
+// The status page in a real browser, for tests/frontends/test_status_browser.py: Debian's chromium,
 // headless, driven by playwright-core (tests/npm), with the flags of browser_login.mjs.
 //
 // Usage: node tests/servers/status_page.mjs URL [--expect NAME]... [--shows TEXT]

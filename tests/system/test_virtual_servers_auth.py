@@ -2,7 +2,7 @@
 Discovery and Token Audience Binding): each endpoint is a protected resource of its own, with
 its own `resource` in its own metadata, challenges naming that metadata, its own required
 scopes, and tokens bound to its own audience. Real sockets on 127.0.0.1: the gateway
-in-process, the test's authorization server (tests/auth_support.py) and a recording backend."""
+in-process, the test's authorization server (tests/support/auth.py) and a recording backend."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import yaml
 
 from gateway.app import Gateway
 from gateway.config import parse
-from tests.auth_support import VERSION, AuthServer, auth_server, recording_backend
 from tests.support import START_BOUND
+from tests.support.auth import VERSION, AuthServer, auth_server, recording_backend
 
 pytestmark = pytest.mark.anyio
 

@@ -18,9 +18,9 @@ from mcp.client.subscriptions import ToolsListChanged
 from gateway.app import Gateway
 from gateway.config import parse
 from gateway.protocol import codes
-from tests.redis_support import redis_url
+from tests.cluster.test_cluster_changes import SECRET, Heard, redis, until_heard
 from tests.support import START_BOUND, Proc, sdk_stdio_command, stdio_backend
-from tests.test_cluster_changes import SECRET, Heard, redis, until_heard
+from tests.support.redis_server import redis_url
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

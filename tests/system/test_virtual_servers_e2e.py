@@ -23,7 +23,6 @@ from mcp.client.subscriptions import ToolsListChanged
 from gateway.app import Gateway
 from gateway.config import parse
 from gateway.protocol import codes
-from tests.conformance_support import npm_server
 from tests.support import (
     BOUND,
     META,
@@ -37,6 +36,7 @@ from tests.support import (
     sdk_stdio_command,
     start_sdk_http,
 )
+from tests.support.conformance import npm_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
