@@ -7,8 +7,9 @@ cluster.py   the replicas' shared state over Redis (buckets, bus, session record
 observe.py   spans, tap, audit and access logs, opened from the config
 reload.py    what a reload may change: its plan, report and the retiring of old backends
 views.py     what it shows of itself: backend states, status facts, queues, readiness, metrics
-inventory.py `check-config --catalog`: the backends started, their catalogs' items and tokens
+inventory.py `check-config --catalogs`: per server, its backends' items and tokens
 process.py   the process: signals, SIGHUP and `--watch` reloads, the pid file, gc settings
+servers.py   virtual servers (`servers:`): a dispatcher each over the shared backends
 errors.py    StartupError
 """
 

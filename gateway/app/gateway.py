@@ -39,6 +39,7 @@ from gateway.app.reload import (
     report,
     retire_all,
 )
+from gateway.app.servers import VirtualServers
 from gateway.app.views import (
     backend_facts,
     backend_states,
@@ -68,6 +69,7 @@ from gateway.backends.stdio import StdioBackend
 from gateway.caller_auth.authenticator import Authenticator
 from gateway.config import BackendConfig, Config, ConfigInvalid, ListenerLimits
 from gateway.core.budget import DEFAULT_SERVER, Budget
+from gateway.core.dispatcher import Dispatcher
 from gateway.core.overload import Bound
 from gateway.core.policy import Policy
 from gateway.frontends import guard
@@ -100,8 +102,16 @@ class Gateway:
     """The running gateway: `async with Gateway(config) as gw:` starts backends and the HTTP
     listener (if configured); `serve_stdio` runs the stdio front end on given streams."""
 
-    def __init__(self, config: Config, tracing: trace.TracerProvider | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        tracing: trace.TracerProvider | None = None,
+        stdio_server: str | None = None,
+    ) -> None:
+        """`stdio_server`: the virtual server the stdio front end serves (`run --server`);
+        None: the merged server."""
         self.config = config
+        self.stdio_server = stdio_server
         self._observe(tracing)
         # The HTTP listener's token checks (`auth:`); None: no authentication.
         self.authenticator = Authenticator(config.auth) if config.auth is not None else None
@@ -116,16 +126,22 @@ class Gateway:
         self.dispatcher = make_dispatcher(config, self.backends, self.telemetry, limiters)
         for wired in self.wired:
             self._attach(wired)
+        # What each server's lists cost a model, kept current as catalogs change (a task each).
+        self.budget = Budget()
+        # `servers:`: a dispatcher each over the same backends (app/servers.py).
+        self.servers = VirtualServers(
+            config, self.dispatcher, self._pool(), self.telemetry, self.budget
+        )
         # Cluster changes: list changes and resource updates across replicas. Its topics are
         # named on the bus here, before the bus runs; it runs in __aenter__.
         self.changes = cluster_changes(self.bus, self.dispatcher)
+        if self.changes is not None:
+            self.servers.follow(self.dispatcher.subscriptions)
         # One reload at a time (SIGHUP, `reload`, --watch), its drain of removed backends
         # included: each one starts from the set the one before it left.
         self._reloading = anyio.Lock()
         # Set once every backend's catalog has been asked for (loaded, or failed) at start-up.
         self.catalogs_loaded = anyio.Event()
-        # What each server's lists cost a model, kept current as catalogs change (a task).
-        self.budget = Budget()
         self._collect_metrics()
         self._serving = False
         # Set when shutdown begins (a signal, the end of stdin): /readyz answers 503 from then
@@ -243,10 +259,22 @@ class Gateway:
     def backends(self) -> list[Backend]:
         return [w.outer for w in self.wired]
 
+    def _pool(self) -> dict[str, Backend]:
+        """The shared backends, by name, as every virtual server routes to them."""
+        return {w.config.name: w.outer for w in self.wired}
+
+    @property
+    def stdio_dispatcher(self) -> Dispatcher:
+        """What the stdio front end serves: the merged server, or `run --server NAME`'s."""
+        if self.stdio_server is None:
+            return self.dispatcher
+        return self.servers.served[self.stdio_server].dispatcher
+
     async def __aenter__(self) -> Gateway:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self.dispatcher.catalogs.spawn = self._tg.start_soon
+        self.servers.start(self._tg.start_soon)
         try:
             # The addresses are taken before any backend starts: one that cannot be had stops
             # the start with one line, before a child has been spawned for nothing.
@@ -314,6 +342,10 @@ class Gateway:
 
     def _check_reload(self, new: Config) -> None:
         """What the loader cannot know: whether the running process can serve the new config."""
+        if self.stdio_server is not None and self.stdio_server not in {s.name for s in new.servers}:
+            raise ConfigInvalid(
+                [f"{new.source}: servers.{self.stdio_server} is served on stdio (run --server)"]
+            )
         if self.logins is None and login_desk(new, self.authenticator) is not None:
             raise ConfigInvalid(
                 [
@@ -343,6 +375,15 @@ class Gateway:
             shared,
             new.tool_search,
         )
+        # (the running config: its auth, cluster and task key are what the process was built with)
+        added, changed, removed = self.servers.apply(self.config, self._pool())
+        if added or changed or removed:
+            log.info(
+                "virtual servers reloaded: added %s; changed %s; removed %s",
+                ", ".join(added) or "none",
+                ", ".join(changed) or "none",
+                ", ".join(removed) or "none",
+            )
         for w in steps.fresh:
             self._tg.start_soon(self._run_backend, w, name=f"backend {w.config.name}")
         for name in loads:
@@ -376,6 +417,11 @@ class Gateway:
             "mcp_stdio": "stdin/stdout" if listen.stdio else None,
             "admin": self.admin_url,
         }
+        origin = (
+            self.http_url.removesuffix(listen.http.path) if self.http_url and listen.http else None
+        )
+        for name, served in self.servers.served.items():  # (virtual servers: their paths)
+            listeners[f"server {name}"] = origin + served.config.path if origin else None
         return snapshot(
             self.status,
             version=__version__,
@@ -393,7 +439,8 @@ class Gateway:
         return queued(self.wired, self.dispatcher)
 
     def _listens(self) -> int:
-        return self.dispatcher.subscriptions.active
+        virtual = sum(d.subscriptions.active for d in self.servers.dispatchers)
+        return self.dispatcher.subscriptions.active + virtual
 
     async def _start_admin(self) -> None:
         admin = self.config.listen.admin
@@ -426,6 +473,7 @@ class Gateway:
         self._endpoint = http_frontend.Endpoint(
             self.dispatcher, listen, self.operations, self.authenticator, self.logins, shared
         )
+        self.servers.mount(self._endpoint, self._server_endpoint)
         # A client that drops its connection cancels its request (listener.py).
         self._http = Listener(
             self._endpoint.handle, listen.limits, tls=listen.tls, stats=self.telemetry.stats
@@ -442,6 +490,15 @@ class Gateway:
         host = f"[{listen.host}]" if ":" in listen.host else listen.host
         self.http_url = f"{listen.scheme}://{host}:{port}{listen.path}"
 
+    def _server_endpoint(
+        self, dispatcher: Dispatcher, path: str, auth: Authenticator | None
+    ) -> http_frontend.Endpoint:
+        """A virtual server's endpoint: the listener's settings at its own path. Its legacy
+        sessions are this process's own, with or without a cluster (README, Virtual servers)."""
+        listen = self.config.listen.http
+        assert listen is not None
+        return http_frontend.Endpoint(dispatcher, replace(listen, path=path), auth=auth)
+
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
@@ -451,14 +508,17 @@ class Gateway:
         self.drain()
         if self._endpoint is not None:
             self._endpoint.closing()
+        self.servers.closing()
         with anyio.CancelScope(shield=True):
             for listener in (self._http, self._admin):
                 if listener is not None:
                     await listener.close(HTTP_SHUTDOWN_GRACE)
         if self._endpoint is not None:
             self._endpoint.close()
+        self.servers.close()
         if self.authenticator is not None:
             await self.authenticator.close()
+        await self.servers.aclose()
         if self.logins is not None:
             await self.logins.close()
         if self.shared_buckets is not None:
@@ -505,8 +565,10 @@ class Gateway:
         their completion result; requests in flight get the front ends' drain or grace."""
         self.draining = True
         self.dispatcher.close_streams()
+        self.servers.drain()
 
     async def serve_stdio(
         self, inbound: anyio.abc.ByteReceiveStream, outbound: anyio.abc.ByteSendStream
     ) -> None:
-        await StdioFrontend(self.dispatcher, inbound, outbound, stdio_origin(self.config)).serve()
+        origin = stdio_origin(self.config)
+        await StdioFrontend(self.stdio_dispatcher, inbound, outbound, origin).serve()

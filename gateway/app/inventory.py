@@ -1,5 +1,6 @@
-"""`check-config --catalog`: start a config's backends with no front end, load their catalogs,
-say what each server's lists hold and cost a model (core/budget.py), and stop them again.
+"""`check-config --catalogs`: start a config's backends with no front end, load their catalogs
+once, say what each server (the merged one, then each virtual server) lists and what that costs
+a model (core/budget.py), backend by backend, and stop them again.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from opentelemetry import trace
 
 from gateway.app.gateway import Gateway
 from gateway.config import Config, Listen
-from gateway.core.budget import DEFAULT_SERVER
-from gateway.core.catalog import LOAD_TIMEOUT
+from gateway.core.budget import DEFAULT_SERVER, Budget
+from gateway.core.catalog import LOAD_TIMEOUT, Catalogs
 from gateway.routing.budget import KINDS, Cost
 
 # Past the loads' own bound (LOAD_TIMEOUT each, all at once): the backends' start and stop.
@@ -39,8 +40,8 @@ class ServerCatalog:
 
 
 def quiet(config: Config) -> Config:
-    """The config with nothing but its backends: no listener, tap, audit, access log, span
-    export or Redis (an inventory is no traffic of anyone's, and shares nothing)."""
+    """The config with nothing but its backends and servers: no listener, tap, audit, access
+    log, span export or Redis (an inventory is no traffic of anyone's, and shares nothing)."""
     telemetry = replace(config.telemetry, access_log=None, otlp_endpoint=None)
     cluster = replace(config.cluster, redis=None) if config.cluster is not None else None
     return replace(
@@ -48,19 +49,29 @@ def quiet(config: Config) -> Config:
     )
 
 
+async def server_catalog(
+    budget: Budget, name: str, catalogs: Catalogs, backends: list[str]
+) -> ServerCatalog:
+    """One server's lists as its catalogs show them now, estimated at once."""
+    await budget.update(name, catalogs.naming, catalogs.sources())
+    known = budget.backends(name)
+    parts = tuple(BackendCatalog(b, known.get(b), catalogs.problem(b)) for b in backends)
+    return ServerCatalog(name, budget.costs(name), parts)
+
+
 async def inventory(config: Config) -> list[ServerCatalog]:
-    """Each server's catalog as `run` would load it, the backends stopped again."""
+    """Each server's catalog as `run` would load it (the merged server first, then the virtual
+    servers in config order), the backends stopped again."""
     with anyio.fail_after(LOAD_TIMEOUT + SLACK):
         async with Gateway(quiet(config), tracing=trace.NoOpTracerProvider()) as gateway:
             await gateway.catalogs_loaded.wait()
-            catalogs, budget = gateway.dispatcher.catalogs, gateway.budget
-            await budget.update(DEFAULT_SERVER, catalogs.naming, catalogs.sources())
-            known = budget.backends(DEFAULT_SERVER)
-            backends = tuple(
-                BackendCatalog(b.name, known.get(b.name), catalogs.problem(b.name))
-                for b in config.backends
-            )
-            return [ServerCatalog(DEFAULT_SERVER, budget.costs(DEFAULT_SERVER), backends)]
+            budget, main = gateway.budget, gateway.dispatcher.catalogs
+            names = [b.name for b in config.backends]
+            found = [await server_catalog(budget, DEFAULT_SERVER, main, names)]
+            for name, served in gateway.servers.served.items():
+                names = [b.name for b in served.config.backends]
+                found.append(await server_catalog(budget, name, served.dispatcher.catalogs, names))
+            return found
 
 
 def _counts(costs: Mapping[str, Cost]) -> str:

@@ -51,6 +51,7 @@ async def run(
     *,
     pid_file: Path | None = None,
     watch: Path | None = None,
+    stdio_server: str | None = None,
 ) -> int:
     """Run until SIGINT/SIGTERM, or (with a stdio front end) until stdin closes or the client
     closes stdout. Either way open listen streams end with their completion result and
@@ -67,7 +68,8 @@ async def run(
     # start-up errors in an exception group).
     with anyio.open_signal_receiver(signal.SIGHUP) as hangups, contextlib.ExitStack() as held:
         try:
-            async with Gateway(config) as gateway, anyio.create_task_group() as tg:
+            served = Gateway(config, stdio_server=stdio_server)
+            async with served as gateway, anyio.create_task_group() as tg:
                 settle_gc()
                 stdio = await _start_stdio(gateway, stopping, tg) if config.listen.stdio else None
                 tg.start_soon(_reload_on_sighup, gateway, load, hangups)
@@ -103,7 +105,7 @@ async def _start_stdio(
     config = gateway.config
     inbound, outbound = await open_process_stdio()
     stdio = StdioFrontend(
-        gateway.dispatcher,
+        gateway.stdio_dispatcher,
         inbound,
         outbound,
         stdio_origin(config),

@@ -38,6 +38,7 @@ RELOADED = frozenset(
         "rate_limits",
         "shutdown",
         "tool_search",
+        "servers",
     }
 )
 # What a removed backend is given beyond its request timeout to finish what it was sent (the

@@ -85,11 +85,14 @@ def run_gateway(
     reload: Callable[[], Config] | None = None,
     pid_file: Path | None = None,
     watch: Path | None = None,
+    stdio_server: str | None = None,
 ) -> None:
     status = 0
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            run = functools.partial(app.run, load=reload, pid_file=pid_file, watch=watch)
+            run = functools.partial(
+                app.run, load=reload, pid_file=pid_file, watch=watch, stdio_server=stdio_server
+            )
             status = anyio.run(run, config, backend_options=_loop_options())
     except app.StartupError as exc:
         error(str(exc))

@@ -58,6 +58,13 @@ def _loader(path: Path, mcp_json: Path | None) -> Callable[[], Config]:
     help="Also reload when the config file changes (its modification time, looked at every "
     "second).",
 )
+@click.option(
+    "--server",
+    "server",
+    metavar="NAME",
+    help="Serve the virtual server NAME (servers.NAME) on stdio instead of the merged server "
+    "(needs listen.stdio); HTTP serves every path as configured.",
+)
 @log_level
 @log_format
 def run(
@@ -65,6 +72,7 @@ def run(
     mcp_json: Path | None,
     pid_file: Path | None,
     watch: bool,
+    server: str | None,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -78,7 +86,14 @@ def run(
     setup_logging(log_level, log_format.lower())
     path, extra = inputs(config_path, mcp_json)
     config = load_or_exit(path, extra)
-    run_gateway(config, _loader(path, extra), pid_file, path if watch else None)
+    if server is not None:
+        names = [s.name for s in config.servers]
+        if server not in names:
+            known = ", ".join(names) or "none"
+            raise click.UsageError(f"--server {server}: no such virtual server (servers: {known})")
+        if not config.listen.stdio:
+            raise click.UsageError("--server serves a virtual server on stdio: set listen.stdio")
+    run_gateway(config, _loader(path, extra), pid_file, path if watch else None, server)
 
 
 @click.command()
@@ -130,19 +145,22 @@ def _is_mcp_json(path: Path) -> bool:
 @config_option
 @mcp_json_option
 @click.option(
+    "--catalogs",
     "--catalog",
+    "catalogs",
     is_flag=True,
-    help="Also start the backends (no listener), load their catalogs, print each server's "
-    "tools, prompts, resources and templates with the tokens showing them costs a model "
-    '(README "Context budget"), and stop them; exit 1 if a catalog did not load.',
+    help="Also start the backends (no listener), load their catalogs, print for each server "
+    "(the merged one and each virtual server) its backends' tools, prompts, resources and "
+    'templates with the tokens showing them costs a model (README "Context budget"), and stop '
+    "them; exit 1 if a catalog did not load.",
 )
 def check_config(
-    path: Path | None, config_path: Path | None, mcp_json: Path | None, catalog: bool
+    path: Path | None, config_path: Path | None, mcp_json: Path | None, catalogs: bool
 ) -> None:
     """Validate what `run` would load from the same --config and --mcp-json (or FILE, a config
     or an mcp.json) and print what it would start: exit 2 on errors. A stdio command not found
     here is a warning (exit 0): it may exist where the gateway runs. Nothing is started unless
-    --catalog is given."""
+    --catalogs is given."""
     if path is not None:
         if config_path is not None:
             raise click.UsageError("give the config as FILE or as --config, not both")
@@ -158,7 +176,7 @@ def check_config(
     click.echo(summary)
     for warning in missing_commands(config, config_env()):
         click.echo(f"warning: {warning}", err=True)
-    if catalog:
+    if catalogs:
         _print_catalogs(config)
 
 

@@ -23,6 +23,7 @@ from gateway.config import http as http_sections
 from gateway.config import keys, search_loader
 from gateway.config import limits as limit_sections
 from gateway.config import policy as policy_sections
+from gateway.config import servers as server_sections
 from gateway.config.access import PolicyConfig, PolicyRule, PolicyTarget, PolicyWhen
 from gateway.config.checks import missing_commands
 from gateway.config.credentials import (
@@ -86,6 +87,7 @@ from gateway.config.operations import (
     TelemetryConfig,
 )
 from gateway.config.reader import _Check, _Reader
+from gateway.config.virtual import ServerAuth, ServerBackend, ServerConfig
 
 
 def _listen(c: _Check, raw: Any, base: Path) -> Listen:
@@ -170,7 +172,7 @@ def parse(
     if not top.get("backends") and not imported and not extra_backends:
         reader.problem(("backends",), "name at least one backend")
     backends_section.check_names(reader, backends)
-    namespacing = _namespacing(check, top.get("namespacing"))
+    namespacing = server_sections.namespacing(check, top.get("namespacing"))
     on_failure, grace, start_wait = _fan_out(check, top.get("fan_out"))
     config = Config(
         listen=listen,
@@ -191,7 +193,14 @@ def parse(
         cluster=cluster_section.cluster(check, top.get("cluster"), lambda p: _beside(source, p)),
         tool_search=search_loader.tool_search(check, top.get("tool_search")),
         task_key_file=_task_key_file(check, top.get("tasks"), source),
+        servers=server_sections.servers(
+            check, top.get("servers"), backends, listen.http, listen.stdio
+        ),
     )
+    if config.auth is None:
+        for server in config.servers:
+            if server.auth is not None:
+                reader.problem(("servers", server.name, "auth"), "needs the top-level auth:")
     unserved = config.auth is None or config.listen.http is None
     unchecked = config.auth is None or not (config.auth.issuer and config.auth.login_client_id)
     for backend in config.backends:
@@ -282,22 +291,6 @@ def _telemetry(c: _Check, raw: Any, source: str) -> TelemetryConfig:
     )
 
 
-def _namespacing(c: _Check, raw: Any) -> Namespacing:
-    path = ("namespacing",)
-    body = c.mapping(raw, path, keys.names("namespacing"))
-    t = keys.table("namespacing")
-    prefix = c.field(body, path, "prefix", t["prefix"]) or "auto"
-    if prefix not in PREFIX_MODES:
-        c.r.problem(path + ("prefix",), f"must be one of {', '.join(PREFIX_MODES)}")
-    separator = c.field(body, path, "separator", t["separator"]) or "_"
-    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,3}", separator):
-        c.r.problem(path + ("separator",), "must be 1 to 3 of letters, digits, '_', '.', '-'")
-    length = c.field(body, path, "max_name_length", t["max_name_length"])
-    if not 16 <= length <= 128:
-        c.r.problem(path + ("max_name_length",), "must be from 16 to 128")
-    return Namespacing(prefix=prefix, separator=separator, max_name_length=int(length))
-
-
 def _task_key_file(c: _Check, raw: Any, source: str) -> str | None:
     body = c.mapping(raw, ("tasks",), keys.names("tasks"))
     file = c.field(body, ("tasks",), "key_file", keys.table("tasks")["key_file"])
@@ -375,6 +368,9 @@ __all__ = [
     "Rate",
     "RateLimits",
     "Root",
+    "ServerAuth",
+    "ServerBackend",
+    "ServerConfig",
     "ServerTls",
     "Shutdown",
     "SseTarget",

@@ -70,7 +70,43 @@ def describe(config: Config) -> str:
             f"{''.join(', ' + h for h in tap.redact_headers)})"
         )
     lines.extend(_limit_lines(config))
+    lines.extend(describe_servers(config))
     return "\n".join(lines)
+
+
+def describe_servers(config: Config) -> list[str]:
+    """Each virtual server: where it is served, its own settings, and per backend what it
+    selects (what that comes to, with the tokens it costs: `check-config --catalogs`)."""
+    lines = []
+    for s in config.servers:
+        own = [f"serverInfo {s.server_name}"]
+        if s.namespacing is not None:
+            own.append(f"prefix={s.namespacing.prefix}")
+        if s.instructions is not None:
+            own.append("own instructions")
+        if s.auth is not None:
+            own.append(f"auth scopes: {' '.join(s.auth.scopes) or 'none'}")
+        if s.policy is not None:
+            own.append(f"own policy ({len(s.policy.rules)} rules)")
+        if s.rate_limits is not None:
+            own.append("own rate limits")
+        if s.tool_search is not None:
+            own.append(f"tool search {s.tool_search.mode}")
+        lines.append(f"  server {s.name}: {s.path} ({', '.join(own)})")
+        for b in s.backends:
+            picked = [f"{kind} {_selection(getattr(b, kind))}" for kind in _KINDS]
+            rename = f"; {len(b.rename)} renamed" if b.rename else ""
+            lines.append(f"    {b.name}: {'; '.join(picked)}{rename}")
+    return lines
+
+
+_KINDS = ("tools", "prompts", "resources")
+
+
+def _selection(patterns: tuple[str, ...] | None) -> str:
+    if patterns is None:
+        return "all"
+    return ", ".join(patterns) if patterns else "none"
 
 
 def _limit_lines(config: Config) -> list[str]:

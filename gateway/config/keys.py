@@ -51,6 +51,7 @@ from gateway.config.operations import (
     TelemetryConfig,
 )
 from gateway.config.search import ToolSearchConfig
+from gateway.config.virtual import ServerAuth, ServerBackend, ServerConfig
 
 # Keys that fill no field of their own, only nest others: a backend's transport (its Target) and
 # its `tools:` (allow, deny, and each tool's own settings).
@@ -156,6 +157,9 @@ SECTIONS: dict[str, dict[str, Key]] = {
     "tasks": keys_of(Config, "tasks"),
     "api_key": keys_of(ApiKey),
     "tool_search": keys_of(ToolSearchConfig),
+    "server": keys_of(ServerConfig),
+    "server_backend": keys_of(ServerBackend),
+    "server_auth": keys_of(ServerAuth),
 }
 
 # A backend names exactly one of these (its transport).

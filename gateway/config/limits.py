@@ -24,10 +24,10 @@ from gateway.config.reader import _Check
 Path_ = tuple[str, ...]
 
 
-def rate_limits(c: _Check, raw: Any) -> RateLimits | None:
+def rate_limits(c: _Check, raw: Any, path: Path_ = ("rate_limits",)) -> RateLimits | None:
+    """`rate_limits:` (or a virtual server's, at `path`)."""
     if raw is None:
         return None
-    path = ("rate_limits",)
     body = c.mapping(raw, path, keys.names("rate_limits"))
     tools: dict[str, Rate] = {}
     for name, section in c.mapping(body.get("tools"), path + ("tools",)).items():

@@ -25,6 +25,7 @@ from gateway.config.operations import (
     TelemetryConfig,
 )
 from gateway.config.search import ToolSearchConfig
+from gateway.config.virtual import ServerConfig
 
 # A backend's limits (backends.NAME.http.limits / .sse.limits).
 # Open connections per backend; more concurrent calls wait for one.
@@ -443,6 +444,12 @@ class Config:
         section="overload",
     )
     shutdown: Shutdown = key("section", "How the process stops.", Shutdown(), section="shutdown")
+    servers: tuple[ServerConfig, ...] = key(
+        "sections",
+        "Virtual servers: endpoints of their own, each a selection of the backends.",
+        (),
+        section="server",
+    )
     audit: AuditConfig | None = key(
         "section", "One JSON line per client request.", None, section="audit"
     )

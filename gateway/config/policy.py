@@ -57,10 +57,12 @@ def stdio(c: _Check, raw: Any) -> tuple[bool, ConfiguredIdentity | None]:
     )
 
 
-def policy(c: _Check, raw: Any, backends: Collection[str]) -> PolicyConfig | None:
+def policy(
+    c: _Check, raw: Any, backends: Collection[str], path: tuple[str, ...] = ("policy",)
+) -> PolicyConfig | None:
+    """`policy:` (or a virtual server's, at `path`)."""
     if raw is None:
         return None
-    path = ("policy",)
     body = c.mapping(raw, path, keys.names("policy"))
     t = keys.table("policy")
     default = c.field(body, path, "default", t["default"]) or "allow"

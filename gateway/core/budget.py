@@ -15,14 +15,16 @@ from typing import Protocol
 import anyio
 import anyio.to_thread
 
+from gateway.config.virtual import MERGED_SERVER
 from gateway.routing.budget import KINDS, Cost, backend_costs
 from gateway.routing.names import Naming
 from gateway.routing.table import CatalogData, Exposure
 
 log = logging.getLogger("gateway.budget")
 
-# The name the whole merged server (`/mcp`, stdio) goes by in the metrics and on the status page.
-DEFAULT_SERVER = "default"
+# The name the whole merged server (`/mcp`, stdio) goes by in the metrics and on the status page
+# (no virtual server may take it: config/servers.py).
+DEFAULT_SERVER = MERGED_SERVER
 
 # A backend's exposure and its catalog (None: not loaded yet), as one server shows it.
 Source = tuple[Exposure, CatalogData | None]

@@ -45,8 +45,9 @@ async def _ignore(_: Message) -> None:
 
 @dataclass
 class _Entry:
+    """One backend's catalog; shared by every virtual server's `Catalogs` that offers it."""
+
     backend: Backend
-    exposure: Exposure
     data: CatalogData = field(default_factory=CatalogData)
     discover: dict[str, Any] | None = None
     fetched_at: float = -math.inf
@@ -72,7 +73,11 @@ class Catalogs:
         naming: Naming,
         client_info: dict[str, Any],
         start_wait: float = DEFAULT_FAN_OUT_START_WAIT,
+        shared: Catalogs | None = None,
     ) -> None:
+        """`shared`: the catalogs of the whole merged server, whose loads a virtual server's
+        catalogs share (one load per backend, whatever the number of servers offering it):
+        its entries are theirs, and each load rebuilds the route table of every one."""
         self.naming = naming
         self.start_wait = start_wait
         # Told of a backend's first successful load when merged lists went without it until
@@ -80,11 +85,18 @@ class Catalogs:
         self.on_late_arrival: list[Callable[[str], None]] = []
         # Told after each rebuild of the route table (a server's tool search reindexes then).
         self.on_rebuilt: list[Callable[[], None]] = []
+        self._root: Catalogs = self if shared is None else shared._root
+        self._members: list[Catalogs] = [self] if shared is None else self._root._members
+        if shared is not None:
+            self._members.append(self)
         self._exposures = tuple(exposures)
-        self._entries = {e.backend: _Entry(b, e) for b, e in zip(backends, exposures, strict=True)}
+        self._exposure_of = {e.backend: e for e in exposures}
+        self._entries = self._take(backends, exposures, {})
         self._client_info = client_info
-        self.table: RouteTable = routes.build(naming, exposures, {})
-        self.refreshes: dict[str, int] = dict.fromkeys(self._entries, 0)
+        self.table: RouteTable = routes.build(naming, exposures, self._data())
+        self.refreshes: dict[str, int] = (
+            dict.fromkeys(self._entries, 0) if shared is None else self._root.refreshes
+        )
         # Starts a task in the gateway's task group (set by the composition root): a lookup's
         # refreshes then run on their own, and the lookup waits only until its name routes.
         self.spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object] | None = None
@@ -99,21 +111,42 @@ class Catalogs:
         others start with none; the table is rebuilt at once, so lists and calls see the new
         set. Returns the backends whose catalogs are to be loaded."""
         old = self._entries
-        entries: dict[str, _Entry] = {}
-        for backend, exposure in zip(backends, exposures, strict=True):
-            entry = old.get(exposure.backend)
-            if entry is None or entry.backend is not backend:
-                entry = _Entry(backend, exposure)
-            entries[exposure.backend] = entry
-        self._entries = entries
+        entries = self._entries = self._take(backends, exposures, old)
         self.naming = naming
         self._exposures = tuple(exposures)
-        self.refreshes = {name: self.refreshes.get(name, 0) for name in entries}
+        self._exposure_of = {e.backend: e for e in exposures}
+        if self._root is self:
+            self.refreshes = {name: self.refreshes.get(name, 0) for name in entries}
+        else:
+            self.refreshes = self._root.refreshes
         self.table = routes.build(naming, self._exposures, self._data())
         self._notify()
         for hook in self.on_rebuilt:
             hook()
+        if self._root is not self:
+            return []  # (the merged server's catalogs load what is new)
         return [name for name, entry in entries.items() if old.get(name) is not entry]
+
+    def _take(
+        self, backends: Sequence[Backend], exposures: Sequence[Exposure], old: dict[str, _Entry]
+    ) -> dict[str, _Entry]:
+        """The entries of these backends: a virtual server's are the merged server's (which
+        is reconfigured first); the merged server's are kept for a backend kept as it was
+        (the same object), else new."""
+        if self._root is not self:
+            return {e.backend: self._root._entries[e.backend] for e in exposures}
+        entries: dict[str, _Entry] = {}
+        for backend, exposure in zip(backends, exposures, strict=True):
+            entry = old.get(exposure.backend)
+            if entry is None or entry.backend is not backend:
+                entry = _Entry(backend)
+            entries[exposure.backend] = entry
+        return entries
+
+    def leave(self) -> None:
+        """A virtual server removed by a reload: its table is no longer rebuilt by loads."""
+        if self._root is not self and self in self._members:
+            self._members.remove(self)
 
     @property
     def client_info(self) -> dict[str, Any]:
@@ -175,11 +208,11 @@ class Catalogs:
         split = names.split_client_uri(visible)
         return [
             name
-            for name, entry in self._entries.items()
+            for name, exposure in self._exposure_of.items()
             if (
-                entry.exposure.namespace == split[0]
+                exposure.namespace == split[0]
                 if split
-                else visible.startswith(names.client_prefix(self.naming, entry.exposure.namespace))
+                else visible.startswith(names.client_prefix(self.naming, exposure.namespace))
             )
         ]
 
@@ -276,7 +309,8 @@ class Catalogs:
         async with entry.lock:
             if entry.fresh(anyio.current_time()) or self._entries.get(backend) is not entry:
                 return  # another task refreshed it while this one waited, or a reload left it
-            self.refreshes[backend] += 1
+            root = self._root
+            root.refreshes[backend] = root.refreshes.get(backend, 0) + 1
             problem: str | None = None
             with anyio.move_on_after(LOAD_TIMEOUT) as scope:
                 try:
@@ -298,14 +332,23 @@ class Catalogs:
             self._loaded(backend, entry, problem)
             # Failed loads count too: the next attempt waits out the refresh interval.
             entry.fetched_at = max(entry.fetched_at, anyio.current_time() - entry.ttl)
-            self.table = routes.build(self.naming, self._exposures, self._data())
-            self._notify()
-            for hook in self.on_rebuilt:
-                hook()
-            for collision in self.table.collisions:
-                log.warning("%s", collision)
-            for note in self.table.shortened:
-                log.info("name shortened: %s", note)
+            for member in self._sharing(backend, entry):
+                member.rebuild()
+
+    def _sharing(self, backend: str, entry: _Entry) -> list[Catalogs]:
+        """Every server's catalogs that offer the backend's entry (this one among them)."""
+        return [m for m in self._members if m._entries.get(backend) is entry]
+
+    def rebuild(self) -> None:
+        """The route table again, from the catalogs as they are now."""
+        self.table = routes.build(self.naming, self._exposures, self._data())
+        self._notify()
+        for hook in self.on_rebuilt:
+            hook()
+        for collision in self.table.collisions:
+            log.warning("%s", collision)
+        for note in self.table.shortened:
+            log.info("name shortened: %s", note)
 
     def _loaded(self, backend: str, entry: _Entry, problem: str | None) -> None:
         """Note how a load ended; a failed one is tried again in the background."""
@@ -321,8 +364,9 @@ class Catalogs:
             if not entry.loaded_once:
                 entry.loaded_once = True
                 if late:
-                    for hook in self.on_late_arrival:
-                        hook(backend)
+                    for member in self._sharing(backend, entry):
+                        for hook in member.on_late_arrival:
+                            hook(backend)
             return
         entry.problem = problem
         entry.failures += 1

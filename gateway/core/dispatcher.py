@@ -79,7 +79,10 @@ class Dispatcher:
         start_wait: float = DEFAULT_FAN_OUT_START_WAIT,
         task_keys: Sequence[bytes] | Callable[[], bytes] = (),
         tool_search: ToolSearchConfig | None = None,
+        shared_catalogs: Catalogs | None = None,
     ) -> None:
+        """`shared_catalogs`: the merged server's, for a virtual server's dispatcher
+        (core/virtual.py): its catalogs are loaded once, for every server."""
         self.telemetry: Telemetry = telemetry or NoTelemetry()
         self._policy = policy  # None: every caller may see and call everything
         self.limiter = limiter
@@ -91,12 +94,14 @@ class Dispatcher:
         self._order = [b.name for b in backends]
         self._exposures = {e.backend: e for e in exposures}
         self._naming = naming
-        self.catalogs = Catalogs(backends, exposures, naming, info.as_implementation(), start_wait)
+        self.catalogs = Catalogs(
+            backends, exposures, naming, info.as_implementation(), start_wait, shared_catalogs
+        )
         # Cursors are signed so a forged one is refused. `cursor_keys` (from cluster.secrets:
         # the signing key first, then older ones still accepted) let a page from one replica
         # continue on another; without them the key is this process's own, and a cursor from
         # another process or from before a restart is stale (the spec lets cursors expire).
-        keys = tuple(cursor_keys) or (os.urandom(32),)
+        keys = self.cursor_keys = tuple(cursor_keys) or (os.urandom(32),)
         # Discovery and the lists (core/fanout.py).
         self.fan_out = FanOut(self.catalogs, info.as_implementation, keys, grace)
         fail_open = on_failure == FAIL_OPEN

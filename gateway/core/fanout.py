@@ -8,7 +8,7 @@ merged into one, as this caller may see them, with a signed cursor holding each 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -84,6 +84,12 @@ class FanOut:
         # Backends skipped by the last fan-out that asked them: logged when they start being
         # skipped, not on every list while they stay so.
         self._skipping: set[str] = set()
+        # A virtual server's (core/virtual.py): its own serverInfo even over one backend, its
+        # instructions (None: the backends'), and per backend the capabilities it selects
+        # nothing of, which its discovery does not advertise.
+        self.own_server = False
+        self.instructions: str | None = None
+        self.unselected: Mapping[str, frozenset[str]] = {}
 
     def route_over(
         self,
@@ -206,13 +212,23 @@ class FanOut:
         parts = await self._ask_all(calls, call, fail_open=True)
         if view is not None:
             parts = self._as_seen(view, parts)
+        if self.unselected:
+            parts = [(b, _without(r, self.unselected.get(b, frozenset()))) for b, r in parts]
         pairs = [(exposures[b].namespace, r) for b, r in parts]
         result = merge.discover_result(
             pairs,
             prefixed=naming.prefixed,
             server=self._server(),
-            alone=len(calls) == 1,
+            alone=len(calls) == 1 and not self.own_server,
         )
+        if self.instructions is not None:
+            result["instructions"] = self.instructions
+        elif self.own_server and len(pairs) == 1 and not naming.prefixed:
+            # A virtual server of one backend under its own names: its instructions as written
+            # (they name its tools as the server shows them).
+            found = pairs[0][1].get("instructions")
+            if isinstance(found, str):
+                result["instructions"] = found
         return jsonrpc.result(msg["id"], result)
 
     def _as_seen(
@@ -324,6 +340,14 @@ class FanOut:
 
 async def _ignore(_: Message) -> None:
     return None
+
+
+def _without(result: dict[str, Any], hidden: frozenset[str]) -> dict[str, Any]:
+    """A discovery result without the capabilities a virtual server selects nothing of."""
+    caps = result.get("capabilities")
+    if not hidden or not isinstance(caps, dict):
+        return result
+    return {**result, "capabilities": {k: v for k, v in caps.items() if k not in hidden}}
 
 
 def _as_failure(backend: str, reply: Message | Exception) -> Exception:

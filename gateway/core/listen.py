@@ -127,6 +127,9 @@ class Subscriptions:
         self.on_reconfigure: Callable[[list[str]], None] | None = None
         # Set by core/interest.py with a cluster bus: a listen opened, closed or was extended.
         self.on_listens_changed: Callable[[], None] | None = None
+        # With a cluster bus, the virtual servers' (core/virtual.py): what other replicas tell
+        # this one's listens reaches theirs too, and their interests are counted as its own.
+        self.followers: list[Subscriptions] = []
         catalogs.on_late_arrival.append(self._late_arrival)
 
     @property
@@ -204,6 +207,19 @@ class Subscriptions:
                 log.debug("a listen's client is not reading: a notice of %s dropped", backend)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 pass  # (the listen is ending)
+        for follower in self.followers:
+            follower.deliver(backend, note)
+
+    def follow(self, leader: Subscriptions) -> None:
+        """A virtual server's listens in a cluster: what their backend streams hear is
+        published as the merged server's is, and other replicas' notices reach them."""
+        self.on_heard = leader.on_heard
+        self.on_listens_changed = leader.on_listens_changed
+        leader.followers.append(self)
+
+    def unfollow(self, leader: Subscriptions) -> None:
+        if self in leader.followers:
+            leader.followers.remove(self)
 
     def interest(self) -> dict[str, set[str]]:
         """The backend URIs this replica's open listens ask each backend for (the plans: only
@@ -214,6 +230,9 @@ class Subscriptions:
             for backend, plan in listening.stream.plans.items():
                 if plan.uris and backend in self._backends:
                     wanted.setdefault(backend, set()).update(plan.uris)
+        for follower in self.followers:
+            for backend, uris in follower.interest().items():
+                wanted.setdefault(backend, set()).update(uris)
         return wanted
 
     async def watch(self, backend: str, relay: Relay, uris: Collection[str] = ()) -> None:

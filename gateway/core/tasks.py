@@ -61,6 +61,12 @@ class TaskRouter:
         how to get the one key, called when a task id is first sealed or read (a key file:
         a gateway whose backends make no tasks never touches it)."""
         self._host = host
+        # A virtual server seals every task id: a transparent one would be valid on another
+        # server offering the same backend.
+        self.always_seal = False
+        # Whether it tells the rate limiters how to read its task ids: not a virtual server's
+        # over the merged server's limiters, which read the merged server's.
+        self.attaches = True
         self._keys = tuple(keys) if not callable(keys) else None
         self._load = keys if callable(keys) else None
 
@@ -73,6 +79,8 @@ class TaskRouter:
 
     def attach(self, limiter: RateLimiter | None, shared: SharedRateLimiter | None) -> None:
         """Rate limits count a task method against the tool that created the task."""
+        if not self.attaches:
+            return
         for found in (limiter, shared.local if shared is not None else None):
             if found is not None:
                 found.task_tool = self.tool_of
@@ -80,7 +88,8 @@ class TaskRouter:
     def transparent(self, identity: Identity | None) -> bool:
         host = self._host
         return (
-            identity is None
+            not self.always_seal
+            and identity is None
             and len(host.backends) == 1
             and not host.catalogs.table.naming.prefixed
             and not host.policed

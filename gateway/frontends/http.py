@@ -120,6 +120,9 @@ class Endpoint:
         self._max_body = listen.max_body_bytes
         self._body_timeout = listen.limits.body_timeout
         self._routes: dict[str, Handler] = operation_routes(ops) if ops is not None else {}
+        # Virtual servers' endpoints on this listener, by path (app/servers.py): only a request
+        # for another path than this endpoint's looks here.
+        self._mounted: dict[str, Handler] = {}
         self._stats = dispatcher.telemetry.stats
         self._timers = timers.wheel()  # (made within the running loop, by the app)
         self._screen = functools.lru_cache(maxsize=512)(functools.partial(_screen, listen))
@@ -144,6 +147,24 @@ class Endpoint:
             self._legacy = SessionEndpoint(
                 dispatcher, self._replies, self._timers, idle, shared.records, shared.bus
             )
+
+    def mount(self, path: str, endpoint: Endpoint) -> None:
+        """Serve a virtual server's endpoint at `path` on this endpoint's listener, and its
+        protected resource metadata where this endpoint serves none."""
+        self._mounted[path] = endpoint.handle
+        for where, handler in endpoint.metadata_routes().items():
+            self._routes.setdefault(where, handler)
+
+    def unmount(self, path: str, endpoint: Endpoint) -> None:
+        if self._mounted.get(path) == endpoint.handle:
+            del self._mounted[path]
+        for where, handler in endpoint.metadata_routes().items():
+            if self._routes.get(where) == handler:
+                del self._routes[where]
+
+    def metadata_routes(self) -> dict[str, Handler]:
+        """Where this endpoint's protected resource metadata is served (none without auth)."""
+        return self._bearer.routes() if self._bearer is not None else {}
 
     def closing(self) -> None:
         """The listener is about to close: end the legacy sessions' GET streams, so that they
@@ -197,6 +218,9 @@ class Endpoint:
         return await self._message(request, body, session_id)
 
     async def _other(self, request: web.BaseRequest) -> web.StreamResponse:
+        mounted = self._mounted.get(request.path)
+        if mounted is not None:
+            return await mounted(request)
         route = self._routes.get(request.path)
         if route is None:
             return refused(404, "Not Found")

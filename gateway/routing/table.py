@@ -37,31 +37,54 @@ class Exposure:
     # Under a policy or rate limits, whether a name or URI missing from the catalog may still be
     # forwarded for the backend to answer (config `forward_unknown`).
     forward_unknown: bool = False
+    # A virtual server's selection of the backend's items, by their own names and URIs (names
+    # or globs; None: all, (): none), on top of the filters above.
+    tools: tuple[str, ...] | None = None
+    prompts: tuple[str, ...] | None = None
+    resources: tuple[str, ...] | None = None
 
     def tool_allowed(self, name: str) -> bool:
         if self.allow and not any(fnmatch.fnmatchcase(name, g) for g in self.allow):
             return False
+        if self.tools is not None and not _selects(self.tools, name):
+            return False
         return not any(fnmatch.fnmatchcase(name, g) for g in self.deny)
+
+    def prompt_allowed(self, name: str) -> bool:
+        return self.prompts is None or _selects(self.prompts, name)
+
+    def resource_allowed(self, uri: str) -> bool:
+        """A resource's URI or a template's uriTemplate, as the backend has it."""
+        return self.resources is None or _selects(self.resources, uri)
 
     def withholds(self, name: str, folded: str) -> bool:
         """Whether a tool name missing from the catalog is one the filters or renames keep from
         clients, as typed or as a lenient server reads it (`folded`: routing/fold.py)."""
-        if not self.tool_allowed(name) or name in self.rename:
+        if not self.tool_allowed(name) or name in self.rename or self.tools == ():
             return True
-        allow, deny, renamed = self._folded_filters
+        allow, deny, renamed, chosen = self._folded_filters
         if allow is not None and allow.match(folded) is None:
+            return True
+        if chosen is not None and chosen.match(folded) is None:
             return True
         return (deny is not None and deny.match(folded) is not None) or folded in renamed
 
     @functools.cached_property
     def _folded_filters(
         self,
-    ) -> tuple[re.Pattern[str] | None, re.Pattern[str] | None, frozenset[str]]:
+    ) -> tuple[
+        re.Pattern[str] | None, re.Pattern[str] | None, frozenset[str], re.Pattern[str] | None
+    ]:
         return (
             folded_pattern(self.allow),
             folded_pattern(self.deny),
             frozenset(map(fold, self.rename)),
+            folded_pattern(self.tools or ()),
         )
+
+
+def _selects(globs: tuple[str, ...], name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, g) for g in globs)
 
 
 @dataclass(frozen=True)
@@ -117,7 +140,7 @@ def expose_tool(naming: Naming, exp: Exposure, tool: Item) -> Item | None:
 
 def expose_prompt(naming: Naming, exp: Exposure, prompt: Item) -> Item | None:
     name = prompt.get("name")
-    if not isinstance(name, str):
+    if not isinstance(name, str) or (exp.prompts is not None and not exp.prompt_allowed(name)):
         return None
     visible = names.client_name(naming, exp.namespace, name)
     return prompt if visible == name else {**prompt, "name": visible}
@@ -125,7 +148,7 @@ def expose_prompt(naming: Naming, exp: Exposure, prompt: Item) -> Item | None:
 
 def expose_uri_field(naming: Naming, exp: Exposure, item: Item, key: str) -> Item | None:
     uri = item.get(key)
-    if not isinstance(uri, str):
+    if not isinstance(uri, str) or (exp.resources is not None and not exp.resource_allowed(uri)):
         return None
     visible = names.client_uri(naming, exp.namespace, uri)
     return item if visible == uri else {**item, key: visible}
@@ -228,15 +251,26 @@ class RouteTable:
             return exact
         if self.naming.prefixed:
             split = names.split_client_uri(visible)
-            if split is None or split[0] not in self.namespaces:
+            exp = self.namespaces.get(split[0]) if split is not None else None
+            if split is None or exp is None:
                 return None
-            return Route(self.namespaces[split[0]].backend, split[1])
+            if exp.resources is not None and not self._offers(exp, split[1]):
+                return None
+            return Route(exp.backend, split[1])
         for pattern, backend in self.templates:
             if pattern.fullmatch(visible):
                 return Route(backend, visible)
         if len(self.exposures) == 1:
-            return Route(next(iter(self.exposures)), visible)
+            exp = next(iter(self.exposures.values()))
+            return Route(exp.backend, visible) if self._offers(exp, visible) else None
         return None
+
+    def _offers(self, exp: Exposure, uri: str) -> bool:
+        """Whether a virtual server's selection takes a URI no catalog lists: by the resource
+        globs, or as one of the selected templates' URIs."""
+        if exp.resources is None or exp.resource_allowed(uri):
+            return True
+        return _any_match(self.backend_templates.get(exp.backend, ()), uri)
 
     def listed_resource(self, visible: str) -> Route | None:
         """`resource` without the guesses: only a URI a backend lists, or one of its templates
@@ -294,7 +328,7 @@ def build(
         patterns = [
             template_pattern(t["uriTemplate"])
             for t in catalog.templates
-            if isinstance(t.get("uriTemplate"), str)
+            if isinstance(t.get("uriTemplate"), str) and exp.resource_allowed(t["uriTemplate"])
         ]
         table.backend_templates[exp.backend] = patterns
         if not naming.prefixed:

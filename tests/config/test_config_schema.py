@@ -184,6 +184,7 @@ BASE: dict[str, Any] = {
         "api_keys": [{"name": "k", "sha256": "0" * 64}],
     },
     "cluster": {"secrets": ["s" * 32]},
+    "servers": {"s": {"backends": {"b": {}}, "auth": {}}},
 }
 WHERE: dict[str, tuple[str | int, ...]] = {
     "config": (),
@@ -223,6 +224,9 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "introspection": ("auth", "introspection"),
     "api_key": ("auth", "api_keys", 0),
     "cluster": ("cluster",),
+    "server": ("servers", "s"),
+    "server_backend": ("servers", "s", "backends", "b"),
+    "server_auth": ("servers", "s", "auth"),
 }
 # A value of the wrong type for each kind of key.
 WRONG: dict[str, Any] = {
