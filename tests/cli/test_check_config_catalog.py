@@ -1,6 +1,6 @@
-"""`check-config --catalog`: the backends started with no front end, their lists loaded
-(server/tools, server/prompts, server/resources), each server printed with its backends' item
-counts and the tokens showing them costs a model, the backends stopped again."""
+"""`check-config --catalogs` (alias `--catalog`): the backends started with no front end,
+their lists loaded (server/tools, server/prompts, server/resources), each server printed with its
+backends' item counts and the tokens showing them costs a model, the backends stopped again."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def line(out: str, start: str) -> str:
 
 
 def test_the_demo_config_prints_its_counts_and_token_estimate() -> None:
-    done = run_cli("check-config", "--catalog")  # (no --config: the bundled demo)
+    done = run_cli("check-config", "--catalogs")  # (no --config: the bundled demo)
     assert done.returncode == 0, done.stderr
     assert "catalogs (backends started, their lists loaded, stopped again):" in done.stdout
     server = line(done.stdout, "server default:")
@@ -56,7 +56,7 @@ def test_a_catalog_that_does_not_load_is_named_and_fails_the_check(tmp_path: Pat
         "broken": {"stdio": {"command": PYTHON, "args": ["-c", "raise SystemExit(3)"]}},
     }
     config.write_text(yaml.safe_dump({"listen": {"stdio": True}, "backends": backends}))
-    done = run_cli("check-config", "--catalog", str(config))
+    done = run_cli("check-config", "--catalog", str(config))  # (the flag's other spelling)
     assert done.returncode == 1, done.stderr
     assert "backend broken: not loaded: " in done.stdout
     match = COUNTS.search(line(done.stdout, "server default:"))
@@ -67,4 +67,4 @@ def test_a_catalog_that_does_not_load_is_named_and_fails_the_check(tmp_path: Pat
 def test_the_help_says_what_the_flag_does() -> None:
     done = run_cli("check-config", "--help")
     assert done.returncode == 0
-    assert "--catalog" in done.stdout and "stop" in done.stdout
+    assert "--catalogs, --catalog" in done.stdout and "virtual server" in done.stdout

@@ -7,7 +7,9 @@ server under load while the others keep serving; and the process count shows one
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -35,6 +37,7 @@ from tests.support import (
     run_cli,
     sdk_stdio_command,
     start_sdk_http,
+    until,
 )
 from tests.support.conformance import npm_server
 
@@ -42,6 +45,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 ERAS = ["auto", "legacy"]  # (the SDK client discovers the modern era; or opens a session)
 DOCS_INSTRUCTIONS = "Docs tools only."
+META_TOOLS = ["_search_tools", "_describe_tool", "_call_tool"]  # (core/toolsearch.py)
+CALL = "_call_tool"
+ECHO = {"message": "found by search"}
 TASKS = "io.modelcontextprotocol/tasks"
 
 
@@ -56,9 +62,12 @@ def stdio(command: list[str]) -> dict[str, Any]:
     return {"stdio": {"command": command[0], "args": command[1:]}}
 
 
-def team_config(sdk_url: str, *, ops_tools: list[str] | None = None, extra: bool = False) -> str:
-    """The team's config: the issue's `docs` as written, `ops` with its own policy, `admin`
-    with every backend whole (`extra`: a fourth server, for reloads)."""
+def team_config(
+    sdk_url: str, *, ops_tools: list[str] | None = None, extra: bool = False, search: str = "on"
+) -> str:
+    """The team's config: the issue's `docs` as written (`search`: its tool_search mode; "off"
+    where a test pages through its tools), `ops` with its own policy, `admin` with every
+    backend whole (`extra`: a fourth server, for reloads)."""
     backends = {
         "everything": stdio([*npm_server("server-everything"), "stdio"]),
         "time": stdio(sdk_stdio_command("--label", "t")),
@@ -73,7 +82,7 @@ def team_config(sdk_url: str, *, ops_tools: list[str] | None = None, extra: bool
             },
             "namespacing": {"prefix": "auto"},
             "instructions": DOCS_INSTRUCTIONS,
-            "tool_search": {"mode": "on"},
+            "tool_search": {"mode": search},
         },
         "ops": {
             "backends": {
@@ -97,9 +106,9 @@ def team_config(sdk_url: str, *, ops_tools: list[str] | None = None, extra: bool
 
 
 @asynccontextmanager
-async def team(sdk_url: str) -> AsyncIterator[Gateway]:
+async def team(sdk_url: str, search: str = "on") -> AsyncIterator[Gateway]:
     with anyio.fail_after(3 * START_BOUND):
-        async with Gateway(parse(team_config(sdk_url))) as gw:
+        async with Gateway(parse(team_config(sdk_url, search=search))) as gw:
             await gw.catalogs_loaded.wait()
             yield gw
 
@@ -124,6 +133,13 @@ async def tool_names(c: Client) -> list[str]:
         names += [t.name for t in page.tools]
         if (cursor := page.next_cursor) is None:
             return names
+
+
+async def search(c: Client, query: str) -> list[str]:
+    """The names `_search_tools` finds for `query` (its structured result)."""
+    result = await c.call_tool("_search_tools", {"query": query, "limit": 10})
+    assert not result.is_error and result.structured_content is not None
+    return [t["name"] for t in result.structured_content["tools"]]
 
 
 def docs_offers(name: str) -> bool:
@@ -155,8 +171,9 @@ def children() -> set[int]:
 async def test_each_path_is_a_server_of_its_own(sdk_url: str, era: str) -> None:
     """server/tools, Listing Tools and utilities/pagination, at each path, in both eras: each
     server lists (page after page) exactly its selection, names as the merged server's, and
-    calls reach the backends; /mcp stays the whole merged server."""
-    async with team(sdk_url) as gw:
+    calls reach the backends; /mcp stays the whole merged server. (docs with its tool search
+    off: test_tool_search_on_one_server has it on.)"""
+    async with team(sdk_url, search="off") as gw:
         listed = gw._status()["gateway"]["listeners"]  # (the status page: each server's URL)
         assert listed["server docs"] == at(gw, "/mcp/docs")
         async with client(at(gw, "/mcp/admin"), era) as c:
@@ -188,7 +205,7 @@ async def test_a_client_of_one_path_is_refused_everything_of_another(sdk_url: st
     """A tool, a cursor and a legacy session of one server are nothing to another: -32602
     unknown tool, -32602 invalid cursor, 404 unknown session."""
     async with (
-        team(sdk_url) as gw,
+        team(sdk_url, search="off") as gw,  # (docs's list is paged: its tools, not the search)
         client(at(gw, "/mcp/docs")) as docs,
         client(at(gw, "/mcp/ops")) as ops,
     ):
@@ -343,8 +360,9 @@ async def test_one_shared_pool_of_children(sdk_url: str) -> None:
 
 
 async def test_run_server_serves_one_virtual_server_on_stdio(sdk_url: str, tmp_path: Path) -> None:
-    """`run --server docs`: the stdio front end is the docs server (its tools, its
-    serverInfo), the backends are started once for it and the HTTP paths."""
+    """`run --server docs`: the stdio front end is the docs server (its meta-tools, its
+    tools called through them, its serverInfo), the backends are started once for it and the
+    HTTP paths."""
     settings = yaml.safe_load(team_config(sdk_url))
     settings["listen"]["stdio"] = True
     config = tmp_path / "team.yaml"
@@ -353,26 +371,76 @@ async def test_run_server_serves_one_virtual_server_on_stdio(sdk_url: str, tmp_p
     params = StdioServerParameters(command=PYTHON, args=command[1:])
     with anyio.fail_after(3 * START_BOUND):
         async with Client(params) as c:
-            names = await tool_names(c)
-    assert names and all(docs_offers(n) for n in names)
-    assert "everything_echo" in names and "memory_read_graph" not in names
+            assert c.server_info is not None and c.server_info.name == "docs"
+            assert await tool_names(c) == META_TOOLS
+            found = await search(c, "echo back the message")
+            assert "everything_echo" in found and all(docs_offers(n) for n in found)
+            echoed = await c.call_tool(CALL, {"name": "everything_echo", "arguments": ECHO})
+            assert "found by search" in echoed.content[0].text  # type: ignore[union-attr]
 
 
 def test_check_config_counts_what_each_server_shows(sdk_url: str, tmp_path: Path) -> None:
-    """`check-config --catalogs`: each virtual server with its backends and how many items of
-    each it shows, from catalogs loaded as `run` loads them."""
+    """`check-config --catalogs`: each server (the merged one, then each virtual server) with
+    its backends, how many items of each it shows and their tokens, from catalogs loaded as
+    `run` loads them."""
     config = tmp_path / "team.yaml"
     config.write_text(team_config(sdk_url))
     done = run_cli("check-config", str(config), "--catalogs")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    docs = lines.index(
+    assert (
         "  server docs: /mcp/docs (serverInfo docs, prefix=auto, own instructions, tool search on)"
+        in lines
     )
-    everything = lines[docs + 1]
-    assert everything.startswith("    everything: tools echo, get-*; prompts none; resources *")
-    assert " 0 prompts," in everything and " 0 tools," not in everything
-    assert any(line.startswith("    memory: ") and " 9 tools," in line for line in lines)
+    # (the summary above lists each server's settings: its catalogs come after this line)
+    lines = lines[lines.index("catalogs (backends started, their lists loaded, stopped again):") :]
+    tokens, backends = {}, {}
+    for name in ("default", "docs", "ops", "admin"):
+        (at_line,) = [i for i, line in enumerate(lines) if line.startswith(f"  server {name}: ")]
+        found = re.search(r"about (\d+) tokens", lines[at_line])
+        assert found is not None, lines[at_line]
+        tokens[name] = int(found.group(1))
+        block = itertools.takewhile(lambda line: line.startswith("    "), lines[at_line + 1 :])
+        backends[name] = {line.split(":")[0].split()[-1]: line for line in block}
+    assert sorted(backends["docs"]) == ["everything", "time"]
+    assert " prompts 0," in backends["docs"]["everything"]
+    assert " tools 0," not in backends["docs"]["everything"]
+    assert backends["ops"]["memory"].startswith("    backend memory: tools 9, ")
+    assert 0 < tokens["docs"] < tokens["default"] and tokens["admin"] == tokens["default"]
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_tool_search_on_one_server(sdk_url: str, era: str) -> None:
+    """The issue's acceptance config (docs with `tool_search: {mode: "on"}`, ops, admin), the
+    SDK client in both eras at /mcp/docs: tools/list (server/tools, Listing Tools) shows the
+    meta-tools; `_search_tools` finds an `everything` tool docs offers and not one only ops
+    and admin offer (memory's); `_call_tool` calls it; ops lists its tools as before; the
+    token gauge has a series for docs, and the status page a row."""
+    async with team(sdk_url) as gw:
+        async with client(at(gw, "/mcp/docs"), era) as c:
+            assert await tool_names(c) == META_TOOLS
+            found = await search(c, "echo back the message")
+            assert "everything_echo" in found and all(docs_offers(n) for n in found)
+            assert "memory_read_graph" not in await search(c, "read the knowledge graph")
+            echoed = await c.call_tool(CALL, {"name": "everything_echo", "arguments": ECHO})
+            assert "found by search" in echoed.content[0].text  # type: ignore[union-attr]
+            with pytest.raises(MCPError) as refused:
+                await c.call_tool(CALL, {"name": "memory_read_graph", "arguments": {}})
+            assert refused.value.error.code == codes.INVALID_PARAMS
+        async with client(at(gw, "/mcp/ops"), era) as c:
+            assert "memory_read_graph" in await tool_names(c)
+        # (each server's figures once every backend it offers is estimated)
+        offered = {"default": 4, "docs": 2, "ops": 2, "admin": 4}
+        await until(
+            lambda: all(len(gw.budget.backends(s)) == n for s, n in offered.items()),
+            wake=lambda: gw.budget.changed.wait(),
+        )
+        labels = {"server": "docs", "kind": "tools"}
+        assert (gw.registry.get_sample_value("mcp_gateway_catalog_tokens", labels) or 0) > 0
+        # The status page's Servers table: each server, docs's tokens its own (a selection).
+        rows = {row["name"]: row for row in gw._status()["servers"]}
+        assert {"default", "docs", "ops", "admin"} <= rows.keys()
+        assert 0 < rows["docs"]["total_tokens"] < rows["default"]["total_tokens"]
 
 
 async def test_an_input_request_is_answered_only_where_it_was_asked(sdk_url: str) -> None:
