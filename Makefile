@@ -115,6 +115,7 @@ bench: $(RUN_STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) -m bench $(ARGS)
 	$(PY) -m bench.search
+	$(PY) -m bench.search_e2e
 
 clean:
 	rm -rf $(VENV) build *.egg-info $(NPM_DIR)/node_modules

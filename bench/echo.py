@@ -2,8 +2,12 @@
 
 `python -m bench.echo --stdio` serves newline-delimited JSON-RPC on stdin/stdout until EOF;
 `python -m bench.echo --http [--port 0]` serves POST /mcp on 127.0.0.1 and prints
-`READY http://127.0.0.1:<port>/mcp` once listening. It must cost as little as possible per
-request, so the HTTP side is a bare asyncio Protocol over httptools rather than a framework.
+`READY http://127.0.0.1:<port>/mcp` once listening. `--tools N` adds a generated catalog of N
+tools (bench/search.py, named `{service}_{tool}`, each answering with empty content) and the
+tool `relist`, which changes one tool's description and, on stdio, sends
+`notifications/tools/list_changed` after its reply (bench/search_e2e.py: a forced reindex).
+It must cost as little as possible per request, so the HTTP side is a bare asyncio Protocol over
+httptools rather than a framework.
 """
 
 from __future__ import annotations
@@ -55,6 +59,13 @@ TOOLS: list[dict[str, Any]] = [
 ]
 
 Message = dict[str, Any]
+# What tools/list shows and the names a call may use beyond the three above (--tools N).
+LISTED: list[dict[str, Any]] = TOOLS
+EXTRA: set[str] = set()
+RELIST = "relist"
+# Notifications to write after the replies of the current read (stdio only).
+OUTBOX: list[bytes] = []
+_generation = itertools.count(1)
 
 
 class RpcError(Exception):
@@ -88,16 +99,43 @@ def _call_tool(params: Any) -> dict[str, Any]:
         if not isinstance(a, int | float) or not isinstance(b, int | float):
             raise RpcError(-32602, "add needs numbers 'a' and 'b'")
         return {"content": [{"type": "text", "text": str(a + b)}]}
-    if name == "noop":
+    if name == "noop" or name in EXTRA:
+        return {"content": []}
+    if name == RELIST and EXTRA:
+        _relist()
         return {"content": []}
     raise RpcError(-32602, f"Unknown tool: {name}")
+
+
+def with_catalog(size: int) -> None:
+    """List `size` generated tools (and `relist`) besides the three fixed ones."""
+    from bench.search import generated  # (only here: the plain echo imports nothing more)
+
+    global LISTED
+    extra = [
+        {**t, "name": f"{service}_{t['name']}"}
+        for service, own in generated(size).items()
+        for t in own
+    ]
+    relist = {"name": RELIST, "description": "Bench control.", "inputSchema": {"type": "object"}}
+    LISTED = [*TOOLS, *extra, relist]
+    EXTRA.update(t["name"] for t in extra)
+
+
+def _relist() -> None:
+    # A new list object each time: the last tool's description says which generation it is.
+    global LISTED
+    last = LISTED[-2]
+    LISTED = [*LISTED[:-2], {**last, "description": f"generation {next(_generation)}"}, LISTED[-1]]
+    note = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+    OUTBOX.append(orjson.dumps(note) + b"\n")
 
 
 def _result(method: str, params: Any, modern: bool) -> dict[str, Any]:
     if method == "tools/call":
         return _call_tool(params)
     if method == "tools/list":
-        return {"tools": TOOLS, **CACHE} if modern else {"tools": TOOLS}
+        return {"tools": LISTED, **CACHE} if modern else {"tools": LISTED}
     if method == "ping":
         return {}
     if method == "server/discover":
@@ -167,6 +205,9 @@ def serve_stdio() -> None:
         for line in lines:
             if reply := _stdio_reply(line):
                 out.append(reply)
+        if OUTBOX:
+            out += OUTBOX
+            OUTBOX.clear()
         if out:
             _write_all(fd_out, b"".join(out))
     if reply := _stdio_reply(pending):
@@ -298,7 +339,10 @@ def main(argv: list[str] | None = None) -> None:
     mode.add_argument("--stdio", action="store_true", help="serve JSON-RPC lines on stdin/stdout")
     mode.add_argument("--http", action="store_true", help="serve HTTP on 127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--tools", type=int, default=0, help="a generated catalog of N tools")
     args = parser.parse_args(argv)
+    if args.tools:
+        with_catalog(args.tools)
     if args.stdio:
         serve_stdio()
     else:

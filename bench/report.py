@@ -18,6 +18,9 @@ import orjson
 PAIRINGS = ("http->http", "http->stdio", "stdio->http")
 DIRECT = "direct"
 GATEWAY = "gateway"
+# The same gateway process's virtual server over the same backend (`servers: {v: ...}` at
+# /mcp/v), measured beside the merged server's /mcp.
+GATEWAY_VIRTUAL = "gateway /mcp/v"
 PASSTHROUGH_RAW = "passthrough-raw"
 PASSTHROUGH_AIOHTTP = "passthrough-aiohttp"
 PASSTHROUGH_NAMES = {
@@ -37,6 +40,8 @@ TARGET_TIMES_SUPERGATEWAY = 5.0
 TARGET_CPU_PAIRING_FACTOR = 1.2
 # Tracing with every request sampled may add at most half the gateway's CPU per request.
 TARGET_TRACING_CPU_FACTOR = 1.5
+# A virtual server's request costs what the merged server's does (issue 33), within the noise.
+TARGET_VIRTUAL_CPU_FACTOR = 1.05
 # Another proxy's row still counts for "its best" with up to this share of failed requests.
 COMPETITOR_MAX_ERRORS = 0.01
 # A soak whose RSS still climbs faster than this over its second half is not "flat".
@@ -357,7 +362,7 @@ def _where(row: Row | None) -> str:
 
 def check_targets(rows: Sequence[Row], soak: Soak | None = None) -> list[Check]:
     def one(subject: str, conc: int, pairing: str = "http->http") -> Row | None:
-        tel = "off" if subject == GATEWAY else None
+        tel = "off" if subject in (GATEWAY, GATEWAY_VIRTUAL) else None
         found = _find(rows, subject, pairing, telemetry=tel, concurrency=conc)
         return found[0] if found and _valid(found[0]) else None
 
@@ -438,6 +443,18 @@ def check_targets(rows: Sequence[Row], soak: Soak | None = None) -> list[Check]:
             TARGET_TRACING_CPU_FACTOR,
             True,
             "CPU ms per 1000 requests, every request sampled, OTLP/HTTP to a sink that drops it",
+        )
+    )
+    virtual64 = one(GATEWAY_VIRTUAL, 64)
+    checks.append(
+        _check(
+            "gateway CPU virtual server / merged server, HTTP->HTTP tools/call, 64 clients",
+            virtual64.cpu_ms_per_1k / gw64.cpu_ms_per_1k
+            if virtual64 and gw64 and virtual64.cpu_ms_per_1k is not None and gw64.cpu_ms_per_1k
+            else None,
+            TARGET_VIRTUAL_CPU_FACTOR,
+            True,
+            "CPU ms per 1000 requests at /mcp/v and /mcp of one gateway process, telemetry off",
         )
     )
     if soak is not None:

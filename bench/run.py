@@ -36,6 +36,7 @@ from aiohttp import web
 from bench import report
 from bench.report import (
     GATEWAY,
+    GATEWAY_VIRTUAL,
     NO_TELEMETRY,
     PAIRINGS,
     PASSTHROUGH_NAMES,
@@ -352,6 +353,9 @@ class Options:
     strict: bool
     # Keys added to the benchmarked backend's config (--backend), e.g. to leave a layer out.
     backend: dict[str, Any] = field(default_factory=dict)
+    # The HTTP->HTTP gateway (telemetry off) also serves a virtual server of the echo backend,
+    # measured as its own subject (--no-virtual: not).
+    virtual: bool = True
 
     def requests_for(self, concurrency: int) -> int:
         if self.smoke:
@@ -404,6 +408,11 @@ def parse_args(argv: Sequence[str]) -> Options:
     ap.add_argument(
         "--soak", type=float, default=0.0, metavar="SECONDS", help="memory soak through the gateway"
     )
+    ap.add_argument(
+        "--no-virtual",
+        action="store_true",
+        help="no virtual server row (HTTP->HTTP tools/call through /mcp/v of the same gateway)",
+    )
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target FAILs")
     ap.add_argument(
         "--backend",
@@ -429,6 +438,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         soak=max(0.0, ns.soak),
         backend=dict(ns.backend or {}),
         strict=ns.strict,
+        virtual=not ns.no_virtual,
     )
 
 
@@ -475,8 +485,16 @@ class Run:
         self.log(f"skip {pairing} {subject}: {reason}")
 
 
+# The virtual server of the echo backend (`{}`: all of it), served at /mcp/v beside /mcp.
+VIRTUAL_SERVER = "v"
+
+
 def gateway_config(
-    pairing: str, echo_url: str, otlp: str | None, backend: dict[str, Any] | None = None
+    pairing: str,
+    echo_url: str,
+    otlp: str | None,
+    backend: dict[str, Any] | None = None,
+    virtual: bool = False,
 ) -> dict[str, Any]:
     front, back = pairing.split("->")
     listen: dict[str, Any] = (
@@ -490,15 +508,23 @@ def gateway_config(
         else {"stdio": {"command": PY, "args": ECHO_STDIO[1:], "cwd": str(ROOT)}}
     )
     config: dict[str, Any] = {"listen": listen, "backends": {"echo": target | (backend or {})}}
+    if virtual:
+        config["servers"] = {VIRTUAL_SERVER: {"backends": {"echo": {}}}}
     if otlp is not None:
         # An endpoint is what turns tracing on (app.tracer_provider); metrics are always on.
         config["telemetry"] = {"service_name": "mcp-gateway-bench", "otlp_endpoint": otlp}
     return config
 
 
+def serves_virtual(run: Run, pairing: str, telemetry: str) -> bool:
+    """Whether this gateway also serves the virtual server: HTTP->HTTP, telemetry off."""
+    return run.opts.virtual and pairing == "http->http" and telemetry == "off"
+
+
 def write_config(run: Run, pairing: str, telemetry: str) -> Path:
     otlp = run.sink.url if telemetry != "off" else None
-    config = gateway_config(pairing, run.echo_url, otlp, run.opts.backend)
+    virtual = serves_virtual(run, pairing, telemetry)
+    config = gateway_config(pairing, run.echo_url, otlp, run.opts.backend, virtual)
     mode = telemetry.replace("%", "pct")
     path = run.config_dir / f"gateway-{pairing.replace('->', '-')}-{mode}.yaml"
     path.write_bytes(orjson.dumps(config, option=orjson.OPT_INDENT_2))  # JSON is YAML
@@ -589,11 +615,21 @@ async def start_ours(run: Run, procs: Procs, pairing: str) -> list[Subject]:
     for name, res in zip(names, results, strict=True):
         if isinstance(res, Subject):
             subjects.append(res)
+            if res.name == GATEWAY and serves_virtual(run, pairing, res.telemetry):
+                subjects.append(virtual_subject(res))
         elif isinstance(res, asyncio.CancelledError):
             raise res
         else:
             run.skip(pairing, name, f"{type(res).__name__}: {res}")
     return subjects
+
+
+def virtual_subject(gateway: Subject) -> Subject:
+    """The virtual server of a gateway started with one: the same process (so its CPU is the
+    same tree's), its own path; measured right after the merged server in every round."""
+    assert gateway.url is not None
+    url = f"{gateway.url.rstrip('/')}/{VIRTUAL_SERVER}"
+    return Subject(GATEWAY_VIRTUAL, gateway.telemetry, url=url, proc=gateway.proc, env=gateway.env)
 
 
 async def start_other(run: Run, procs: Procs, inst: Installed, pairing: str) -> Subject | None:
@@ -682,7 +718,7 @@ async def probe(run: Run, subject: Subject, concurrency: int, base: int, method:
     """A few requests before a proxy's first measurement at this method and concurrency: one
     that manages a few dozen requests per second must not be given 10000 of them, and one that
     mostly times out at this concurrency is not measured at it (the reason is returned)."""
-    if subject.name == GATEWAY or subject.name in PASSTHROUGH_NAMES.values():
+    if subject.name in (GATEWAY, GATEWAY_VIRTUAL) or subject.name in PASSTHROUGH_NAMES.values():
         return None
     if base <= MIN_ADAPTED_REQUESTS:
         return None

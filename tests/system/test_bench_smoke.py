@@ -76,6 +76,16 @@ def test_smoke_run_writes_complete_results(tmp_path: Path) -> None:
         assert any(r["subject"] == "direct" for r in rows if r["pairing"] == pairing), pairing
         assert all(r["added_p50_ms"] is not None for r in gateway), pairing
 
+    # Issue 33: the same gateway's virtual server (/mcp/v) beside the merged server, and its
+    # target row.
+    virtual = [r for r in rows if r["subject"] == "gateway /mcp/v"]
+    assert {(r["pairing"], r["telemetry"]) for r in virtual} == {("http->http", "off")}
+    assert {r["method"] for r in virtual} == {"tools/call", "tools/list"}
+    # (30 requests may take no 10 ms CPU tick: present, perhaps 0)
+    assert all(r["added_p50_ms"] is not None for r in virtual)
+    assert all(r["cpu_ms_per_1k"] is not None for r in virtual)
+    assert any("virtual server / merged server" in t["name"] for t in doc["targets"])
+
     assert doc["machine"]["cpu_count"] >= 1
     assert "--smoke" in doc["machine"]["command"]
     assert doc["raw"] and all(s["rounds"] for s in doc["raw"])
@@ -84,6 +94,27 @@ def test_smoke_run_writes_complete_results(tmp_path: Path) -> None:
 
     png = tmp_path / "results.png"
     assert png.read_bytes()[: len(PNG_SIGNATURE)] == PNG_SIGNATURE
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_search_through_the_gateway_runs(tmp_path: Path) -> None:
+    """`python -m bench.search_e2e --smoke`: a started gateway serves tool search over the
+    generated 1,000 tools at a virtual server's path, and a backend's list change
+    (notifications/tools/list_changed) reaches the index while calls go on. Speed is not
+    asserted."""
+    out = tmp_path / "search.json"
+    cmd = [sys.executable, "-m", "bench.search_e2e", "--smoke", "--json", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures: dict[str, Any] = orjson.loads(out.read_bytes())
+    assert figures["tools"] == 1000 and figures["search"] == "on"
+    assert figures["latency"]["calls"] > 0 and figures["latency"]["search_p50_ms"] > 0
+    assert figures["rss_before_mb"] and figures["rss_after_mb"]
+    reindex = figures["reindex"]
+    assert reindex["relists"] >= 1 and reindex["seen"] >= 1  # the change reached the index
+    assert reindex["calm"]["calls"] > 0 and reindex["churn"]["calls"] > 0
+    assert "_search_tools" in done.stdout
 
 
 # --- the report's arithmetic, on made-up numbers (no processes) -------------------------------
@@ -118,7 +149,7 @@ def test_targets_pass_fail_and_skip() -> None:
     def series(
         subject: str, conc: int, rps: float, p50: float, cpu: float, tel: str = "off"
     ) -> Series:
-        tel = tel if subject == "gateway" else "n/a"
+        tel = tel if subject.startswith("gateway") else "n/a"
         s = Series("http->http", tel, "tools/call", conc, subject, "modern")
         s.rounds = [RoundPair(0, _load(20000, 0.05), _load(rps, p50, cpu_ms=cpu))]
         return s
@@ -128,6 +159,7 @@ def test_targets_pass_fail_and_skip() -> None:
             series("gateway", 1, 3000, 0.30, 120.0),
             series("gateway", 64, 9000, 5.0, 140.0),
             series("gateway", 64, 6000, 7.0, 210.0, tel="on"),
+            series("gateway /mcp/v", 64, 8800, 5.1, 144.0),
             series("passthrough-aiohttp", 64, 10000, 4.0, 120.0),
             series("fastmcp", 64, 600, 90.0, 3000.0),
         ]
@@ -139,14 +171,17 @@ def test_targets_pass_fail_and_skip() -> None:
     assert status["rps vs fastmcp's best"] == "FAIL"  # 15x < 20x
     assert status["rps vs supergateway's best"] == "SKIP"
     assert status["gateway CPU tracing on / off"] == "PASS"  # 210 / 140 = 1.5x
+    assert status["gateway CPU virtual server / merged server"] == "PASS"  # 144 / 140
     heavy = build_rows(
         [
             series("gateway", 64, 7000, 5.0, 160.0),
             series("gateway", 64, 3000, 9.0, 480.0, tel="on"),
+            series("gateway /mcp/v", 64, 6500, 5.5, 180.0),
             series("passthrough-aiohttp", 64, 10000, 4.0, 120.0),
         ]
     )
     status = {c.name.split(",")[0]: c.status for c in check_targets(heavy)}
+    assert status["gateway CPU virtual server / merged server"] == "FAIL"  # 180 / 160 > 1.05
     assert status["gateway CPU / passthrough-aiohttp CPU"] == "FAIL"  # 1.33x > 1.25x
     assert status["rps share of passthrough-aiohttp"] == "FAIL"  # 0.7
     assert status["added p50 ms"] == "SKIP"  # no 1-client row
