@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from gateway import errors
 from gateway.backends.base import GATEWAY_CALL, Backend, Call
@@ -332,7 +333,9 @@ class Catalogs:
             self._loaded(backend, entry, problem)
             # Failed loads count too: the next attempt waits out the refresh interval.
             entry.fetched_at = max(entry.fetched_at, anyio.current_time() - entry.ttl)
-            for member in self._sharing(backend, entry):
+            for i, member in enumerate(self._sharing(backend, entry)):
+                if i:  # (each server's table is a stretch of its own: requests go between)
+                    await anyio.lowlevel.checkpoint()
                 member.rebuild()
 
     def _sharing(self, backend: str, entry: _Entry) -> list[Catalogs]:

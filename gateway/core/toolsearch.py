@@ -9,10 +9,10 @@ other two are answered here, from an index of the server's catalog (routing/sear
 filtered by the caller's policy view: a caller never finds or reads what it may not see.
 
 The index follows the route table: once one has been built, each rebuild of the table (a
-catalog load, a reload) has it rebuilt in a worker thread, and a search meanwhile answers from
-the index it has. A backend's list change has its catalog loaded again at once by the catalogs
-(`Catalogs.list_changed`), so a search finds what the backend offers now without waiting for a
-list or a miss to refresh it.
+catalog load, a reload) has it rebuilt in passes in a worker thread (core/passes.py), and a
+search meanwhile answers from the index it has. A backend's list change has its catalog loaded
+again at once by the catalogs (`Catalogs.list_changed`), so a search finds what the backend
+offers now without waiting for a list or a miss to refresh it.
 
 The meta-tools' names begin with `_`: a prefixed name begins with its namespace, which begins
 with a letter or digit (config: namespaces and backend names), so under prefixing no backend
@@ -22,15 +22,16 @@ named like one is shadowed by it (left out of the index, logged once per build).
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import anyio
-import anyio.to_thread
 
 from gateway.backends.base import Call
 from gateway.config.search import ToolSearchConfig
+from gateway.core import passes
 from gateway.core.catalog import Catalogs
 from gateway.core.policy import TOOL, View
 from gateway.errors import Refused
@@ -271,7 +272,8 @@ class ToolSearch:
         return frozenset(b for b in table.exposures if self._catalogs.data(b) is not None)
 
     async def rebuild(self) -> None:
-        """Index the catalogs' table as it is now, off the event loop."""
+        """Index the catalogs' table as it is now, in passes in a worker thread (core/passes.py):
+        a big catalog's build holds no request up for longer than a pass."""
         table = self._catalogs.table
         if table is self._indexed or table is self._building:
             return
@@ -280,11 +282,19 @@ class ToolSearch:
         self._building = table
         catalogs = {b: self._catalogs.data(b) for b in table.exposures}
         try:
+
+            def outdated() -> bool:  # (a first index is kept whatever comes after it)
+                return generation != self._generation and self._index is not None
+
+            steps = _passes(table, catalogs, outdated)
             try:
-                index, shadowed = await anyio.to_thread.run_sync(_build, table, catalogs)
+                built = await passes.run(steps)
             except Exception as exc:  # (a backend's list the index cannot read: keep the last)
                 log.warning("tool search: index not rebuilt: %r", exc)
                 return
+            if built is None:
+                return  # dropped for a newer table's build
+            index, shadowed = built
             if generation == self._generation or self._index is None:
                 self._index, self._indexed = index, table
                 self._covered = frozenset(b for b, data in catalogs.items() if data is not None)
@@ -298,9 +308,27 @@ class ToolSearch:
             self._built = anyio.Event()
 
 
-def _build(table: RouteTable, catalogs: dict[str, CatalogData | None]) -> tuple[Index, list[str]]:
-    found, shadowed = search.entries(table, catalogs, NAMES)
-    return Index.build(found), shadowed
+def _passes(
+    table: RouteTable, catalogs: dict[str, CatalogData | None], outdated: Callable[[], bool]
+) -> Generator[None, None, tuple[Index, list[str]] | None]:
+    """The index of a table, in passes (core/passes.py); None once `outdated` says a newer
+    table's build has begun, which this one's result would lose to."""
+    found: list[Entry] = []
+    shadowed: list[str] = []
+    steps = search.entry_passes(table, catalogs, NAMES, found, shadowed, passes.PER_PASS)
+    for _ in itertools.chain(steps, [None]):  # (and a boundary before the index's passes)
+        yield
+        if outdated():
+            return None
+    building = Index.passes(found, passes.PER_PASS)
+    while True:
+        try:
+            next(building)
+        except StopIteration as end:
+            return end.value, shadowed
+        yield
+        if outdated():
+            return None
 
 
 def _shown_by(view: View) -> Callable[[Entry], bool]:

@@ -18,7 +18,7 @@ import heapq
 import math
 import re
 from array import array
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,9 @@ B = 0.75
 # How many times each field's words count in a tool's document.
 NAME_WEIGHT = 3
 TITLE_WEIGHT = 2
+# How many times more words (or tools, choosing entries) a pass takes than it takes tools to
+# index: each costs about a tenth (postings: ~3 us a word; a tool's words and estimate: ~20 us).
+CHEAP = 8
 # Characters of a description shown in a search result: its first line, cut here.
 SUMMARY_LENGTH = 160
 
@@ -135,24 +138,50 @@ class Index:
 
     @classmethod
     def build(cls, entries: Sequence[Entry]) -> Index:
-        docs = [document(e.tool) for e in entries]
-        total = sum(len(d) for d in docs)
-        average = total / len(docs) if docs else 1.0
+        """The index in one go (tests, the bench): `passes` run to the end."""
+        steps = cls.passes(entries, len(entries) or 1)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                index: Index = done.value
+                return index
+
+    @classmethod
+    def passes(cls, entries: Sequence[Entry], per_pass: int) -> Generator[None, None, Index]:
+        """The index, built `per_pass` tools at a time: each `next` does one pass, and the last
+        one's StopIteration holds the index. A caller that hands the event loop back between
+        passes keeps a big catalog's build from holding requests up for longer than a pass
+        (core/passes.py); the result is `build`'s, whatever `per_pass`."""
+        # (a multiple of the estimate's chunk: the token estimate adds up the same way)
+        per_pass = max(budget.CHUNK, per_pass - per_pass % budget.CHUNK)
+        lengths: list[int] = []
         counts: dict[str, dict[int, int]] = {}
-        for i, doc in enumerate(docs):
-            for word in doc:
-                per_doc = counts.setdefault(word, {})
-                per_doc[i] = per_doc.get(i, 0) + 1
-        n = len(docs)
-        norms = [K1 * (1 - B + B * len(d) / average) for d in docs]
+        tokens = 0
+        for start in range(0, len(entries), per_pass):
+            part = entries[start : start + per_pass]
+            for entry in part:
+                i = len(lengths)
+                doc = document(entry.tool)
+                lengths.append(len(doc))
+                for word in doc:
+                    per_doc = counts.setdefault(word, {})
+                    per_doc[i] = per_doc.get(i, 0) + 1
+            tokens += budget.estimate_tokens([e.tool for e in part])
+            yield
+        n = len(lengths)
+        average = sum(lengths) / n if n else 1.0
+        norms = [K1 * (1 - B + B * length / average) for length in lengths]
         postings: dict[str, tuple[array[int], array[float]]] = {}
-        for word, per_doc in counts.items():
+        for done, (word, per_doc) in enumerate(counts.items(), 1):
             # BM25's idf in the form that stays positive for a word most tools have.
             idf = math.log(1 + (n - len(per_doc) + 0.5) / (len(per_doc) + 0.5))
             ids = array("i", per_doc)
             weights = array("d", (idf * f * (K1 + 1) / (f + norms[i]) for i, f in per_doc.items()))
             postings[word] = (ids, weights)
-        return cls(tuple(entries), postings, budget.estimate_tokens([e.tool for e in entries]))
+            if done % (per_pass * CHEAP) == 0:
+                yield
+        return cls(tuple(entries), postings, tokens)
 
     def search(
         self, query: str, limit: int, shown: Callable[[Entry], bool] | None = None
@@ -217,9 +246,29 @@ def entries(
     shadow, which are left out. App-only tools are left out too: they are not the model's."""
     out: list[Entry] = []
     shadowed: list[str] = []
+    for _ in entry_passes(table, catalogs, reserved, out, shadowed, 1 << 30):
+        pass
+    return out, shadowed
+
+
+def entry_passes(
+    table: RouteTable,
+    catalogs: Mapping[str, CatalogData | None],
+    reserved: frozenset[str],
+    out: list[Entry],
+    shadowed: list[str],
+    per_pass: int,
+) -> Iterator[None]:
+    """`entries`, filling `out` and `shadowed` a pass at a time (one per `next`): `per_pass`
+    times CHEAP tools a pass."""
+    per_pass *= CHEAP
+    done = 0
     for exposure in table.exposures.values():
         data = catalogs.get(exposure.backend)
         for tool in data.tools if data is not None else ():
+            done += 1
+            if done % per_pass == 0:
+                yield
             shown = expose_tool(table.naming, exposure, tool)
             if shown is None or app_only(shown):
                 continue
@@ -230,4 +279,3 @@ def entries(
                 shadowed.append(shown["name"])
                 continue
             out.append(Entry(shown["name"], exposure.backend, tool["name"], shown))
-    return out, shadowed

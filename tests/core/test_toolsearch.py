@@ -423,11 +423,11 @@ async def test_an_index_that_cannot_be_built_is_one_log_line(
     """A failure building the index (a bug, or a list it cannot read) is one warning and an
     internal error (-32603) for the search, never a traceback, and the gateway goes on."""
 
-    def broken(entries: object) -> None:
+    def broken(entries: object, per_pass: int) -> None:
         raise ValueError("unreadable")
 
     dispatcher = await engine()
-    monkeypatch.setattr(Index, "build", broken)
+    monkeypatch.setattr(Index, "passes", broken)
     reply = await dispatcher.handle(meta_call(30, toolsearch.FIND, query="file"), ignore)
     assert code(reply) == codes.INTERNAL_ERROR
     assert [r.levelname for r in caplog.records if "index not rebuilt" in r.message] == ["WARNING"]

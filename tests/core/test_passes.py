@@ -1,0 +1,105 @@
+"""Long work in passes (gateway/core/passes.py): tool search's index and the context budget
+built a pass at a time in a worker thread, the event loop's turn between passes, and the
+result the same whatever the pass size (README "Tool search": a reindex never holds requests)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Generator
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from bench.search import generated, index_of
+from gateway.core import passes, toolsearch
+from gateway.routing import search
+from gateway.routing.names import Naming
+from gateway.routing.search import Index
+from gateway.routing.table import CatalogData, Exposure, build
+
+TOOLS = generated(1000)
+
+
+def indexes_equal(a: Index, b: Index) -> bool:
+    return (
+        a.entries == b.entries
+        and a.tokens == b.tokens
+        and {w: (list(i), list(f)) for w, (i, f) in a.postings.items()}
+        == {w: (list(i), list(f)) for w, (i, f) in b.postings.items()}
+    )
+
+
+@pytest.mark.anyio
+async def test_each_pass_runs_in_a_worker_thread_and_the_loop_runs_between_them() -> None:
+    """A pass holds the GIL at most as long as it runs; between two the loop has its turn (a
+    task of its own moves on), so a request waits at most a pass, never the whole build."""
+    loop_thread = threading.get_ident()
+    ticks = 0
+    seen: list[tuple[int, int]] = []  # (thread, ticks) at each pass
+
+    def work() -> Generator[None, None, str]:
+        for _ in range(5):
+            seen.append((threading.get_ident(), ticks))
+            yield
+        return "done"
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        assert await passes.run(work()) == "done"
+        tg.cancel_scope.cancel()
+    assert len(seen) == 5
+    assert all(thread != loop_thread for thread, _ in seen)
+    marks = [t for _, t in seen]
+    assert all(later > earlier for earlier, later in itertools.pairwise(marks))
+
+
+@pytest.mark.parametrize("per_pass", [1, 16, 64, 100, 5000])
+def test_an_index_built_in_passes_is_the_index_built_at_once(per_pass: int) -> None:
+    """Whatever the pass size, the same postings, weights, entries and token estimate."""
+    whole = index_of(TOOLS)
+    steps = Index.passes(whole.entries, per_pass)
+    count = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            built: Index = end.value
+            break
+        count += 1
+    assert indexes_equal(built, whole)
+    if per_pass <= 64:  # each pass handles a pass's worth: 1,000 tools take many
+        assert count >= len(whole.entries) // 64
+
+
+def test_a_search_index_build_is_dropped_once_a_newer_table_is_being_built() -> None:
+    """A list change during a build: the build stops at the next pass instead of finishing an
+    index that would be thrown away."""
+    items = tuple({**t, "name": f"{s}_{t['name']}"} for s, own in TOOLS.items() for t in own)
+    data = CatalogData(tools=items)
+    naming, exposure = Naming(), Exposure("cat", "cat")
+    table = build(naming, [exposure], {"cat": data})
+    newer = [False]
+    steps = toolsearch._passes(table, {"cat": data}, lambda: newer[0])
+    next(steps)
+    newer[0] = True
+    with pytest.raises(StopIteration) as end:
+        next(steps)
+    assert end.value.value is None
+    # Not outdated, it ends with the index `search.entries` and `Index.build` give.
+    whole = toolsearch._passes(table, {"cat": data}, lambda: False)
+    while True:
+        try:
+            next(whole)
+        except StopIteration as done:
+            index, shadowed = done.value
+            break
+    found, _ = search.entries(table, {"cat": data}, toolsearch.NAMES)
+    assert indexes_equal(index, Index.build(found)) and shadowed == []
