@@ -114,11 +114,14 @@ _INTEGER = re.compile(r"-?[0-9]+")
 
 def param_headers(input_schema: object) -> tuple[ParamHeader, ...] | str:
     """The `x-mcp-header` annotations of a tool's inputSchema, or why the tool is invalid."""
+    annotations = _count_annotations(input_schema)
+    if not annotations:
+        return ()  # (most tools: one walk of the schema, not two)
     found: list[ParamHeader] = []
     problem = _collect(input_schema, (), found)
     if problem:
         return problem
-    if _count_annotations(input_schema) != len(found):
+    if annotations != len(found):
         return "x-mcp-header is only allowed on properties reachable through 'properties' alone"
     seen: set[str] = set()
     for header in found:
@@ -149,12 +152,18 @@ def _collect(schema: object, path: tuple[str, ...], found: list[ParamHeader]) ->
 
 
 def _count_annotations(node: object) -> int:
-    if isinstance(node, dict):
-        own = 1 if "x-mcp-header" in node else 0
-        return own + sum(_count_annotations(v) for v in node.values())
-    if isinstance(node, list):
-        return sum(_count_annotations(v) for v in node)
-    return 0
+    # (a loop over a stack: a route table's build walks every tool's schema, and recursion
+    # through generators cost most of it)
+    count = 0
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            count += "x-mcp-header" in item
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
 
 
 def _at_path(arguments: object, path: Iterable[str]) -> object:

@@ -106,6 +106,12 @@ class CatalogData:
     def folded_prompts(self) -> frozenset[str]:
         return _folds(self.prompts, "name")
 
+    @functools.cached_property
+    def param_headers(self) -> tuple[tuple[ParamHeader, ...] | str, ...]:
+        """Each tool's `x-mcp-header` annotations (or why they are invalid), in `tools`' order:
+        walked once per load, not once per server's table (most of a table's build)."""
+        return tuple(headers.param_headers(t.get("inputSchema")) for t in self.tools)
+
 
 def _folds(items: Sequence[Item], key: str) -> frozenset[str]:
     return frozenset(fold(i[key]) for i in items if isinstance(i.get(key), str))
@@ -122,13 +128,22 @@ class Route:
 # --- exposing items ---------------------------------------------------------------------------
 
 
-def expose_tool(naming: Naming, exp: Exposure, tool: Item) -> Item | None:
-    """The tool as clients see it, or None when it is filtered out."""
+def expose_tool(
+    naming: Naming,
+    exp: Exposure,
+    tool: Item,
+    spec: tuple[ParamHeader, ...] | str | None = None,
+) -> Item | None:
+    """The tool as clients see it, or None when it is filtered out. `spec`: its
+    `param_headers`, when the caller has them."""
     name = tool.get("name")
     if not isinstance(name, str) or not exp.tool_allowed(name):
         return None
-    if exp.strict_headers and isinstance(headers.param_headers(tool.get("inputSchema")), str):
-        return None
+    if exp.strict_headers:
+        if spec is None:
+            spec = headers.param_headers(tool.get("inputSchema"))
+        if isinstance(spec, str):
+            return None
     visible = names.client_name(naming, exp.namespace, exp.rename.get(name, name))
     shown = tool if visible == name else {**tool, "name": visible}
     if naming.prefixed and "_meta" in shown:
@@ -304,13 +319,12 @@ def build(
     table = RouteTable(naming, exposures)
     for exp in exposures:
         catalog = catalogs.get(exp.backend, CatalogData())
-        for tool in catalog.tools:
-            shown = expose_tool(naming, exp, tool)
+        for tool, spec in zip(catalog.tools, catalog.param_headers, strict=True):
+            shown = expose_tool(naming, exp, tool, spec)
             if shown is not None:
                 table._note_shortened(
                     exp, exp.rename.get(tool["name"], tool["name"]), shown["name"]
                 )
-                spec = headers.param_headers(tool.get("inputSchema"))
                 route = Route(exp.backend, tool["name"], spec if isinstance(spec, tuple) else ())
                 table._add(table.tools, "tool", shown["name"], route)
         for prompt in catalog.prompts:
