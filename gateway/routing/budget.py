@@ -13,7 +13,7 @@ within 10% on every catalog; README "Context budget" has the figures.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,11 +90,36 @@ class Cost:
 def backend_costs(naming: Naming, exposure: Exposure, data: CatalogData) -> dict[str, Cost]:
     """What one backend adds to each of a server's lists: its items as that server's clients
     see them (filtered, renamed, namespaced), by kind."""
+    steps = cost_passes(naming, exposure, data, 1 << 30)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            costs: dict[str, Cost] = end.value
+            return costs
+
+
+def cost_passes(
+    naming: Naming, exposure: Exposure, data: CatalogData, per_pass: int
+) -> Generator[None, None, dict[str, Cost]]:
+    """`backend_costs`, `per_pass` items at a time (one pass per `next`, core/passes.py); the
+    same figures whatever `per_pass`."""
+    per_pass = max(CHUNK, per_pass - per_pass % CHUNK)  # (the estimate's chunks, unchanged)
     out = {}
     for kind, listed in zip(
         KINDS, (data.tools, data.prompts, data.resources, data.templates), strict=True
     ):
-        shown_items = (table.expose(naming, exposure, KINDS[kind], i) for i in listed)
-        items = [s for s in shown_items if s is not None]
-        out[kind] = Cost(len(items), estimate_tokens(items))
+        items = tokens = 0
+        pending: list[Mapping[str, Any]] = []  # shown, not estimated yet: less than a chunk
+        for start in range(0, len(listed), per_pass):
+            for item in listed[start : start + per_pass]:
+                shown_item = table.expose(naming, exposure, KINDS[kind], item)
+                if shown_item is not None:
+                    pending.append(shown_item)
+            whole = len(pending) - len(pending) % CHUNK  # (the chunks of the whole list's)
+            items += whole
+            tokens += estimate_tokens(pending[:whole])
+            del pending[:whole]
+            yield
+        out[kind] = Cost(items + len(pending), tokens + estimate_tokens(pending))
     return out

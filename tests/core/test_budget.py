@@ -5,7 +5,7 @@ load, a list change (notifications/tools/list_changed) and a reload."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Generator
 from typing import Any
 
 import anyio
@@ -221,11 +221,12 @@ async def test_an_estimate_that_fails_is_one_log_line_and_the_next_change_is_est
     failed = anyio.Event()
     real = budget._estimate
 
-    def once_broken(naming: Naming, stale: Any) -> Any:
+    def once_broken(naming: Naming, stale: Any) -> Generator[None, None, Any]:
+        # (a generator: its first pass runs in the worker thread, where it fails)
         if not failed.is_set():
             anyio.from_thread.run_sync(failed.set)
             raise ValueError("not today")
-        return real(naming, stale)
+        return (yield from real(naming, stale))
 
     monkeypatch.setattr(budget, "_estimate", once_broken)
     alpha = Lists("alpha", [tool("search", "Find.")])

@@ -14,7 +14,7 @@ import pytest
 
 from bench.search import generated, index_of
 from gateway.core import passes, toolsearch
-from gateway.routing import search
+from gateway.routing import budget, search
 from gateway.routing.names import Naming
 from gateway.routing.search import Index
 from gateway.routing.table import CatalogData, Exposure, build
@@ -103,3 +103,26 @@ def test_a_search_index_build_is_dropped_once_a_newer_table_is_being_built() -> 
             break
     found, _ = search.entries(table, {"cat": data}, toolsearch.NAMES)
     assert indexes_equal(index, Index.build(found)) and shadowed == []
+
+
+@pytest.mark.parametrize("per_pass", [1, 16, 64, 100])
+def test_a_budget_estimated_in_passes_is_the_estimate_at_once(per_pass: int) -> None:
+    """The context budget's figures (items, tokens) do not depend on the pass size, filters
+    leaving out items across pass boundaries included (the estimate's chunks stay the whole
+    list's)."""
+    items = tuple({**t, "name": f"{s}_{t['name']}"} for s, own in TOOLS.items() for t in own)
+    data = CatalogData(tools=items)
+    naming = Naming()
+    for exposure in (Exposure("cat", "cat"), Exposure("cat", "cat", deny=("*_delete_*",))):
+        whole = budget.backend_costs(naming, exposure, data)
+        steps = budget.cost_passes(naming, exposure, data, per_pass)
+        count = 0
+        while True:
+            try:
+                next(steps)
+            except StopIteration as end:
+                assert end.value == whole
+                break
+            count += 1
+        assert count >= len(items) // max(64, per_pass)
+    assert whole["tools"].items < len(items)  # (the filter left some out)
