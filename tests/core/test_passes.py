@@ -14,10 +14,13 @@ import pytest
 
 from bench.search import generated, index_of
 from gateway.core import passes, toolsearch
+from gateway.core.catalog import Catalogs
+from gateway.protocol import headers
 from gateway.routing import budget, search
 from gateway.routing.names import Naming
 from gateway.routing.search import Index
 from gateway.routing.table import CatalogData, Exposure, build
+from tests.support.memory_backend import MemoryBackend
 
 TOOLS = generated(1000)
 
@@ -126,3 +129,51 @@ def test_a_budget_estimated_in_passes_is_the_estimate_at_once(per_pass: int) -> 
             count += 1
         assert count >= len(items) // max(64, per_pass)
     assert whole["tools"].items < len(items)  # (the filter left some out)
+
+
+@pytest.mark.anyio
+async def test_a_load_rebuilds_each_servers_table_with_the_loops_turn_between() -> None:
+    """A backend two servers offer (the merged one and a virtual one): one load, both route
+    tables rebuilt, each a stretch of its own: the loop runs other work between them."""
+    backend = MemoryBackend("one")
+    exposures = [Exposure("one", "one")]
+    merged = Catalogs([backend], exposures, Naming(), {"name": "test"})
+    virtual = Catalogs([backend], exposures, Naming(), {"name": "test"}, shared=merged)
+    ticks = 0
+    marks: list[tuple[str, int]] = []
+    merged.on_rebuilt.append(lambda: marks.append(("merged", ticks)))
+    virtual.on_rebuilt.append(lambda: marks.append(("virtual", ticks)))
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        await merged.refresh("one")
+        tg.cancel_scope.cancel()
+    assert [name for name, _ in marks] == ["merged", "virtual"]
+    assert marks[1][1] > marks[0][1]
+    assert merged.table.tool("echo") is not None and virtual.table.tool("echo") is not None
+
+
+def test_a_catalogs_header_annotations_are_walked_once_for_every_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each server's table of one catalog load reads the same x-mcp-header walk (the routes'
+    headers as before: tests/routing), not one walk per table."""
+    walked: list[object] = []
+    real = headers.param_headers
+
+    def counted(schema: object) -> tuple[headers.ParamHeader, ...] | str:
+        walked.append(schema)
+        return real(schema)
+
+    monkeypatch.setattr(headers, "param_headers", counted)
+    items = tuple({**t, "name": f"{s}_{t['name']}"} for s, own in TOOLS.items() for t in own)
+    data = CatalogData(tools=items)
+    build(Naming(), [Exposure("cat", "cat")], {"cat": data})
+    build(Naming(), [Exposure("cat", "v", tools=("*_get_*",))], {"cat": data})
+    assert len(walked) == len(items)
