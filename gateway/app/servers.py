@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import anyio
 
 from gateway import taskkey
-from gateway.app.wiring import INFO, make_exposure
+from gateway.app.wiring import INFO, make_exposure, naming_of
 from gateway.backends.base import Backend
 from gateway.caller_auth.authenticator import Authenticator
 from gateway.config import AuthConfig, BackendConfig, Config, ServerConfig
@@ -31,7 +31,7 @@ from gateway.core.virtual import Scope, VirtualDispatcher, scoped_keys, scoped_l
 from gateway.frontends import http as http_frontend
 from gateway.routing import cursor as cursors
 from gateway.routing import taskids
-from gateway.routing.names import Naming, PrefixMode
+from gateway.routing.names import Naming
 from gateway.routing.table import Exposure
 from gateway.telemetry.api import Telemetry
 
@@ -68,13 +68,7 @@ def exposures(config: Config, server: ServerConfig) -> list[Exposure]:
 
 
 def naming(config: Config, server: ServerConfig) -> Naming:
-    n = server.namespacing or config.namespacing
-    return Naming(
-        mode=PrefixMode(n.prefix),
-        separator=n.separator,
-        max_length=n.max_name_length,
-        backends=len(server.backends),
-    )
+    return naming_of(server.namespacing or config.namespacing, len(server.backends))
 
 
 def scope(server: ServerConfig, main: Dispatcher) -> Scope:
@@ -108,9 +102,8 @@ def make(
     """One virtual server's dispatcher. Its own rate limits are buckets of its own (the
     replica's); without them it shares the merged server's limiters, buckets and all."""
     own = server.rate_limits
-    limiter = RateLimiter(own, telemetry.stats.rate_limited) if own is not None else None
     cluster = config.cluster
-    dispatcher = VirtualDispatcher(
+    return VirtualDispatcher(
         backends_of(server, pool),
         exposures(config, server),
         naming(config, server),
@@ -120,7 +113,7 @@ def make(
         scope=scope(server, main),
         own_limits=own is not None,
         policy=policy(config, server),
-        limiter=limiter if own is not None else main.limiter,
+        limiter=RateLimiter(own, telemetry.stats.rate_limited) if own is not None else main.limiter,
         shared_limiter=None if own is not None else main.shared_limiter,
         cursor_keys=scoped_keys(cluster.keys(cursors.PURPOSE), server.name) if cluster else (),
         bound=main.bound,  # (the gateway's overall bound on requests in flight)
@@ -133,7 +126,6 @@ def make(
         ),
         tool_search=tool_search(config, server),
     )
-    return dispatcher
 
 
 def reconfigure(

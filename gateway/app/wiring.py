@@ -35,7 +35,7 @@ from gateway.caller_auth.outage import Unavailable
 from gateway.caller_auth.tokens import Rejected
 from gateway.cluster.buckets import RedisBuckets
 from gateway.cluster.logins import RedisLogins
-from gateway.config import BackendConfig, Config, Overload, SseTarget, StdioTarget
+from gateway.config import BackendConfig, Config, Namespacing, Overload, SseTarget, StdioTarget
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.instrument import InstrumentedBackend
 from gateway.core.overload import BACKEND, OVERALL, Bound, BoundedBackend
@@ -151,12 +151,16 @@ def make_exposure(config: BackendConfig) -> Exposure:
 
 
 def make_naming(config: Config) -> Naming:
-    n = config.namespacing
+    return naming_of(config.namespacing, len(config.backends))
+
+
+def naming_of(n: Namespacing, backends: int) -> Naming:
+    """The names of a server of `backends` backends: the merged one's, or a virtual server's."""
     return Naming(
         mode=PrefixMode(n.prefix),
         separator=n.separator,
         max_length=n.max_name_length,
-        backends=len(config.backends),
+        backends=backends,
     )
 
 
