@@ -86,7 +86,13 @@ async def redis() -> AsyncIterator[tuple[int, list[Proc]]]:
 
 @asynccontextmanager
 async def replicas(port: int) -> AsyncIterator[tuple[Gateway, Gateway]]:
-    text = config_text(port)
+    async with replicas_of(config_text(port)) as both:
+        yield both
+
+
+@asynccontextmanager
+async def replicas_of(text: str) -> AsyncIterator[tuple[Gateway, Gateway]]:
+    """Two replicas of `text`, each with its catalogs loaded and its bus ready."""
     with anyio.fail_after(START_BOUND):
         async with Gateway(parse(text)) as a, Gateway(parse(text)) as b:
             for gateway in (a, b):

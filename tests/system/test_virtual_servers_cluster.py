@@ -16,10 +16,9 @@ from mcp import Client, MCPError
 from mcp.client.subscriptions import ToolsListChanged
 
 from gateway.app import Gateway
-from gateway.config import parse
 from gateway.protocol import codes
-from tests.cluster.test_cluster_changes import SECRET, Heard, redis, until_heard
-from tests.support import START_BOUND, Proc, sdk_stdio_command, stdio_backend
+from tests.cluster.test_cluster_changes import SECRET, Heard, redis, replicas_of, until_heard
+from tests.support import Proc, sdk_stdio_command, stdio_backend
 from tests.support.redis_server import redis_url
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -50,14 +49,8 @@ def config_text(redis_port: int) -> str:
 
 @asynccontextmanager
 async def replicas(port: int) -> AsyncIterator[tuple[Gateway, Gateway]]:
-    text = config_text(port)
-    with anyio.fail_after(START_BOUND):
-        async with Gateway(parse(text)) as a, Gateway(parse(text)) as b:
-            for gateway in (a, b):
-                await gateway.catalogs_loaded.wait()
-                assert gateway.bus is not None
-                await gateway.bus.ready.wait()
-            yield a, b
+    async with replicas_of(config_text(port)) as both:
+        yield both
 
 
 def at(gw: Gateway, path: str) -> str:
