@@ -623,9 +623,16 @@ def _stat(pid: int) -> tuple[int, int] | None:
 def _is_backend(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"bench.echo" in f.read()
+            cmdline = f.read()
     except OSError:
         return False
+    args = cmdline.split(b"\0")
+    if b"-m" in args:
+        # A Python process is the module it runs: the stdio bridge names bench.echo too, as
+        # the command of its child, and is measured.
+        at = args.index(b"-m")
+        return args[at + 1 : at + 2] == [b"bench.echo"]
+    return b"bench.echo" in cmdline  # a launcher (a shell, npx) running the backend
 
 
 def cpu_ticks(roots: Sequence[int]) -> dict[int, int]:

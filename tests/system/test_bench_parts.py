@@ -19,6 +19,7 @@ from aiohttp import web
 
 from bench.load import META as LOAD_META
 from bench.load import cpu_ticks, find_reply
+from bench.run import descendants
 from tests.support import (
     BOUND,
     META,
@@ -35,6 +36,7 @@ from tests.support import (
 Message = dict[str, Any]
 LEGACY = "2025-11-25"
 ECHO_STDIO = [PYTHON, "-m", "bench.echo", "--stdio"]
+BRIDGE = [PYTHON, "-m", "bench.passthrough", "--client", "stdio", "--port", "0", "--"]
 N = 40
 
 
@@ -398,14 +400,21 @@ def test_find_reply_picks_the_event_with_the_id() -> None:
 def test_cpu_accounting_takes_descendants_but_not_the_echo_backend() -> None:
     echo = Proc(ECHO_STDIO, stdin=True)
     other = Proc([PYTHON, "-c", "import sys; sys.stdin.read()"], stdin=True)
+    # The stdio bridge names bench.echo in its own command line (its child's command): it is
+    # measured, its child is not.
+    bridge, _ = start_ready([*BRIDGE, *ECHO_STDIO])
     try:
         ticks = cpu_ticks([os.getpid()])
         assert os.getpid() in ticks
         assert other.popen.pid in ticks
         assert echo.popen.pid not in ticks
+        assert bridge.popen.pid in ticks
+        children = [pid for pid in descendants(bridge.popen.pid) if pid != bridge.popen.pid]
+        assert children and not any(pid in ticks for pid in children)
     finally:
         echo.stop()
         other.stop()
+        bridge.stop()
 
 
 # --- passthrough ------------------------------------------------------------------------------
@@ -461,3 +470,84 @@ def test_load_through_passthrough(passthrough: Proc, era: str) -> None:
 
 def test_load_sends_the_canonical_meta() -> None:
     assert LOAD_META == META
+
+
+# --- the HTTP->stdio bridge (the floor of the gateway's HTTP->stdio rows) ----------------------
+
+
+@pytest.fixture(scope="module")
+def bridge() -> Iterator[tuple[Proc, str]]:
+    proc, url = start_ready([*BRIDGE, *ECHO_STDIO])
+    yield proc, url
+    assert proc.stop() == 0, proc.output()
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_bridge_keeps_colliding_client_ids_apart(bridge: tuple[Proc, str]) -> None:
+    """Every client counts its ids from 1: requests in flight at once under the same id each get
+    their own reply, with the client's id (basic, JSON-RPC: a response carries its request's id)."""
+    _, url = bridge
+    texts = [f"t{i}" for i in range(24)]
+    replies: list[Reply] = [Reply(0, {}, b"")] * len(texts)
+
+    async def one(i: int) -> None:
+        replies[i] = await post(url, call(1, "echo", text=texts[i]))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(texts)):
+            tg.start_soon(one, i)
+    for text, reply in zip(texts, replies, strict=True):
+        assert reply.status == 200
+        assert reply.headers["Content-Type"] == "application/json"
+        msg = reply.json()
+        assert msg["id"] == 1
+        assert msg["result"]["content"] == [{"type": "text", "text": text}]
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_bridge_gives_a_legacy_client_a_session(bridge: tuple[Proc, str]) -> None:
+    """Lifecycle, Initialization (2025-11-25): the child answers initialize, the bridge names the
+    session; the initialized notification is accepted with 202 and nothing comes back."""
+    _, url = bridge
+    init = await post(url, legacy_request("init", "initialize", {"protocolVersion": LEGACY}))
+    assert init.status == 200
+    assert init.json()["result"]["protocolVersion"] == LEGACY
+    session = init.headers["Mcp-Session-Id"]
+    assert session
+    done = await post(
+        url,
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"Mcp-Session-Id": session, "MCP-Protocol-Version": LEGACY},
+    )
+    assert (done.status, done.body) == (202, b"")
+    listed = await post(url, legacy_request(7, "tools/list"), {"Mcp-Session-Id": session})
+    assert listed.json()["id"] == 7
+    assert "echo" in {t["name"] for t in listed.json()["result"]["tools"]}
+    assert "Mcp-Session-Id" not in listed.headers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("era", ["modern", "legacy"])
+def test_load_through_bridge(bridge: tuple[Proc, str], era: str) -> None:
+    proc, url = bridge
+    result = run_load(
+        "--url", url, "--concurrency", "8", "--requests", str(N), "--era", era,
+        "--pid", str(proc.popen.pid),
+    )  # fmt: skip
+    assert_clean(result)
+    assert isinstance(result["cpu_ms"], float)
+    assert result["target_pid"] == proc.popen.pid
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_bridge_answers_502_once_its_child_is_gone() -> None:
+    """Whether the request reaches the pipe before the child exits or after, it fails at once."""
+    proc, url = start_ready([*BRIDGE, PYTHON, "-c", "pass"])
+    try:
+        for rid in (1, 2):
+            assert (await post(url, call(rid, "echo", text="x"))).status == 502
+    finally:
+        proc.stop()
