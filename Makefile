@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: help install run test test-fast lint typecheck pytest clean ci-deps npm-deps bench schema
+.PHONY: help install run test test-fast lint typecheck pytest clean ci-deps npm-deps bench bench-check schema
 
 help:
 	@echo "make install    venv + editable install with the test extras"
@@ -15,6 +15,8 @@ help:
 	@echo "make test       lint + typecheck + the whole suite (pytest; about 20 minutes)"
 	@echo "make lint | typecheck | pytest (PYTEST_ARGS=...) | bench (ARGS=...) | schema | clean"
 	@echo "make ci-deps | npm-deps   system and npm tools some tests use (else they skip)"
+	@echo "make bench-check  the gateway against its floors (a few minutes); run it before merging"
+	@echo "                  anything on the request path: exits 1 when a target fails"
 
 $(RUN_STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -116,6 +118,13 @@ bench: $(RUN_STAMP)
 	$(PY) -m bench $(ARGS)
 	$(PY) -m bench.search
 	$(PY) -m bench.search_e2e
+
+# Before merging anything on the request path: the gateway against its floors (bare aiohttp hop,
+# bare stdio bridge), 3 interleaved rounds, a few minutes; exits 1 when a CPU, rps or +p50 target
+# fails (bench/README.md). A benchmark, not a test: CI does not run it.
+bench-check: $(RUN_STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) -m bench --check $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info $(NPM_DIR)/node_modules

@@ -257,7 +257,8 @@ class StdioBridge:
             except orjson.JSONDecodeError:
                 continue
             # The child's own requests and notifications have no waiting request: dropped.
-            entry = waiting.pop(msg.get("id"), None) if isinstance(msg, dict) else None
+            rid = msg.get("id") if isinstance(msg, dict) else None
+            entry = waiting.pop(rid, None) if isinstance(rid, int) else None
             if entry is not None and not entry[1].done():
                 msg["id"] = entry[0]
                 entry[1].set_result(orjson.dumps(msg))

@@ -23,29 +23,14 @@ GATEWAY = "gateway"
 GATEWAY_VIRTUAL = "gateway /mcp/v"
 PASSTHROUGH_RAW = "passthrough-raw"
 PASSTHROUGH_AIOHTTP = "passthrough-aiohttp"
+# The bare HTTP->stdio bridge (bench/passthrough.py --client stdio): HTTP->stdio's floor.
+PASSTHROUGH_STDIO = "passthrough-stdio"
 PASSTHROUGH_NAMES = {
     "raw": PASSTHROUGH_RAW,
     "aiohttp": PASSTHROUGH_AIOHTTP,
+    "stdio": PASSTHROUGH_STDIO,
 }
 NO_TELEMETRY = "n/a"  # subjects that have no telemetry switch (everything but the gateway)
-
-# The goals the gateway is held to (HTTP->HTTP, tools/call, telemetry off unless said otherwise),
-# measured against the bare aiohttp pass-through (aiohttp server + pooled ClientSession): the
-# gateway is built on the same two, so the rest of its hop is what these price.
-TARGET_CPU_FACTOR_OF_PASSTHROUGH = 1.25
-TARGET_ADDED_P50_MS = 0.5
-TARGET_SHARE_OF_PASSTHROUGH = 0.80
-TARGET_TIMES_FASTMCP = 20.0
-TARGET_TIMES_SUPERGATEWAY = 5.0
-TARGET_CPU_PAIRING_FACTOR = 1.2
-# Tracing with every request sampled may add at most half the gateway's CPU per request.
-TARGET_TRACING_CPU_FACTOR = 1.5
-# A virtual server's request costs what the merged server's does (issue 33), within the noise.
-TARGET_VIRTUAL_CPU_FACTOR = 1.05
-# Another proxy's row still counts for "its best" with up to this share of failed requests.
-COMPETITOR_MAX_ERRORS = 0.01
-# A soak whose RSS still climbs faster than this over its second half is not "flat".
-TARGET_SOAK_SLOPE_MB_PER_MIN = 1.0
 
 
 @dataclass(frozen=True)
@@ -166,11 +151,17 @@ class Soak:
 
 @dataclass(frozen=True)
 class Check:
+    """One target line (bench/targets.py)."""
+
     name: str
     status: str  # PASS | FAIL | SKIP
-    value: float | None
+    value: float | None  # what is held to the limit: a ratio, a difference, a size
     limit: float | None
     detail: str
+    measured: float | None = None  # the gateway's number
+    reference: float | None = None  # the one it is compared with (its floor's, ...)
+    cell: str = ""  # "pairing era method clients" of a per-cell target; "" for the others
+    kind: str = ""  # which per-cell target (targets.CPU, RPS, P50, ERA)
 
 
 # --- aggregation ------------------------------------------------------------------------------
@@ -308,172 +299,10 @@ def slope_per_min(samples: Sequence[float], interval_s: float) -> float | None:
     return sum((x - mx) * (y - my) for x, y in zip(xs, samples, strict=True)) / var
 
 
-# --- targets ----------------------------------------------------------------------------------
-
-
-def _find(
-    rows: Sequence[Row],
-    subject: str,
-    pairing: str = "http->http",
-    method: str = "tools/call",
-    telemetry: str | None = None,
-    concurrency: int | None = None,
-) -> list[Row]:
-    return [
-        r
-        for r in rows
-        if r.subject == subject
-        and r.pairing == pairing
-        and r.method == method
-        and (telemetry is None or r.telemetry == telemetry)
-        and (concurrency is None or r.concurrency == concurrency)
-    ]
-
-
-def _check(name: str, value: float | None, limit: float, at_most: bool, detail: str) -> Check:
-    if value is None or value != value:
-        return Check(name, "SKIP", None, limit, f"not measured: {detail}")
-    ok = value <= limit if at_most else value >= limit
-    return Check(name, "PASS" if ok else "FAIL", value, limit, detail)
-
-
-def _valid(row: Row) -> bool:
-    return row.requests > 0 and row.errors == 0 and row.rps == row.rps
-
-
-def best_of(rows: Sequence[Row], subject: str, pairing: str | None = None) -> Row | None:
-    """A competitor's fastest tools/call row; a few failed requests do not disqualify it."""
-    found = [
-        r
-        for r in rows
-        if r.subject == subject
-        and r.method == "tools/call"
-        and (pairing is None or r.pairing == pairing)
-        and r.requests > 0
-        and r.rps == r.rps
-        and r.errors <= COMPETITOR_MAX_ERRORS * r.requests
-    ]
-    return max(found, key=lambda r: r.rps) if found else None
-
-
-def _where(row: Row | None) -> str:
-    return f" ({row.pairing}, {row.concurrency} clients)" if row else ""
-
-
-def check_targets(rows: Sequence[Row], soak: Soak | None = None) -> list[Check]:
-    def one(subject: str, conc: int, pairing: str = "http->http") -> Row | None:
-        tel = "off" if subject in (GATEWAY, GATEWAY_VIRTUAL) else None
-        found = _find(rows, subject, pairing, telemetry=tel, concurrency=conc)
-        return found[0] if found and _valid(found[0]) else None
-
-    gw64 = one(GATEWAY, 64)
-    gw1 = one(GATEWAY, 1)
-    bare64 = one(PASSTHROUGH_AIOHTTP, 64)
-    checks = [
-        _check(
-            "gateway CPU / passthrough-aiohttp CPU, HTTP->HTTP tools/call, 64 clients",
-            gw64.cpu_ms_per_1k / bare64.cpu_ms_per_1k
-            if gw64 and bare64 and gw64.cpu_ms_per_1k and bare64.cpu_ms_per_1k
-            else None,
-            TARGET_CPU_FACTOR_OF_PASSTHROUGH,
-            True,
-            "CPU ms per 1000 requests of each process (the gateway's non-backend children too)",
-        ),
-        _check(
-            "added p50 ms, HTTP->HTTP tools/call, 1 client",
-            gw1.added_p50_ms if gw1 else None,
-            TARGET_ADDED_P50_MS,
-            True,
-            "gateway p50 minus direct p50 of the same rounds",
-        ),
-        _check(
-            "rps share of passthrough-aiohttp, HTTP->HTTP tools/call, 64 clients",
-            gw64.rps / bare64.rps if gw64 and bare64 and bare64.rps > 0 else None,
-            TARGET_SHARE_OF_PASSTHROUGH,
-            False,
-            "gateway rps / passthrough-aiohttp rps",
-        ),
-    ]
-    # Generous to the others: their best rps anywhere, even at another concurrency.
-    fast = best_of(rows, "fastmcp", "http->http")
-    checks.append(
-        _check(
-            "rps vs fastmcp's best, HTTP->HTTP tools/call",
-            gw64.rps / fast.rps if gw64 and fast and fast.rps > 0 else None,
-            TARGET_TIMES_FASTMCP,
-            False,
-            "gateway 64-client rps / fastmcp's highest HTTP->HTTP rps" + _where(fast),
-        )
-    )
-    sg = best_of(rows, "supergateway")
-    checks.append(
-        _check(
-            "rps vs supergateway's best, tools/call",
-            gw64.rps / sg.rps if gw64 and sg and sg.rps > 0 else None,
-            TARGET_TIMES_SUPERGATEWAY,
-            False,
-            "gateway HTTP->HTTP 64-client rps / supergateway's highest rps in any pairing"
-            + _where(sg),
-        )
-    )
-    for pairing in ("http->stdio", "stdio->http"):
-        other = one(GATEWAY, 64, pairing)
-        ratio = (
-            other.cpu_ms_per_1k / gw64.cpu_ms_per_1k
-            if other and gw64 and other.cpu_ms_per_1k is not None and gw64.cpu_ms_per_1k
-            else None
-        )
-        checks.append(
-            _check(
-                f"gateway CPU {pairing.upper()} / HTTP->HTTP, tools/call, 64 clients",
-                ratio,
-                TARGET_CPU_PAIRING_FACTOR,
-                True,
-                "CPU ms per 1000 requests, telemetry off",
-            )
-        )
-    traced = _find(rows, GATEWAY, telemetry="on", concurrency=64)
-    on64 = traced[0] if traced and _valid(traced[0]) else None
-    checks.append(
-        _check(
-            "gateway CPU tracing on / off, HTTP->HTTP tools/call, 64 clients",
-            on64.cpu_ms_per_1k / gw64.cpu_ms_per_1k
-            if on64 and gw64 and on64.cpu_ms_per_1k is not None and gw64.cpu_ms_per_1k
-            else None,
-            TARGET_TRACING_CPU_FACTOR,
-            True,
-            "CPU ms per 1000 requests, every request sampled, OTLP/HTTP to a sink that drops it",
-        )
-    )
-    virtual64 = one(GATEWAY_VIRTUAL, 64)
-    checks.append(
-        _check(
-            "gateway CPU virtual server / merged server, HTTP->HTTP tools/call, 64 clients",
-            virtual64.cpu_ms_per_1k / gw64.cpu_ms_per_1k
-            if virtual64 and gw64 and virtual64.cpu_ms_per_1k is not None and gw64.cpu_ms_per_1k
-            else None,
-            TARGET_VIRTUAL_CPU_FACTOR,
-            True,
-            "CPU ms per 1000 requests at /mcp/v and /mcp of one gateway process, telemetry off",
-        )
-    )
-    if soak is not None:
-        checks.append(
-            _check(
-                "soak: RSS slope over the second half, MB/min",
-                soak.late_slope_mb_per_min,
-                TARGET_SOAK_SLOPE_MB_PER_MIN,
-                True,
-                f"HTTP->HTTP tools/call, 64 clients, {soak.seconds:.0f} s",
-            )
-        )
-    return checks
-
-
 # --- text -------------------------------------------------------------------------------------
 
 
-def _num(value: float | None, digits: int = 2) -> str:
+def num(value: float | None, digits: int = 2) -> str:
     if value is None or value != value:
         return "-"
     return f"{value:.{digits}f}"
@@ -481,7 +310,7 @@ def _num(value: float | None, digits: int = 2) -> str:
 
 def _ratio(value: float | None) -> str:
     # Other proxies keep well under a tenth of the direct path's rps: show them, not 0.00.
-    return _num(value, 2 if value is None or value >= 0.1 else 3)
+    return num(value, 2 if value is None or value >= 0.1 else 3)
 
 
 def _signed(value: float | None, digits: int = 3) -> str:
@@ -516,14 +345,14 @@ def row_cells(row: Row) -> list[str]:
         row.method,
         str(row.concurrency),
         row.subject if row.era == "modern" else f"{row.subject} ({row.era})",
-        _num(row.rps, 0),
-        _num(row.p50_ms, 3),
-        _num(row.p90_ms, 3),
-        _num(row.p99_ms, 3),
+        num(row.rps, 0),
+        num(row.p50_ms, 3),
+        num(row.p90_ms, 3),
+        num(row.p99_ms, 3),
         "" if row.subject == DIRECT else _signed(row.added_p50_ms),
         "" if row.subject == DIRECT else _ratio(row.rps_ratio),
-        _num(row.cpu_ms_per_1k, 1),
-        _num(row.peak_rss_mb, 1),
+        num(row.cpu_ms_per_1k, 1),
+        num(row.peak_rss_mb, 1),
         str(row.errors),
         row.issue,
     ]
@@ -543,21 +372,16 @@ def rows_table(rows: Sequence[Row]) -> str:
     return markdown_table(COLUMNS, [row_cells(r) for r in rows])
 
 
-def checks_table(checks: Sequence[Check]) -> str:
-    body = [[c.status, c.name, _num(c.value, 3), _num(c.limit, 2), c.detail] for c in checks]
-    return markdown_table(("result", "target", "value", "limit", "how"), body)
-
-
 def soak_text(soak: Soak) -> str:
     body = [
         [
-            _num(soak.seconds, 0),
+            num(soak.seconds, 0),
             str(soak.requests),
             str(soak.errors),
-            _num(soak.rps, 0),
-            _num(soak.rss_start_mb, 1),
-            _num(soak.rss_end_mb, 1),
-            _num(soak.rss_max_mb, 1),
+            num(soak.rps, 0),
+            num(soak.rss_start_mb, 1),
+            num(soak.rss_end_mb, 1),
+            num(soak.rss_max_mb, 1),
             _signed(soak.slope_mb_per_min, 2),
             _signed(soak.late_slope_mb_per_min, 2),
             soak.note,
@@ -601,10 +425,11 @@ def ceiling(rows: Sequence[Row]) -> Row | None:
 def render_text(
     machine: Mapping[str, Any],
     rows: Sequence[Row],
-    checks: Sequence[Check],
+    targets: str,
     soak: Soak | None,
     proxies: Mapping[str, Any],
 ) -> str:
+    """The whole text; `targets` is the Targets section (bench/targets.py)."""
     out = [
         "# mcp-gateway benchmark",
         "",
@@ -620,8 +445,8 @@ def render_text(
     if top is not None:
         out.append(
             f"- load generator ceiling (load.py -> echo, HTTP, tools/call, "
-            f"{top.concurrency} clients; the 'direct' row): {_num(top.rps, 0)} rps, "
-            f"p50 {_num(top.p50_ms, 3)} ms"
+            f"{top.concurrency} clients; the 'direct' row): {num(top.rps, 0)} rps, "
+            f"p50 {num(top.p50_ms, 3)} ms"
         )
     out.append(
         "- each subject ran interleaved with the direct path (direct, subject, ...); numbers are "
@@ -634,7 +459,7 @@ def render_text(
     notes = subject_notes(rows)
     if notes:
         out += ["", "Notes:", *(f"- {n}" for n in notes)]
-    out += ["", "## Targets", "", checks_table(checks)]
+    out += ["", targets]
     if soak is not None:
         out += ["", "## Soak (memory flat?)", "", soak_text(soak)]
     return "\n".join(out) + "\n"

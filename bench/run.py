@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import importlib
 import os
@@ -33,7 +34,7 @@ from urllib.parse import urlsplit
 import orjson
 from aiohttp import web
 
-from bench import report
+from bench import report, targets
 from bench.report import (
     GATEWAY,
     GATEWAY_VIRTUAL,
@@ -72,6 +73,12 @@ MIN_ADAPTED_REQUESTS = 200
 SMOKE_REQUESTS = 30
 STREAM_LIMIT = 1 << 20
 METHODS = ("tools/call", "tools/list")
+ERAS = targets.ERAS
+# `--check` (`make bench-check`): the gateway against its floors where its request path is, in a
+# few minutes; the exit status says whether a ratio target failed.
+CHECK_PAIRINGS = tuple(targets.FLOORS)
+CHECK_CONCURRENCY = (64, 1)
+CHECK_OUT = CACHE / "check"
 
 
 class StartFailed(Exception):
@@ -351,6 +358,10 @@ class Options:
     requests: int | None
     soak: float
     strict: bool
+    # The eras the gateway (telemetry off) and the floors are measured in, where a floor is.
+    eras: tuple[str, ...] = ERAS
+    # --check: the floors only (no passthrough-raw), the floor targets only, FAIL exits 1.
+    check: bool = False
     # Keys added to the benchmarked backend's config (--backend), e.g. to leave a layer out.
     backend: dict[str, Any] = field(default_factory=dict)
     # The HTTP->HTTP gateway (telemetry off) also serves a virtual server of the echo backend,
@@ -415,6 +426,20 @@ def parse_args(argv: Sequence[str]) -> Options:
     )
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target FAILs")
     ap.add_argument(
+        "--eras",
+        nargs="+",
+        choices=ERAS,
+        default=None,
+        help="client eras of the gateway and its floors (HTTP->HTTP, HTTP->stdio); default both",
+    )
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="make bench-check: HTTP->HTTP and HTTP->stdio, modern, tools/call, 64 and 1 "
+        "clients, telemetry off, the gateway and its floors only, 3 rounds; exit 1 when a "
+        "CPU, rps or +p50 target against the floor FAILs",
+    )
+    ap.add_argument(
         "--backend",
         type=orjson.loads,
         default=None,
@@ -423,22 +448,27 @@ def parse_args(argv: Sequence[str]) -> Options:
     )
     ns = ap.parse_args(list(argv))
     smoke: bool = ns.smoke
+    check: bool = ns.check
+    # --check picks its own defaults; options given beside it still win.
+    concurrency = CHECK_CONCURRENCY if check else (1, 8) if smoke else (1, 8, 64)
     return Options(
         quick=ns.quick,
         smoke=smoke,
-        out=(ns.out or DEFAULT_OUT).resolve(),
-        pairings=tuple(dict.fromkeys(ns.pairings or PAIRINGS)),
-        concurrency=tuple(ns.concurrency or ((1, 8) if smoke else (1, 8, 64))),
-        methods=tuple(ns.methods or METHODS),
-        telemetry=tuple(ns.telemetry or TELEMETRY_MODES),
-        proxies=not (ns.no_proxies or smoke),
+        out=(ns.out or (CHECK_OUT if check else DEFAULT_OUT)).resolve(),
+        pairings=tuple(dict.fromkeys(ns.pairings or (CHECK_PAIRINGS if check else PAIRINGS))),
+        concurrency=tuple(ns.concurrency or concurrency),
+        methods=tuple(ns.methods or (("tools/call",) if check else METHODS)),
+        telemetry=tuple(ns.telemetry or (("off",) if check else TELEMETRY_MODES)),
+        proxies=not (ns.no_proxies or smoke or check),
         passthroughs=not ns.no_passthroughs,
         rounds=max(1, ns.rounds or (1 if smoke else 3)),
         requests=ns.requests,
         soak=max(0.0, ns.soak),
         backend=dict(ns.backend or {}),
-        strict=ns.strict,
-        virtual=not ns.no_virtual,
+        strict=ns.strict or check,
+        virtual=not (ns.no_virtual or check),
+        eras=tuple(dict.fromkeys(ns.eras or (("modern",) if check else ERAS))),
+        check=check,
     )
 
 
@@ -571,8 +601,12 @@ def uses_uvloop(pid: int) -> bool | None:
 
 async def start_passthrough(run: Run, procs: Procs, client: str) -> Subject:
     name = PASSTHROUGH_NAMES[client]
-    argv = [PY, "-m", "bench.passthrough", "--upstream", run.echo_url, "--client", client]
-    proc = await start_proc(procs, name, [*argv, "--port", "0"], run.env)
+    argv = [PY, "-m", "bench.passthrough", "--client", client, "--port", "0"]
+    if client == "stdio":
+        argv += ["--", *ECHO_STDIO]
+    else:
+        argv += ["--upstream", run.echo_url]
+    proc = await start_proc(procs, name, argv, run.env)
     url = (await proc.wait_line("stdout", READY, START_BOUND)).group(1)
     return Subject(name, NO_TELEMETRY, url=url, proc=proc)
 
@@ -606,15 +640,15 @@ async def start_ours(run: Run, procs: Procs, pairing: str) -> list[Subject]:
             continue  # the sampled mode prices the ratio once, where tracing costs the most
         names.append(f"gateway (telemetry {tel})")
         jobs.append(start_gateway(run, procs, pairing, tel))
-    if run.opts.passthroughs and pairing == "http->http":
-        for client in PASSTHROUGH_NAMES:
+    if run.opts.passthroughs:
+        for client in passthroughs_of(run, pairing):
             names.append(PASSTHROUGH_NAMES[client])
             jobs.append(start_passthrough(run, procs, client))
     results = await asyncio.gather(*jobs, return_exceptions=True)
     subjects: list[Subject] = []
     for name, res in zip(names, results, strict=True):
         if isinstance(res, Subject):
-            subjects.append(res)
+            subjects += in_eras(run, pairing, res)
             if res.name == GATEWAY and serves_virtual(run, pairing, res.telemetry):
                 subjects.append(virtual_subject(res))
         elif isinstance(res, asyncio.CancelledError):
@@ -622,6 +656,25 @@ async def start_ours(run: Run, procs: Procs, pairing: str) -> list[Subject]:
         else:
             run.skip(pairing, name, f"{type(res).__name__}: {res}")
     return subjects
+
+
+def passthroughs_of(run: Run, pairing: str) -> list[str]:
+    """The pass-throughs of a pairing: its floor, and on HTTP->HTTP the hand-rolled client's
+    (not under --check, which measures the floors only)."""
+    if pairing == "http->http":
+        return ["aiohttp"] if run.opts.check else ["raw", "aiohttp"]
+    return ["stdio"] if pairing == "http->stdio" else []
+
+
+def in_eras(run: Run, pairing: str, subject: Subject) -> list[Subject]:
+    """A subject once per client era where the floor targets compare eras: the gateway with
+    telemetry off and the floors, on pairings with a floor; the same process each time (so its
+    CPU is the same tree's), measured right after one another in every round."""
+    floor = targets.FLOORS.get(pairing)
+    split = subject.name == floor or (subject.name == GATEWAY and subject.telemetry == "off")
+    if floor is None or not split:
+        return [subject]
+    return [dataclasses.replace(subject, era=era) for era in run.opts.eras]
 
 
 def virtual_subject(gateway: Subject) -> Subject:
@@ -974,8 +1027,8 @@ async def amain(opts: Options, argv: Sequence[str]) -> Outcome:
 
     machine["gateway_uvloop"] = run.gateway_uvloop
     rows = report.build_rows(run.series)
-    checks = report.check_targets(rows, soaked)
-    text = report.render_text(machine, rows, checks, soaked, run.proxies)
+    checks = targets.check_targets(rows, soaked, floors_only=opts.check)
+    text = report.render_text(machine, rows, targets.section(checks), soaked, run.proxies)
     if run.skipped:
         text += "\nNot measured:\n" + "".join(
             f"- {s['pairing']} {s['subject']}: {s['reason']}\n" for s in run.skipped
