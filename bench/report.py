@@ -541,9 +541,10 @@ def chart_data(rows: Sequence[Row], method: str = "tools/call") -> dict[str, tup
 
 
 def _label(row: Row) -> str:
+    name = row.subject if row.era == "modern" else f"{row.subject} ({row.era})"
     if row.telemetry != NO_TELEMETRY:
-        return f"{row.subject}\ntel {row.telemetry}"
-    return row.subject
+        return f"{name}\ntel {row.telemetry}"
+    return name
 
 
 def write_chart(path: Path, rows: Sequence[Row], method: str = "tools/call") -> None:

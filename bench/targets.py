@@ -348,6 +348,14 @@ CELL_COLUMNS = {
 }
 
 
+LIMITS = {
+    CPU: f"CPU <= {TARGET_CPU_OF_FLOOR}x",
+    RPS: f"rps >= {TARGET_RPS_OF_FLOOR}x",
+    P50: f"+p50 at 1 client <= the floor's + {TARGET_P50_OVER_FLOOR_MS} ms",
+    ERA: f"a modern client's CPU <= {TARGET_MODERN_OF_LEGACY_CPU}x a legacy one's",
+}
+
+
 def cells_table(checks: Sequence[Check]) -> str:
     by_cell: dict[str, dict[str, Check]] = {}
     for c in checks:
@@ -391,15 +399,14 @@ def section(checks: Sequence[Check]) -> str:
         "",
         f"{tally['PASS']} PASS, {tally['FAIL']} FAIL, {tally['SKIP']} SKIP.",
     ]
-    if any(c.cell for c in checks):
+    kinds = {c.kind for c in checks if c.cell}
+    if kinds:
+        held = [text for kind, text in LIMITS.items() if kind in kinds]
         out += [
             "",
             "The gateway against its floor in the same rounds (HTTP->HTTP: "
             f"{FLOORS['http->http']}; HTTP->stdio: {FLOORS['http->stdio']}), telemetry off; "
-            f"each cell is gateway / floor = ratio. Targets: CPU <= {TARGET_CPU_OF_FLOOR}x, "
-            f"rps >= {TARGET_RPS_OF_FLOOR}x, +p50 at 1 client <= the floor's "
-            f"+ {TARGET_P50_OVER_FLOOR_MS} ms, a modern client's CPU <= "
-            f"{TARGET_MODERN_OF_LEGACY_CPU}x a legacy one's.",
+            f"each cell is gateway / floor = ratio. Targets: {', '.join(held)}.",
             "",
             cells_table(checks),
         ]
