@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import os
 import sys
@@ -38,6 +39,8 @@ META: dict[str, Any] = {
 }
 CLIENT_INFO = {"name": "bench-load", "version": "1.0.0"}
 TIMEOUT = 10.0
+# How long a legacy client waits for its session's end (DELETE) once the run is over.
+END_BOUND = 2.0
 # How often timeouts are looked for: a late request is failed at most this much after 10 s.
 WATCH_EVERY = 0.25
 
@@ -237,15 +240,16 @@ class HttpClient:
         self.waiter: asyncio.Future[bool] | None = None
         self.setup: asyncio.Future[Reply] | None = None
         self.initialized = era == "modern"
+        self.end_head: bytes | None = None  # a legacy session's DELETE, once it has one
         self.rid = 0
         self.started = 0.0
         self.busy = False
         modern = self._head({"MCP-Protocol-Version": MODERN})
         self.head = self._mirror(modern, rpc.method) if era == "modern" else b""
 
-    def _head(self, headers: dict[str, str]) -> bytes:
+    def _head(self, headers: dict[str, str], method: str = "POST") -> bytes:
         lines = [
-            f"POST {self.target.path} HTTP/1.1",
+            f"{method} {self.target.path} HTTP/1.1",
             f"Host: {self.target.host}:{self.target.port}",
             "Content-Type: application/json",
             "Accept: application/json, text/event-stream",
@@ -412,7 +416,18 @@ class HttpClient:
         if not 200 <= done.status < 300:
             raise Failed(f"notifications/initialized failed: HTTP {done.status}")
         self.head = base
+        if reply.session is not None:
+            self.end_head = self._head(headers, "DELETE")
         self.initialized = True
+
+    async def end(self) -> None:
+        """A legacy client that is done ends its session (Session Management): sessions of
+        finished runs must not pile up in the subject from one measurement to the next. After
+        the measured phase: not timed, not counted."""
+        if self.end_head is None or self.conn is None or self.conn.transport is None:
+            return
+        with contextlib.suppress(Failed, OSError, TimeoutError):
+            await asyncio.wait_for(self._exchange(self.end_head, b""), END_BOUND)
 
 
 class HttpLoad:
@@ -428,6 +443,7 @@ class HttpLoad:
             client.check_timeout(now)
 
     async def close(self) -> None:
+        await asyncio.gather(*(client.end() for client in self.clients))
         for client in self.clients:
             client.close()
 

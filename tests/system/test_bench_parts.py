@@ -338,9 +338,13 @@ async def test_load_reads_chunked_event_streams() -> None:
 @pytest.mark.parametrize("era", ["modern", "legacy"])
 async def test_load_speaks_each_era_on_the_wire(era: str) -> None:
     seen: list[tuple[dict[str, str], Message]] = []
+    ended: list[str] = []
     session_ids = iter(["s1", "s2"])
 
     async def record(req: web.Request) -> web.StreamResponse:
+        if req.method == "DELETE":
+            ended.append(req.headers["Mcp-Session-Id"])
+            return web.Response(status=200)
         msg = orjson.loads(await req.read())
         seen.append((dict(req.headers), msg))
         if "id" not in msg:
@@ -364,6 +368,7 @@ async def test_load_speaks_each_era_on_the_wire(era: str) -> None:
         assert headers["Content-Type"] == "application/json"
     if era == "modern":
         assert len(seen) == 4
+        assert ended == []
         for headers, msg in calls:
             assert msg["params"]["_meta"] == META
             assert headers["MCP-Protocol-Version"] == "2026-07-28"
@@ -383,6 +388,8 @@ async def test_load_speaks_each_era_on_the_wire(era: str) -> None:
     assert sessions == {"s1", "s2"}
     notes = [m for _, m in seen if m.get("method") == "notifications/initialized"]
     assert len(notes) == 2
+    # Session Management (2025-11-25): a client done with its session ends it with DELETE.
+    assert sorted(ended) == ["s1", "s2"]
 
 
 def test_find_reply_picks_the_event_with_the_id() -> None:
