@@ -713,7 +713,10 @@ def load_argv(
     extra: Sequence[str] = (),
 ) -> list[str]:
     argv = [PY, "-m", "bench.load", "--concurrency", str(concurrency), "--requests", str(requests)]
-    argv += ["--warmup", str(max(1, requests // 10)), "--method", method, "--era", era]
+    # A legacy client's handshake (and what a subject does for a new session) belongs to the
+    # warm-up, never to the measured phase: at least one warm-up request per client.
+    warmup = max(concurrency if era == "legacy" else 1, requests // 10)
+    argv += ["--warmup", str(warmup), "--method", method, "--era", era]
     if pid is not None:
         argv += ["--pid", str(pid)]
     argv += list(extra)
