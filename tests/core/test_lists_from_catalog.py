@@ -17,6 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway import errors
+from gateway.app.servers import make
 from gateway.config import parse
 from gateway.core import catalog
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
@@ -27,7 +28,7 @@ from gateway.protocol.jsonrpc import Message
 from gateway.routing import cursor as cursors
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
-from gateway.telemetry.api import Stats
+from gateway.telemetry.api import NoTelemetry, Stats
 from gateway.telemetry.metrics import BackendState, GatewayCollector
 from tests.support.memory_backend import TOOLS, MemoryBackend, ignore, modern
 
@@ -197,6 +198,25 @@ async def test_the_callers_view_still_decides_what_a_list_from_the_catalog_shows
         reply = await d.serve(modern(1, "tools/list"), ignore, Origin("http"))
     assert names(reply["result"]) == ["echo", "fail", "hold"]
     assert len(mem.lists()) == before
+
+
+async def test_a_virtual_servers_list_from_the_catalog_shows_its_own_selection() -> None:
+    """A virtual server shares the merged server's catalogs (0061): its list is served from them
+    too, through its own selection and names, and counted with the merged server's."""
+    config = parse(
+        "listen: {http: {port: 0}}\nbackends:\n  mem: {stdio: {command: x}}\n"
+        "servers:\n  few:\n    backends:\n      mem: {tools: [echo, add]}\n"
+    )
+    mem = Hinted()
+    main = dispatcher(mem)
+    few = make(config, config.servers[0], main, {"mem": mem}, NoTelemetry())
+    with anyio.fail_after(BOUND):
+        await main.catalogs.load_all()
+    before = len(mem.lists())
+    assert names(await answer(few, modern(1, "tools/list"))) == ["echo", "add"]
+    assert names(await answer(main, modern(2, "tools/list"))) == [str(t["name"]) for t in TOOLS]
+    assert len(mem.lists()) == before
+    assert main.catalogs.from_catalog == {"mem": 2}
 
 
 async def test_a_legacy_clients_list_is_answered_from_the_catalog_too() -> None:
