@@ -192,7 +192,7 @@ class Catalogs:
         entry = self._entries.get(backend)
         return entry.data if entry is not None and entry.discover is not None else None
 
-    def shared(self, backend: str, key: str, now: float) -> Shared | None:
+    def shared_list(self, backend: str, key: str, now: float) -> Shared | None:
         """The backend's list `key` (LIST_KEYS' keys) if its own hints let any caller be shown
         it from here at `now`, else None. One gone stale by them is loaded again in the
         background, as after a list change (and asked of the backend until then)."""

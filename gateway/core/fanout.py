@@ -330,7 +330,7 @@ class FanOut:
         for backend, _ in positions:
             if not exposures[backend].lists_from_catalog:
                 continue
-            found = catalogs.shared(backend, key, now)
+            found = catalogs.shared_list(backend, key, now)
             left = int((found.until - now) * 1000) if found is not None else 0
             if found is None or left <= 0 or not targets[backend].up:
                 continue

@@ -137,7 +137,7 @@ async def until_shared(d: Dispatcher, backend: str) -> None:
     """Until the backend's tool list may be served from its catalog (a background load ended)."""
     catalogs = d.catalogs
     with anyio.fail_after(BOUND):
-        while catalogs.shared(backend, "tools", anyio.current_time()) is None:
+        while catalogs.shared_list(backend, "tools", anyio.current_time()) is None:
             await catalogs.changed.wait()
 
 
