@@ -1,9 +1,10 @@
 """Lists from the catalog with the gateway as shipped (issue 34; server/utilities/caching,
-"Cache Scope Field"): two real Streamable HTTP servers on 127.0.0.1 count the tools/list
-requests that reach them; one says its lists are public for an hour, the other private. After
-the gateway's catalog load, modern and legacy clients' lists reach only the private one, the
-page says what is left of the public one's hour, and /metrics counts the lists served from the
-catalog."""
+"Cache Scope Field", "Interaction with Notifications"): two real Streamable HTTP servers on
+127.0.0.1 count the tools/list requests that reach them; one says its lists are public for an
+hour, the other private. After the gateway's catalog load, modern and legacy clients' lists
+reach only the private one, the page says what is left of the public one's hour, and /metrics
+counts the lists served from the catalog. Over a real pipe, a stdio server's list change makes
+the next lists show its new list (its catalog loaded again), still from the catalog."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ from mcp import Client
 from tests.servers.listing_server import Listing
 from tests.support import (
     BOUND,
+    PYTHON,
     START_BOUND,
     http_backend,
     mirrored_headers,
     request,
     serve_http,
     start_gateway_http,
+    stdio_backend,
     write_config,
 )
 
@@ -97,3 +100,41 @@ async def test_a_lone_public_backend_is_listed_with_what_is_left_of_its_ttl(
     assert [t["name"] for t in result["tools"]] == ["echo"]
     assert result["cacheScope"] == "public" and HOUR - 60_000 < result["ttlMs"] <= HOUR
     assert public.lists == 1
+
+
+async def test_a_stdio_servers_list_change_is_seen_by_the_next_list_from_the_catalog(
+    tmp_path: Path,
+) -> None:
+    """bench/echo.py lists public for an hour; its `relist` tool changes one tool's description
+    and sends notifications/tools/list_changed on the pipe: the gateway loads its catalog again,
+    and lists show the new description, served from the catalog before and after."""
+    echo = stdio_backend([PYTHON, "-m", "bench.echo", "--stdio", "--tools", "1"])
+    config = write_config(tmp_path, {"echo": echo}, http=True)
+    proc, url = await anyio.to_thread.run_sync(start_gateway_http, config)
+
+    def loads(count: int) -> None:
+        """Until the echo's catalog has been loaded `count` times (each load logs its line)."""
+        proc.wait_lines(lambda lines: sum("catalog of echo: " in x for x in lines) >= count)
+
+    try:
+        await anyio.to_thread.run_sync(loads, 1)
+        with anyio.fail_after(START_BOUND):
+            async with aiohttp.ClientSession() as http:
+                before = await post(http, url, request(1, "tools/list"))
+                changed = await post(http, url, request(2, "tools/call", {"name": "relist"}))
+                await anyio.to_thread.run_sync(loads, 2)
+                after = await post(http, url, request(3, "tools/list"))
+                base = re.match(r"https?://[^/]+", url)
+                assert base is not None
+                async with http.get(base.group(0) + "/metrics") as resp:
+                    metrics = await resp.text()
+    finally:
+        proc.stop()
+    assert "error" not in changed, changed
+
+    def described(page: dict[str, Any]) -> list[str]:
+        return [str(t.get("description")) for t in page["result"]["tools"]]
+
+    assert not any(d.startswith("generation") for d in described(before))
+    assert "generation 1" in described(after)
+    assert 'mcp_gateway_lists_from_catalog_total{backend="echo"} 2.0' in metrics
