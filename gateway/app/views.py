@@ -40,6 +40,7 @@ def backend_state(w: Wired, dispatcher: Dispatcher) -> BackendState:
         breaker=w.breaker.state if w.breaker is not None else None,
         breaker_opens=w.breaker.opens if w.breaker is not None else 0,
         replicas=t.replica_stats() if isinstance(t, HttpBackend) else None,
+        lists_from_catalog=dispatcher.catalogs.from_catalog.get(t.name, 0),
     )
 
 

@@ -147,6 +147,7 @@ def make_exposure(config: BackendConfig) -> Exposure:
         rename=dict(config.rename_tools),
         strict_headers=not isinstance(config.target, StdioTarget),
         forward_unknown=config.forward_unknown,
+        lists_from_catalog=config.lists_from_catalog,
     )
 
 

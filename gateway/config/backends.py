@@ -84,6 +84,7 @@ def backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None:
         deny_tools=c.field(tools, path + ("tools",), "deny", tt["deny"]),
         rename_tools=c.field(body, path, "rename", t["rename"]),
         forward_unknown=c.field(body, path, "forward_unknown", t["forward_unknown"]),
+        lists_from_catalog=c.field(body, path, "lists_from_catalog", t["lists_from_catalog"]),
         roots=root_sections.roots(c, body.get("roots"), path + ("roots",)),
         connect_timeout=c.number(
             body.get("connect_timeout"),

@@ -327,6 +327,15 @@ class BackendConfig:
         "Under a policy or rate limits, forward names and URIs missing from the catalog.",
         False,
     )
+    # The first page of a merged list takes this backend's part from its catalog while the
+    # backend's own hints allow (each page public, with a positive ttlMs, fresh, no list change
+    # since); false: ask it on every list, for a backend whose hints are not to be trusted.
+    lists_from_catalog: bool = key(
+        "boolean",
+        "Answer a list's first page from the catalog while this backend's ttlMs (public) "
+        "says it is fresh; false asks it every time.",
+        True,
+    )
     isolation: str = key(
         "string", "per_session: a stdio child per client.", "shared", choices=ISOLATIONS
     )

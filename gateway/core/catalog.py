@@ -1,5 +1,8 @@
 """What the gateway knows of each backend: its discovery result and its lists, and the route
 table built from them. Refreshed when stale (the backend's `ttlMs`) and rebuilt after each load.
+A list the backend's own hints let any caller be shown (every page public, with a positive
+`ttlMs`) is a `Shared` one: while fresh, a merged list's first page takes it from here rather
+than asking the backend (core/fanout.py; server/utilities/caching).
 """
 
 from __future__ import annotations
@@ -44,6 +47,18 @@ async def _ignore(_: Message) -> None:
     return None
 
 
+@dataclass(frozen=True)
+class Shared:
+    """One of a backend's lists as its catalog holds it, which any caller may be shown until
+    `until` (anyio's clock): its last load's every page was complete, public and had a positive
+    ttlMs, and the earliest of them to go stale does so then."""
+
+    items: tuple[dict[str, Any], ...]
+    until: float
+    # The first page's result without its items and cursor: a lone backend's own fields.
+    base: dict[str, Any]
+
+
 @dataclass
 class _Entry:
     """One backend's catalog; shared by every virtual server's `Catalogs` that offers it."""
@@ -61,6 +76,11 @@ class _Entry:
     settled: bool = False  # a load has ended (loaded or failed): the backend is past its start
     began: float | None = None  # when its first load began (or a list first asked after it)
     loaded_once: bool = False  # a load has succeeded
+    # Its lists that may be shown to any caller (by LIST_KEYS' keys), as its last load found
+    # them; emptied by a list change, a restart, a failed load. `generation` counts those, so a
+    # load that overlapped one does not hand out what it read before it.
+    shared: dict[str, Shared] = field(default_factory=dict)
+    generation: int = 0
 
     def fresh(self, now: float) -> bool:
         return now < self.fetched_at + max(self.ttl, MIN_REFRESH_INTERVAL)
@@ -98,6 +118,11 @@ class Catalogs:
         self.refreshes: dict[str, int] = (
             dict.fromkeys(self._entries, 0) if shared is None else self._root.refreshes
         )
+        # List requests whose part for a backend was its `Shared` list, every server's counted
+        # together (core/fanout.py counts them).
+        self.from_catalog: dict[str, int] = (
+            dict.fromkeys(self._entries, 0) if shared is None else self._root.from_catalog
+        )
         # Starts a task in the gateway's task group (set by the composition root): a lookup's
         # refreshes then run on their own, and the lookup waits only until its name routes.
         self.spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object] | None = None
@@ -118,8 +143,10 @@ class Catalogs:
         self._exposure_of = {e.backend: e for e in exposures}
         if self._root is self:
             self.refreshes = {name: self.refreshes.get(name, 0) for name in entries}
+            self.from_catalog = {name: self.from_catalog.get(name, 0) for name in entries}
         else:
             self.refreshes = self._root.refreshes
+            self.from_catalog = self._root.from_catalog
         self.table = routes.build(naming, self._exposures, self._data())
         self._notify()
         for hook in self.on_rebuilt:
@@ -164,6 +191,19 @@ class Catalogs:
         """What the backend lists, once its catalog has been loaded (None before)."""
         entry = self._entries.get(backend)
         return entry.data if entry is not None and entry.discover is not None else None
+
+    def shared_list(self, backend: str, key: str, now: float) -> Shared | None:
+        """The backend's list `key` (LIST_KEYS' keys) if its own hints let any caller be shown
+        it from here at `now`, else None. One gone stale by them is loaded again in the
+        background, as after a list change (and asked of the backend until then)."""
+        entry = self._entries.get(backend)
+        found = entry.shared.get(key) if entry is not None else None
+        if found is None:
+            return None
+        if now < found.until:
+            return found
+        self.list_changed(backend)
+        return None
 
     def sources(self) -> list[tuple[Exposure, CatalogData | None]]:
         """Each backend's exposure and catalog (None before its first load), in config order:
@@ -296,6 +336,7 @@ class Catalogs:
         entry = self._entries.get(backend)  # (None: a reload removed it)
         if entry is not None:
             entry.fetched_at = -math.inf
+            _unshare(entry)
 
     async def refresh(self, backend: str, during: Call = GATEWAY_CALL) -> None:
         """Load a backend's catalog again, as the gateway's own requests even when a client's
@@ -373,6 +414,7 @@ class Catalogs:
             return
         entry.problem = problem
         entry.failures += 1
+        _unshare(entry)  # (what it held may be what the backend no longer says)
         if self.spawn is None or entry.reloading:
             return
         entry.reloading = True
@@ -393,6 +435,7 @@ class Catalogs:
         return {name: entry.data for name, entry in self._entries.items()}
 
     async def _load(self, entry: _Entry, call: Call) -> None:
+        generation = entry.generation
         discover = await self._call(entry.backend, "server/discover", {}, call)
         result = discover.get("result")
         if not isinstance(result, dict):
@@ -402,16 +445,21 @@ class Catalogs:
         caps: dict[str, Any] = found if isinstance(found, dict) else {}
         lists: dict[str, tuple[dict[str, Any], ...]] = {}
         ttls = [result.get("ttlMs")]
+        shared: dict[str, Shared] = {}
         for method, key in LIST_KEYS.items():
             if LIST_CAPABILITY[method] in caps:
-                lists[key], ttl = await self._fetch_all(entry.backend, method, key, call)
+                lists[key], ttl, found = await self._fetch_all(entry.backend, method, key, call)
                 ttls.append(ttl)
+                if found is not None:
+                    shared[key] = found
         entry.data = CatalogData(
             tools=lists.get("tools", ()),
             prompts=lists.get("prompts", ()),
             resources=lists.get("resources", ()),
             templates=lists.get("resourceTemplates", ()),
         )
+        # (a list change, a restart during the load: what it read may be from before)
+        entry.shared = shared if entry.generation == generation else {}
         entry.fetched_at = anyio.current_time()
         entry.ttl = min((t for t in ttls if isinstance(t, int) and t >= 0), default=0) / 1000
         log.info(
@@ -425,22 +473,34 @@ class Catalogs:
 
     async def _fetch_all(
         self, backend: Backend, method: str, key: str, call: Call
-    ) -> tuple[tuple[dict[str, Any], ...], object]:
+    ) -> tuple[tuple[dict[str, Any], ...], object, Shared | None]:
+        """Every page of one list: its items, the first page's ttlMs, and the list as any caller
+        may be shown it (None: some page may not be, or a page failed or was cut off)."""
         items: list[dict[str, Any]] = []
         cursor: object = None
         ttl: object = None
+        base: dict[str, Any] | None = None
+        until = math.inf  # when the first of its pages goes stale (-inf: not to be shared)
         for _ in range(MAX_PAGES):
             params = {"cursor": cursor} if isinstance(cursor, str) else {}
             reply = await self._call(backend, method, params, call)
             result = reply.get("result")
             if not isinstance(result, dict):
+                until = -math.inf
                 break
+            until = min(until, shared_until(result, anyio.current_time()))
+            if base is None:
+                base = {k: v for k, v in result.items() if k not in (key, "nextCursor")}
             ttl = result.get("ttlMs") if ttl is None else ttl
             items.extend(i for i in result.get(key, ()) if isinstance(i, dict))
             cursor = result.get("nextCursor")
             if not isinstance(cursor, str):
                 break
-        return tuple(items), ttl
+        else:
+            until = -math.inf  # (cut off at MAX_PAGES: not the whole list)
+        listed = tuple(items)
+        shared = Shared(listed, until, base) if base is not None and until > -math.inf else None
+        return listed, ttl, shared
 
     async def _call(
         self, backend: Backend, method: str, params: dict[str, Any], call: Call
@@ -457,3 +517,22 @@ class Catalogs:
                 "catalog of %s: %s answered %s", backend.name, method, jsonrpc.error_code(reply)
             )
         return reply
+
+
+def shared_until(result: dict[str, Any], received: float) -> float:
+    """Until when a page received at `received` may be shown to any caller: a complete result,
+    public, fresh for its positive ttlMs (server/utilities/caching); -inf for any other."""
+    ttl = result.get("ttlMs")
+    if (
+        type(ttl) is not int
+        or ttl <= 0
+        or result.get("cacheScope") != "public"
+        or result.get("resultType", "complete") != "complete"
+    ):
+        return -math.inf
+    return received + ttl / 1000
+
+
+def _unshare(entry: _Entry) -> None:
+    entry.shared = {}
+    entry.generation += 1

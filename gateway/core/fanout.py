@@ -112,6 +112,7 @@ class FanOut:
         *,
         fail_open: bool | None = None,
         late: list[str] | None = None,
+        shown: int = 0,
     ) -> list[tuple[str, dict[str, Any]]]:
         """Send requests to several backends at once; each answer's result in the same order.
 
@@ -121,12 +122,13 @@ class FanOut:
         after the last answer (fan_out.grace: a silent one, a black hole, a slow one) is
         skipped too, its request cancelled (and named in `late`): one backend never holds the
         others' lists for long. Under fail_closed every answer is awaited (each bounded by its
-        backend's request timeout)."""
+        backend's request timeout). `shown`: parts of the same result already in hand (from
+        the catalogs), answers as good as these backends' for the grace and for failing."""
         open_policy = self._fail_open if fail_open is None else fail_open
         replies: dict[str, Message | Exception] = {}
         targets = self.backends  # the set `calls` was made from, should a reload come first
         progress = [anyio.Event()]  # set (and replaced) at each answer
-        answered = 0  # how many answered with a result
+        answered = shown  # how many answered with a result
 
         async def one(backend: str, request: Message) -> None:
             nonlocal answered
@@ -141,7 +143,7 @@ class FanOut:
         async with anyio.create_task_group() as tg:
             for backend, request in calls:
                 tg.start_soon(one, backend, request)
-            if open_policy and len(calls) > 1:
+            if open_policy and len(calls) + shown > 1:
                 await self._until_answered(replies, calls, progress, lambda: answered)
                 tg.cancel_scope.cancel()  # the stragglers' requests (lists: nothing is lost)
         out: list[tuple[str, dict[str, Any]]] = []
@@ -170,7 +172,7 @@ class FanOut:
             level = logging.DEBUG if quiet or backend in self._skipping else logging.WARNING
             self._skipping.add(backend)
             log.log(level, "fan-out: backend %s skipped: %s", backend, _describe(reply))
-        if failed and not out:
+        if failed and not out and not shown:
             raise failed[0]  # nothing answered: an empty result would hide the outage
         return out
 
@@ -261,14 +263,20 @@ class FanOut:
         positions = self._positions(method, params.get("cursor"))
         exposures, naming = self._exposures, self._naming  # (as they were, should a reload come)
         alone = len(self._order) == 1
+        known = self._from_catalog(positions, params, key, exposures)
         calls = []
         for backend, position in positions:
+            if backend in known:
+                continue
             page_params = {k: v for k, v in params.items() if k != "cursor"}
             if position is not None:
                 page_params["cursor"] = position
             calls.append((backend, {**msg, "params": page_params}))
         late: list[str] = []
-        parts = await self._ask_all(calls, call, late=late)
+        parts = await self._ask_all(calls, call, late=late, shown=len(known)) if calls else []
+        if known:
+            answered = {**dict(parts), **known}
+            parts = [(b, answered[b]) for b, _ in positions if b in answered]
         if late:
             parts = self._as_last_known(parts, positions, late, key)
         items: list[Any] = []
@@ -299,6 +307,36 @@ class FanOut:
             key, items, [r for _, r in parts], next_cursor, self._server(), base
         )
         return jsonrpc.result(msg["id"], result)
+
+    def _from_catalog(
+        self,
+        positions: list[cursors.Position],
+        params: Mapping[str, Any],
+        key: str,
+        exposures: Mapping[str, Exposure],
+    ) -> dict[str, dict[str, Any]]:
+        """The parts of a listing's first page taken from the backends' catalogs rather than
+        asked (server/utilities/caching): a backend up, whose list any caller may be shown now
+        by its own hints (core/catalog.py `Shared`), unless its config says to ask it every
+        time. A page past the first is asked (its cursor is the backend's own), and so is a
+        request with anything but `_meta` (a retry carrying `requestState` or `inputResponses`
+        is not cacheable). A part says how much longer it is fresh, so a client caching the
+        merged page caches it no longer than the backend said."""
+        if any(name != "_meta" for name in params):
+            return {}
+        catalogs, targets = self.catalogs, self.backends
+        now = anyio.current_time()
+        known: dict[str, dict[str, Any]] = {}
+        for backend, _ in positions:
+            if not exposures[backend].lists_from_catalog:
+                continue
+            found = catalogs.shared_list(backend, key, now)
+            left = int((found.until - now) * 1000) if found is not None else 0
+            if found is None or left <= 0 or not targets[backend].up:
+                continue
+            known[backend] = {**found.base, key: found.items, "ttlMs": left, "cacheScope": "public"}
+            catalogs.from_catalog[backend] = catalogs.from_catalog.get(backend, 0) + 1
+        return known
 
     def _as_last_known(
         self,

@@ -37,6 +37,9 @@ class Exposure:
     # Under a policy or rate limits, whether a name or URI missing from the catalog may still be
     # forwarded for the backend to answer (config `forward_unknown`).
     forward_unknown: bool = False
+    # Whether a list's first page may take the backend's part from its catalog while the
+    # backend's own cache hints allow (config `lists_from_catalog`; core/fanout.py).
+    lists_from_catalog: bool = True
     # A virtual server's selection of the backend's items, by their own names and URIs (names
     # or globs; None: all, (): none), on top of the filters above.
     tools: tuple[str, ...] | None = None

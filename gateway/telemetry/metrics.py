@@ -205,6 +205,8 @@ class BackendState:
     breaker_opens: int = 0
     # An HTTP backend's replicas (`urls`): (replica, in flight, failures) each; None: one URL.
     replicas: list[tuple[str, int, int]] | None = None
+    # List requests whose part for it came from its catalog, without asking it (core/fanout.py).
+    lists_from_catalog: int = 0
 
 
 class GatewayCollector(Collector):
@@ -404,6 +406,12 @@ class GatewayCollector(Collector):
             "Backends skipped or failing in a fan-out.",
             labels=["backend"],
         )
+        from_catalog = CounterMetricFamily(
+            "mcp_gateway_lists_from_catalog",
+            "List requests whose part for the backend came from its catalog, not asked of it"
+            " (its ttlMs, public, allowed it).",
+            labels=["backend"],
+        )
         era = GaugeMetricFamily(
             "mcp_gateway_backend_era",
             "1 under the protocol era spoken with the backend.",
@@ -465,7 +473,8 @@ class GatewayCollector(Collector):
             restarts.add_metric([b.name], b.restarts)
             refreshes.add_metric([b.name], b.catalog_refreshes)
             failures.add_metric([b.name], b.fanout_failures)
-        yield from (up, era, restarts, refreshes, failures, children)
+            from_catalog.add_metric([b.name], b.lists_from_catalog)
+        yield from (up, era, restarts, refreshes, failures, from_catalog, children)
         yield from (in_flight, pool, cpu, rss, replica_in_flight, replica_failures)
         yield from self._breaker_metrics()
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.app.wiring import make_exposure
 from gateway.config import (
     AdminListen,
     BackendLimits,
@@ -449,6 +450,23 @@ def test_stdio_inherit_env_must_be_a_boolean() -> None:
         "listen: {stdio: true}\nbackends:\n  a: {stdio: {command: srv, inherit_env: 'yes'}}\n"
     )
     assert found == ["c.yaml:3: backends.a.stdio.inherit_env: must be true or false"]
+
+
+def test_lists_from_catalog_is_on_unless_turned_off_per_backend() -> None:
+    """`lists_from_catalog` (core/fanout.py): on by default, carried to the backend's exposure,
+    and a boolean."""
+    text = (
+        "listen: {stdio: true}\n"
+        "backends:\n"
+        "  trusted: {stdio: {command: srv}}\n"
+        "  asked: {stdio: {command: srv}, lists_from_catalog: false}\n"
+    )
+    exposures = [make_exposure(b) for b in parse(text, env={}).backends]
+    assert [e.lists_from_catalog for e in exposures] == [True, False]
+    found = problems(
+        "listen: {stdio: true}\nbackends:\n  a: {stdio: {command: srv}, lists_from_catalog: 1}\n"
+    )
+    assert found == ["c.yaml:3: backends.a.lists_from_catalog: must be true or false"]
 
 
 def test_mcp_json_servers_do_not_inherit_the_whole_environment(tmp_path: Path) -> None:

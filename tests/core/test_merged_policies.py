@@ -149,7 +149,8 @@ async def test_a_cursor_is_only_good_for_its_own_list() -> None:
 
 
 async def test_merged_cache_hints_take_the_strictest_part() -> None:
-    """caching: the smallest ttlMs; public only if every part is public."""
+    """caching: the smallest ttlMs; public only if every part is public. A part taken from a
+    loaded catalog says what is left of the backend's hour (core/fanout.py)."""
     with anyio.fail_after(START_BOUND):
         async with Gateway(
             parse(config_text({"d1": stdio_backend(DEMO), "d2": stdio_backend(DEMO)}))
@@ -158,7 +159,8 @@ async def test_merged_cache_hints_take_the_strictest_part() -> None:
         backends = {"demo": stdio_backend(DEMO), "sdk": stdio_backend(sdk_stdio_command())}
         async with Gateway(parse(config_text(backends))) as gw:
             mixed = await gw.dispatcher.handle(_request("tools/list"), _ignore)
-    assert (public["result"]["ttlMs"], public["result"]["cacheScope"]) == (3600000, "public")
+    assert 3_540_000 < public["result"]["ttlMs"] <= 3_600_000
+    assert public["result"]["cacheScope"] == "public"
     assert (mixed["result"]["ttlMs"], mixed["result"]["cacheScope"]) == (0, "private")
 
 

@@ -55,6 +55,7 @@ EXPORTED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "mcp_gateway_backend_children": ("gauge", frozenset({"backend"})),
     "mcp_gateway_fanout_failures_total": ("counter", frozenset({"backend"})),
     "mcp_gateway_catalog_refreshes_total": ("counter", frozenset({"backend"})),
+    "mcp_gateway_lists_from_catalog_total": ("counter", frozenset({"backend"})),
     # The context budget (core/budget.py): each server's lists and their estimated tokens.
     "mcp_gateway_catalog_items": ("gauge", frozenset({"server", "kind"})),
     "mcp_gateway_catalog_tokens": ("gauge", frozenset({"server", "kind"})),
