@@ -13,8 +13,10 @@ import contextlib
 import itertools
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
+from gateway import timers
 from gateway.backends.base import Call, NotificationSink
 from gateway.backends.era import questions
 from gateway.config import Root
@@ -102,6 +104,9 @@ class _Pending(Wakeup):
         self.reply, self.failure, self.error, self.done = reply, failure, error, True
         self.wake()
 
+    def timed_out(self) -> None:
+        self.finish(None)
+
     def push(self, note: Message) -> None:
         if self.done:
             return
@@ -138,12 +143,32 @@ class Channel:
         # The traffic tap, when it is on (set by gateway/app/): the subclasses record each message
         # where they write or read it, with this hop's ids, as the server sees it.
         self.tap: Telemetry | None = None
+        # The running loop's coarse timers, looked up once per loop (a channel is built before
+        # its loop runs, and a test may run it in more than one).
+        self._wheel: tuple[asyncio.AbstractEventLoop, timers.Wheel] | None = None
+
+    @property
+    def _timers(self) -> timers.Wheel:
+        loop = asyncio.get_running_loop()
+        held = self._wheel
+        if held is None or held[0] is not loop:
+            held = self._wheel = (loop, timers.wheel(loop))
+        return held[1]
 
     # --- what a transport provides -----------------------------------------------------------
 
     async def _write(self, msg: Message, origin: Origin) -> None:
         """Send one message made for `origin`, waiting while the channel is backed up."""
         raise NotImplementedError
+
+    def _put(self, msg: Message, origin: Origin) -> Awaitable[None] | None:
+        """`_write` where the transport can write at once: None when the message went out
+        without a wait, else what to await (a transport that always waits hands `_write`)."""
+        return self._write(msg, origin)
+
+    def _ready_now(self) -> bool:
+        """Whether requests may go out now, without waiting for `_wait_ready`."""
+        return False
 
     def _send_soon(self, msg: Message, origin: Origin) -> None:
         """Send one message without waiting (cancellations, refusals); failures are dropped."""
@@ -245,7 +270,7 @@ class Channel:
 
     # --- outbound --------------------------------------------------------------------------
 
-    async def request(
+    def request(
         self,
         msg: Message,
         sink: NotificationSink,
@@ -253,6 +278,23 @@ class Channel:
         *,
         long_lived: bool = False,
         wants_logs: bool | None = None,
+    ) -> Coroutine[Any, Any, Message]:
+        # A plain function handing back the exchange: no coroutine frame of its own on every
+        # request while the channel is ready (the common case).
+        if not self._ready_now():
+            return self._request_when_ready(msg, sink, call, long_lived, wants_logs)
+        within: float | None = self._request_timeout if call.deadline is None else call.deadline
+        if long_lived:
+            within = None
+        return self.exchange(msg, sink, within, wants_logs=wants_logs, origin=call.origin)
+
+    async def _request_when_ready(
+        self,
+        msg: Message,
+        sink: NotificationSink,
+        call: Call,
+        long_lived: bool,
+        wants_logs: bool | None,
     ) -> Message:
         await self._wait_ready()
         within: float | None = self._request_timeout if call.deadline is None else call.deadline
@@ -281,12 +323,13 @@ class Channel:
         logs = meta.LOG_LEVEL in req_meta if wants_logs is None else wants_logs
         pending = _Pending(msg["id"], token, logs, within is None)
         self._pending[bid] = pending
-        loop = asyncio.get_running_loop()
-        # A timer that finishes the request with a timeout, rather than a cancel scope: one
-        # heap entry per request.
-        timer = None if within is None else loop.call_later(within, pending.finish, None)
+        # A coarse timer that finishes the request with a timeout (timers.py: an insert and a
+        # delete, where a loop timer or a cancel scope costs a heap entry per request).
+        timer = None if within is None else self._timers.call_later(within, pending.timed_out)
         try:
-            await self._write(out, origin)
+            waiting = self._put(out, origin)
+            if waiting is not None:
+                await waiting
             while True:
                 while pending.notes:
                     await sink(pending.notes.popleft())

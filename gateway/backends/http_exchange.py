@@ -196,7 +196,7 @@ class HttpExchange:
 
     # --- sending: a replica, the token loop --------------------------------------------------
 
-    async def open(
+    def open(
         self,
         replica: Replica,
         session: aiohttp.ClientSession,
@@ -207,14 +207,15 @@ class HttpExchange:
         deadline: aiohttp.ClientTimeout | None = None,
         *,
         whose: Caller = GATEWAY,
-    ) -> aiohttp.ClientResponse:
+    ) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
         """Send one request to `replica` with `whose` token (web.caller: the gateway's own for
-        what is everyone's alike); its response once the head has arrived."""
+        what is everyone's alike); its response once the head has arrived. (A plain function
+        handing back the coroutine that sends: no frame of its own on every request.)"""
         if self._authorizer is not None:
-            return await self._open_authorized(
+            return self._open_authorized(
                 self._authorizer, replica, session, method, sent, body, within, deadline, whose
             )
-        return await self._open_once(replica, session, method, sent, body, within, deadline)
+        return self._open_once(replica, session, method, sent, body, within, deadline)
 
     async def _open_once(
         self,
@@ -227,7 +228,10 @@ class HttpExchange:
         deadline: aiohttp.ClientTimeout | None = None,
     ) -> aiohttp.ClientResponse:
         try:
-            resp = await web.send(session, method, replica.url, sent, body, deadline)
+            try:
+                resp = await web.request(session, method, replica.url, sent, body, deadline)
+            except web.StaleConnection:  # (nothing was sent: another pooled connection)
+                resp = await web.send(session, method, replica.url, sent, body, deadline)
         except (aiohttp.ClientError, TimeoutError) as exc:
             error = web.failure(self.name, exc, within)
             if isinstance(error, BackendUnavailable | BackendConnectionLost):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -166,28 +167,54 @@ class Resilient(Layer[Backend]):
             return await self.inner.request(msg, sink, call, long_lived=True)
         tool = _tool(msg) if self._timeouts else None
         idle = self._timeouts.get(tool) if tool is not None else None
-        budget = idle if idle is not None else self._request_timeout
-        started = anyio.current_time()
-        tries = 1
-        within: float | None = None
-        while True:
+        started = time.monotonic()  # (anyio's clock on asyncio, without its lookup)
+        if idle is None and self.breaker is None:
+            # The first try of the common case in this frame: no breaker, no tool timer.
             try:
-                reply = await self._once(msg, sink, call, idle, within)
+                reply = await self.inner.request(msg, sink, call)
             except BackendError as exc:
-                delay = self._retry_after(msg, exc, tries)
-                left = budget - (anyio.current_time() - started) - (delay or 0.0)
-                if delay is None or left <= 0:
-                    raise
-                log.debug(
-                    "backend %s: %s failed (%s); trying again in %.2fs",
-                    self.name,
-                    msg.get("method"),
-                    exc,
-                    delay,
-                )
-                await anyio.sleep(delay)
-                tries += 1
-                within = None if idle is not None else left
+                return await self._again(msg, sink, call, exc, idle, started)
+        else:
+            try:
+                reply = await self._once(msg, sink, call, idle, None)
+            except BackendError as exc:
+                return await self._again(msg, sink, call, exc, idle, started)
+        if msg.get("method") == "tools/list" and self._retries.attempts > 1:
+            self._learn(reply)
+        return reply
+
+    async def _again(
+        self,
+        msg: Message,
+        sink: NotificationSink,
+        call: Call,
+        failed: BackendError,
+        idle: float | None,
+        started: float,
+    ) -> Message:
+        """The tries after a failed first one, while the error may be retried and the request's
+        time lasts; the last failure is raised."""
+        budget = idle if idle is not None else self._request_timeout
+        tries = 1
+        exc = failed
+        while True:
+            delay = self._retry_after(msg, exc, tries)
+            left = budget - (time.monotonic() - started) - (delay or 0.0)
+            if delay is None or left <= 0:
+                raise exc
+            log.debug(
+                "backend %s: %s failed (%s); trying again in %.2fs",
+                self.name,
+                msg.get("method"),
+                exc,
+                delay,
+            )
+            await anyio.sleep(delay)
+            tries += 1
+            try:
+                reply = await self._once(msg, sink, call, idle, None if idle is not None else left)
+            except BackendError as next_failure:
+                exc = next_failure
                 continue
             if msg.get("method") == "tools/list" and self._retries.attempts > 1:
                 self._learn(reply)

@@ -13,7 +13,7 @@ import os
 import re
 import signal
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import anyio
 import orjson
@@ -333,16 +333,28 @@ class StdioBackend(Channel):
         return proc.stdin
 
     async def _write(self, msg: Message, origin: Origin) -> None:
+        waiting = self._put(msg, origin)
+        if waiting is not None:
+            await waiting
+
+    def _put(self, msg: Message, origin: Origin) -> Awaitable[None] | None:
         stdin = self._send(msg)
         if stdin.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
-            # A child that stops reading its stdin: bounded like a request.
-            try:
-                with anyio.fail_after(self._request_timeout):
-                    await stdin.drain()
-            except TimeoutError:
-                raise BackendTimeout(self.name, "the child stopped reading its input") from None
-            except (ConnectionError, OSError) as exc:
-                raise BackendUnavailable(self.name, f"cannot write to the child: {exc!r}") from None
+            return self._drain(stdin)
+        return None  # (the common case: written, nothing to wait for)
+
+    async def _drain(self, stdin: asyncio.StreamWriter) -> None:
+        # A child that stops reading its stdin: bounded like a request.
+        try:
+            with anyio.fail_after(self._request_timeout):
+                await stdin.drain()
+        except TimeoutError:
+            raise BackendTimeout(self.name, "the child stopped reading its input") from None
+        except (ConnectionError, OSError) as exc:
+            raise BackendUnavailable(self.name, f"cannot write to the child: {exc!r}") from None
+
+    def _ready_now(self) -> bool:
+        return self._ready.is_set()
 
     async def _wait_ready(self) -> None:
         if self._ready.is_set():

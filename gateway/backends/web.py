@@ -175,6 +175,23 @@ def pool_connections(*sessions: aiohttp.ClientSession | None) -> tuple[int, int]
     return in_use, idle
 
 
+def request(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: URL,
+    headers: CIMultiDict[str],
+    data: bytes | None = None,
+    deadline: aiohttp.ClientTimeout | None = None,
+) -> Awaitable[aiohttp.ClientResponse]:
+    """One try of `send`: StaleConnection when the pooled connection it took held bytes nobody
+    asked for (nothing was sent). A plain function: no frame of its own on the request path."""
+    if deadline is None:
+        return session.request(method, url, data=data, headers=headers, allow_redirects=False)
+    return session.request(
+        method, url, data=data, headers=headers, allow_redirects=False, timeout=deadline
+    )
+
+
 async def send(
     session: aiohttp.ClientSession,
     method: str,
@@ -188,13 +205,7 @@ async def send(
     that closed (RFC 9112, Retrying Requests), and a stale connection is left before sending."""
     for _ in range(STALE_RETRIES):
         try:
-            if deadline is None:
-                return await session.request(
-                    method, url, data=data, headers=headers, allow_redirects=False
-                )
-            return await session.request(
-                method, url, data=data, headers=headers, allow_redirects=False, timeout=deadline
-            )
+            return await request(session, method, url, headers, data, deadline)
         except StaleConnection:
             continue
     raise StaleConnection("every pooled connection held bytes nobody asked for")

@@ -454,7 +454,7 @@ class Dispatcher:
             raise _unknown("resource", uri)
         return Route(guess.backend, guess.name, listed=False)
 
-    async def _forward(
+    def _forward(
         self,
         msg: Message,
         params: dict[str, Any],
@@ -462,9 +462,10 @@ class Dispatcher:
         route: Route,
         field: str,
         call: Call,
-    ) -> Message:
+    ) -> Coroutine[Any, Any, Message]:
         """Send a request to its backend under the backend's own name, and show the reply's
-        URIs as clients know them."""
+        URIs as clients know them. (A plain function: without prefixes, the backend's request
+        is handed back as it is, no frame of its own.)"""
         visible = params.get(field)
         # Only listed tool and prompt names become metric labels: their number is bounded.
         target = visible if field == "name" and route.listed else None
@@ -472,10 +473,19 @@ class Dispatcher:
         out = msg if visible == route.name else {**msg, "params": {**params, field: route.name}}
         # Taken before the request: a reload meanwhile (which lets this request finish) must
         # not change how its reply is shown.
-        naming, exposure = self._naming, self._exposures[route.backend]
-        reply = await self.backends[route.backend].request(out, sink, call)
-        if naming.prefixed:
-            routes.expose_reply_uris(naming, exposure, msg["method"], reply)
+        naming = self._naming
+        backend = self.backends[route.backend]
+        if not naming.prefixed:
+            return backend.request(out, sink, call)
+        exposure = self._exposures[route.backend]
+        return self._exposed(backend.request(out, sink, call), naming, exposure, msg["method"])
+
+    @staticmethod
+    async def _exposed(
+        sent: Coroutine[Any, Any, Message], naming: Naming, exposure: Exposure, method: str
+    ) -> Message:
+        reply = await sent
+        routes.expose_reply_uris(naming, exposure, method, reply)
         return reply
 
     async def _complete(
