@@ -20,6 +20,7 @@ import yaml
 from aiohttp import web
 
 from gateway.app import Gateway
+from gateway.backends.era import layer as era_layer
 from gateway.config import parse
 from tests.frontends.test_http_transport_rules import post, send
 from tests.frontends.test_legacy_sessions import SESSION, echo, in_session, open_session, result_of
@@ -122,6 +123,22 @@ async def test_each_legacy_client_session_gets_its_own_backend_session() -> None
         assert again == one  # the same backend session for the same client session
         assert len(server.opened) == 2
         assert text(result_of(modern, 3)) == "modern"
+
+
+async def test_a_legacy_client_session_is_not_held_up_by_a_stream_nobody_opens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client session's backend session (a lane) follows no GET stream of its own, so its
+    opening must not wait for one: with the wait for a session's stream made longer than the
+    test's bound, the first call of a legacy client still comes back within it (it used to
+    take the whole wait, a second by default, at every client session's first request)."""
+    monkeypatch.setattr(era_layer, "STREAM_READY_WAIT", 60.0)
+    server = DualEraServer()
+    async with gateway(server) as url:
+        session = await open_session(url)
+        with anyio.fail_after(BOUND):
+            reply = text(result_of(await in_session(url, session, echo("x"))))
+        assert reply.startswith("session s") and len(server.opened) == 1
 
 
 async def test_the_backend_session_ends_with_the_client_session() -> None:

@@ -108,6 +108,9 @@ class EraBackend(Layer[Link]):
         self.on_notification: Callable[[str, Message], None] | None = None
         inner.on_notification = self.unsolicited
         self._first_open: asyncio.Future[None] | None = None
+        # Whether `run` follows the session's GET stream (`_watch`): an HTTP lane (dual.py) is
+        # never run, and must not wait at each opening for a stream nobody opens.
+        self._watching = False
         if isinstance(inner, Channel):
             inner.on_start = self._on_start
             inner.roots = config.roots
@@ -126,6 +129,7 @@ class EraBackend(Layer[Link]):
             if self._session_link is None:
                 await self.inner.run()
                 return
+            self._watching = True
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.inner.run)
                 tg.start_soon(self._watch, self._session_link)
@@ -268,7 +272,7 @@ class EraBackend(Layer[Link]):
         self.session = session
         self.ended.clear()
         self.opened.set()
-        if self._session_link is not None:
+        if self._session_link is not None and self._watching:
             with anyio.move_on_after(STREAM_READY_WAIT):
                 await self._session_link.stream_ready.wait()
         log.info(
