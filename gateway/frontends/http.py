@@ -30,7 +30,7 @@ from gateway.frontends.bearer import Bearer, origin_of
 from gateway.frontends.bodies import BodyError
 from gateway.frontends.legacy.endpoint import SESSION_HEADER, SessionEndpoint
 from gateway.frontends.legacy.records import SessionRecords
-from gateway.frontends.listener import CLOSE, CUT, Handler, read_body
+from gateway.frontends.listener import CLOSE, CUT, Handler, body_now, read_body
 from gateway.frontends.ops import Operations, operation_routes
 from gateway.frontends.replies import (
     JSON,
@@ -210,7 +210,9 @@ class Endpoint:
         if hdrs.TRANSFER_ENCODING in fields:
             return await self._transfer_coded(request, session_id)
         try:
-            body = await read_body(request, self._max_body, self._body_timeout)
+            body = body_now(request, self._max_body)  # (the usual case: no coroutine)
+            if body is None:
+                body = await read_body(request, self._max_body, self._body_timeout)
         except BodyError as exc:
             response = self._reject(exc.reason, exc.status, codes.INVALID_REQUEST, exc.message)
             response.force_close()  # what is left of the body is not read: the framing is lost

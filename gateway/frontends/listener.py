@@ -96,21 +96,38 @@ async def start_stream(
     return response
 
 
+def body_now(request: web.BaseRequest, limit: int) -> bytes | None:
+    """The request body if it came with its head (the usual case), without a coroutine: None
+    when it is still arriving (then `read_body`). Decoded from its content coding, at most
+    `limit` bytes; raises BodyError."""
+    content = request.content
+    if not content.is_eof():
+        return None
+    coding = body_coding(request.headers.get(hdrs.CONTENT_ENCODING))
+    try:
+        body = content.read_nowait()
+    except web.RequestPayloadError as exc:
+        raise BodyError(400, "framing", "The request body could not be read") from exc
+    if len(body) > limit:
+        raise too_big(limit)
+    return body if coding is None else inflate(body, coding, limit)
+
+
 async def read_body(request: web.BaseRequest, limit: int, body_timeout: float) -> bytes:
     """The request body, decoded from its content coding: at most `limit` bytes, arrived within
     `body_timeout` seconds of its head. Raises BodyError."""
+    body = body_now(request, limit)
+    if body is not None:
+        return body
     coding = body_coding(request.headers.get(hdrs.CONTENT_ENCODING))
     content = request.content
     try:
-        if content.is_eof():  # the usual case: the body came with its head
-            body = content.read_nowait()
-        else:
-            length = request.content_length
-            if length is not None and length > limit:
-                raise too_big(limit)
-            if request.version >= HttpVersion11 and _expects_continue(request):
-                await request.writer.write(CONTINUE)
-            body = await _gather(content, limit, body_timeout)
+        length = request.content_length
+        if length is not None and length > limit:
+            raise too_big(limit)
+        if request.version >= HttpVersion11 and _expects_continue(request):
+            await request.writer.write(CONTINUE)
+        body = await _gather(content, limit, body_timeout)
     except web.RequestPayloadError as exc:
         raise BodyError(400, "framing", "The request body could not be read") from exc
     if len(body) > limit:

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Mapping
 
 from aiohttp import hdrs, web
+from multidict import CIMultiDict
 
 from gateway import errors
 from gateway.core.ratelimit import retry_after_header
@@ -28,6 +29,7 @@ SSE_HEADERS = (
     ("X-Accel-Buffering", "no"),
 )
 JSON = "application/json"
+_JSON_TYPE = CIMultiDict({hdrs.CONTENT_TYPE: JSON})
 # A notification with a request's method is not accepted (streamable-http, Sending Messages: an
 # HTTP error and an error without an id); the dispatcher counts and logs it.
 REQUEST_AS_NOTIFICATION = "A request method sent as a notification is not accepted"
@@ -102,7 +104,10 @@ class Replies:
         by `table`: a legacy session's replies keep fewer statuses) and the headers that status
         carries."""
         status = errors.http_status(reply, table)
-        extra = None if status == 200 else self._status_headers(status, reply)
+        if status == 200:
+            # (the same header, in the same place, as `content_type=` sets, without its parse)
+            return web.Response(body=body, headers=_JSON_TYPE.copy())
+        extra = self._status_headers(status, reply)
         return web.Response(status=status, body=body, content_type=JSON, headers=extra)
 
     def _status_headers(self, status: int, reply: Message) -> dict[str, str] | None:
