@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from aiohttp import HttpVersion11, hdrs, web
@@ -175,7 +176,10 @@ class Endpoint:
         """End every legacy session (what still runs in one is cancelled)."""
         self._legacy.close()
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    def handle(self, request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
+        """The listener's handler. A plain function handing back what answers the request:
+        the common request (screened here, its body come with its head) costs no coroutine
+        frame of its own on top of `_message`'s."""
         fields = request.headers
         target = request.raw_path
         origin = fields.get(hdrs.ORIGIN)
@@ -191,33 +195,56 @@ class Endpoint:
             ",".join(fields.getall(hdrs.ACCEPT, headers.NO_VALUES)),
         )
         if guarded is not None:
-            return self._reject(guarded[0], guarded[1], codes.INVALID_REQUEST, guarded[2])
+            return _now(self._reject(guarded[0], guarded[1], codes.INVALID_REQUEST, guarded[2]))
         if target != self._path and request.path != self._path:  # (decoded: `/m%63p?x=1`)
-            return await self._other(request)
+            return self._other(request)
         if self._bearer is not None:
-            refusal = await self._bearer.check(request)
-            if refusal is not None:
-                return refusal
+            return self._authorized(self._bearer, request, media)
+        return self._admitted(request, media)
+
+    async def _authorized(
+        self, bearer: Bearer, request: web.BaseRequest, media: Verdict
+    ) -> web.StreamResponse:
+        refusal = await bearer.check(request)
+        if refusal is not None:
+            return refusal
+        return await self._admitted(request, media)
+
+    def _admitted(self, request: web.BaseRequest, media: Verdict) -> Awaitable[web.StreamResponse]:
+        """A request to the MCP endpoint from a caller let in (or with no auth to pass)."""
+        fields = request.headers
         session_id = fields.get(SESSION_HEADER)
         if request.method != "POST":
             if session_id is not None and request.method in ("GET", "DELETE"):
-                return await self._legacy.session_method(request, session_id)
+                return self._legacy.session_method(request, session_id)
             self._stats.rejections["method_not_allowed"] += 1
             why = "The MCP endpoint takes POST; GET and DELETE only in a legacy session"
-            return refused(405, why, Allow="POST")
+            return _now(refused(405, why, Allow="POST"))
         if media is not None:
-            return self._reject(media[0], media[1], codes.INVALID_REQUEST, media[2])
+            return _now(self._reject(media[0], media[1], codes.INVALID_REQUEST, media[2]))
         if hdrs.TRANSFER_ENCODING in fields:
-            return await self._transfer_coded(request, session_id)
+            return self._transfer_coded(request, session_id)
         try:
             body = body_now(request, self._max_body)  # (the usual case: no coroutine)
-            if body is None:
-                body = await read_body(request, self._max_body, self._body_timeout)
         except BodyError as exc:
-            response = self._reject(exc.reason, exc.status, codes.INVALID_REQUEST, exc.message)
-            response.force_close()  # what is left of the body is not read: the framing is lost
-            return response
+            return _now(self._unreadable(exc))
+        if body is None:
+            return self._arriving(request, session_id)
+        return self._message(request, body, session_id)
+
+    async def _arriving(
+        self, request: web.BaseRequest, session_id: str | None
+    ) -> web.StreamResponse:
+        try:
+            body = await read_body(request, self._max_body, self._body_timeout)
+        except BodyError as exc:
+            return self._unreadable(exc)
         return await self._message(request, body, session_id)
+
+    def _unreadable(self, exc: BodyError) -> web.Response:
+        response = self._reject(exc.reason, exc.status, codes.INVALID_REQUEST, exc.message)
+        response.force_close()  # what is left of the body is not read: the framing is lost
+        return response
 
     async def _other(self, request: web.BaseRequest) -> web.StreamResponse:
         mounted = self._mounted.get(request.path)
@@ -324,6 +351,11 @@ class Endpoint:
             return refused(400, REQUEST_AS_NOTIFICATION)
         await self.dispatcher.notify(msg)
         return web.Response(status=202)
+
+
+async def _now(response: web.StreamResponse) -> web.StreamResponse:
+    """A response already made, as `handle` hands back every answer: awaitable."""
+    return response
 
 
 def _param_specs(
