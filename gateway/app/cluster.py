@@ -1,21 +1,27 @@
 """The replicas' shared state (cluster.redis): the shared rate-limit buckets, the bus, the
 legacy sessions' records and the backends' shared logins.
+
+The Redis adapters (gateway/cluster/, with redis-py and cryptography under them, ~15 MB and
+~100 ms) are imported by the function that makes each, once it knows there is a cluster: a
+replica alone never loads them (docs/decisions/0064-lazy-imports.md).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.backend_auth.desk import LoginDesk
 from gateway.backend_auth.shared import PURPOSE as LOGINS_PURPOSE
-from gateway.cluster.buckets import RedisBuckets
-from gateway.cluster.bus import RedisBus
-from gateway.cluster.logins import RedisLogins
-from gateway.cluster.sessions import RedisSessions
 from gateway.config import Config
 from gateway.core.changes import ClusterChanges
 from gateway.core.dispatcher import Dispatcher
 from gateway.telemetry.api import Stats
+
+if TYPE_CHECKING:
+    from gateway.cluster.buckets import RedisBuckets
+    from gateway.cluster.bus import RedisBus
+    from gateway.cluster.logins import RedisLogins
+    from gateway.cluster.sessions import RedisSessions
 
 
 def shared_buckets(config: Config, stats: Stats) -> RedisBuckets | None:
@@ -23,6 +29,8 @@ def shared_buckets(config: Config, stats: Stats) -> RedisBuckets | None:
     cluster = config.cluster
     if config.rate_limits is None or cluster is None or cluster.redis is None:
         return None
+    from gateway.cluster.buckets import RedisBuckets
+
     return RedisBuckets(cluster.redis, cluster.redis_timeout, cluster.redis_retry_interval, stats)
 
 
@@ -31,6 +39,8 @@ def cluster_bus(config: Config, stats: Stats) -> RedisBus | None:
     cluster = config.cluster
     if cluster is None or cluster.redis is None:
         return None
+    from gateway.cluster.bus import RedisBus
+
     return RedisBus(cluster.redis, cluster.redis_timeout, cluster.redis_retry_interval, stats)
 
 
@@ -41,6 +51,8 @@ def session_records(config: Config, stats: Stats) -> RedisSessions | None:
     listen = config.listen.http
     if cluster is None or cluster.redis is None or listen is None:
         return None
+    from gateway.cluster.sessions import RedisSessions
+
     return RedisSessions(
         cluster.redis,
         listen.session_idle_timeout,
@@ -80,6 +92,8 @@ def shared_logins(config: Config) -> RedisLogins | None:
     cluster = config.cluster
     if cluster is None or cluster.redis is None:
         return None
+    from gateway.cluster.logins import RedisLogins
+
     timeout = max(cluster.redis_timeout, SHARED_LOGINS_TIMEOUT)
     return RedisLogins(cluster.redis, cluster.keys(LOGINS_PURPOSE), timeout)
 

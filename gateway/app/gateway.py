@@ -9,13 +9,12 @@ import ssl
 from collections.abc import Callable
 from dataclasses import replace
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 import anyio.to_thread
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 from gateway import __version__
@@ -53,6 +52,7 @@ from gateway.app.wiring import (
     Wired,
     build_stack,
     login_desk,
+    make_authenticator,
     make_dispatcher,
     make_exposure,
     make_naming,
@@ -66,7 +66,6 @@ from gateway.backends.http import HttpBackend
 from gateway.backends.isolated import IsolatedBackend
 from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
-from gateway.caller_auth.authenticator import Authenticator
 from gateway.config import BackendConfig, Config, ConfigInvalid, ListenerLimits
 from gateway.core.budget import DEFAULT_SERVER, Budget
 from gateway.core.dispatcher import Dispatcher
@@ -86,8 +85,11 @@ from gateway.telemetry.metrics import (
     process_metrics,
 )
 from gateway.telemetry.otel import GatewayTelemetry
-from gateway.telemetry.otlp import OtlpSpanProcessor
 from gateway.telemetry.status import StatusBoard, snapshot
+
+if TYPE_CHECKING:
+    from gateway.caller_auth.authenticator import Authenticator
+    from gateway.telemetry.otlp import OtlpSpanProcessor
 
 log = logging.getLogger("gateway")
 
@@ -114,7 +116,7 @@ class Gateway:
         self.stdio_server = stdio_server
         self._observe(tracing)
         # The HTTP listener's token checks (`auth:`); None: no authentication.
-        self.authenticator = Authenticator(config.auth) if config.auth is not None else None
+        self.authenticator = make_authenticator(config.auth) if config.auth is not None else None
         # With cluster.redis the backends' logins are the replicas' (tokens, logins under way).
         self.shared_logins = shared_logins(config)
         # Per-user backend logins are served by the HTTP listener (frontends/logins.py); a
@@ -548,8 +550,8 @@ class Gateway:
             if self.otlp is not None:
                 with anyio.CancelScope(shield=True):
                     await self.otlp.close()
-            elif isinstance(self._provider, TracerProvider):
-                self._provider.force_flush()
+            elif callable(flush := getattr(self._provider, "force_flush", None)):
+                flush()  # (an SDK provider's; the API's own have none)
 
     def hurry(self) -> None:
         """Shutdown is to end now (a second signal): the listeners' grace ends at once (or is

@@ -7,15 +7,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
-
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from typing import TYPE_CHECKING
 
 from gateway.app.errors import StartupError
 from gateway.config import AuditConfig, Config, TapConfig
 from gateway.telemetry.audit import AuditLog
-from gateway.telemetry.otlp import OtlpSpanProcessor, Settings
+from gateway.telemetry.otlp_settings import Settings
 from gateway.telemetry.tap import Tap
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from gateway.telemetry.otlp import OtlpSpanProcessor
 
 
 def tracer_provider(config: Config) -> tuple[TracerProvider, OtlpSpanProcessor] | None:
@@ -29,6 +32,12 @@ def tracer_provider(config: Config) -> tuple[TracerProvider, OtlpSpanProcessor] 
     settings = Settings.from_env(traces_url)
     if settings is None:
         return None
+    # The SDK and the exporter only now: a gateway without tracing never loads them (0063).
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from gateway.telemetry.otlp import OtlpSpanProcessor
+
     service = os.environ.get("OTEL_SERVICE_NAME") or config.telemetry.service_name
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     processor = OtlpSpanProcessor(settings)

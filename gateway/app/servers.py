@@ -11,15 +11,14 @@ import functools
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import anyio
 
 from gateway import taskkey
-from gateway.app.wiring import INFO, make_exposure, naming_of
+from gateway.app.wiring import INFO, make_authenticator, make_exposure, naming_of
 from gateway.backends.base import Backend
-from gateway.caller_auth.authenticator import Authenticator
 from gateway.config import AuthConfig, BackendConfig, Config, ServerConfig
 from gateway.config.search import ToolSearchConfig
 from gateway.core.budget import Budget
@@ -35,10 +34,13 @@ from gateway.routing.names import Naming
 from gateway.routing.table import Exposure
 from gateway.telemetry.api import Telemetry
 
+if TYPE_CHECKING:
+    from gateway.caller_auth.authenticator import Authenticator
+
 # Starts a task in the gateway's task group; makes a server's endpoint (dispatcher, path, its
 # authenticator): the composition root's.
 Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], object]
-MakeEndpoint = Callable[[Dispatcher, str, Authenticator | None], http_frontend.Endpoint]
+MakeEndpoint = Callable[[Dispatcher, str, "Authenticator | None"], http_frontend.Endpoint]
 
 log = logging.getLogger("gateway")
 
@@ -193,7 +195,7 @@ def authenticator(config: Config, server: ServerConfig) -> Authenticator | None:
     one for /mcp/ops), so each has an authenticator of its own under `auth:`."""
     if config.auth is None:
         return None
-    return Authenticator(server_auth(config.auth, server))
+    return make_authenticator(server_auth(config.auth, server))
 
 
 class VirtualServers:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import anyio
@@ -29,13 +30,18 @@ from gateway.backends.isolated import IsolatedBackend
 from gateway.backends.login_gate import LoginGate
 from gateway.backends.sse import SseBackend
 from gateway.backends.stdio import StdioBackend
-from gateway.caller_auth.authenticator import Authenticator
 from gateway.caller_auth.identity import CONFIGURED, Identity
 from gateway.caller_auth.outage import Unavailable
 from gateway.caller_auth.tokens import Rejected
-from gateway.cluster.buckets import RedisBuckets
-from gateway.cluster.logins import RedisLogins
-from gateway.config import BackendConfig, Config, Namespacing, Overload, SseTarget, StdioTarget
+from gateway.config import (
+    AuthConfig,
+    BackendConfig,
+    Config,
+    Namespacing,
+    Overload,
+    SseTarget,
+    StdioTarget,
+)
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.instrument import InstrumentedBackend
 from gateway.core.overload import BACKEND, OVERALL, Bound, BoundedBackend
@@ -49,7 +55,20 @@ from gateway.routing.table import Exposure
 from gateway.telemetry.api import Stats
 from gateway.telemetry.otel import GatewayTelemetry
 
+if TYPE_CHECKING:
+    from gateway.caller_auth.authenticator import Authenticator
+    from gateway.cluster.buckets import RedisBuckets
+    from gateway.cluster.logins import RedisLogins
+
 INFO = GatewayInfo(name="mcp-gateway", version=__version__)
+
+
+def make_authenticator(auth: AuthConfig) -> Authenticator:
+    """The token checks of an endpoint under `auth:`. Imported here, once there is `auth:`:
+    PyJWT and cryptography under it (~8 MB) are loaded by no gateway without one (0063)."""
+    from gateway.caller_auth.authenticator import Authenticator
+
+    return Authenticator(auth)
 
 
 def make_backend(

@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-import jwt
-
 from gateway.backend_auth import tokens
 from gateway.backend_auth.fetch import OAuthHttp
 from gateway.backend_auth.tokens import Token
@@ -96,6 +94,10 @@ def authenticate(
 
 def assertion(client: Client, audience: str) -> str:
     """An RFC 7523 client assertion signed with the client's private key."""
+    # Only a backend with `private_key_jwt` signs: PyJWT (and cryptography under it, ~8 MB) is
+    # loaded then, not by every gateway (docs/decisions/0064-lazy-imports.md).
+    import jwt
+
     now = int(time.time())
     claims = {
         "iss": client.client_id,

@@ -21,13 +21,12 @@ from gateway.caller_auth.identity import Identity
 from gateway.caller_auth.introspection import Introspector
 from gateway.caller_auth.jwks import Jwks
 from gateway.caller_auth.outage import Outage
+from gateway.caller_auth.signed import jwt_header, verify_jwt
 from gateway.caller_auth.tokens import (
     Rejected,
     api_key_identity,
     check_header,
     digest,
-    jwt_header,
-    verify_jwt,
     well_formed,
 )
 from gateway.config import AuthConfig

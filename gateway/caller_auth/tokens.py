@@ -1,7 +1,7 @@
 """Checking one bearer token, pure where no key is fetched: a JWT access token's header and
-claims (PyJWT verifies the signature and the registered claims), an API key's digest, an
-introspection answer. Each failure has a reason (a bounded label for metrics and the debug
-log); the client sees only `invalid_token`."""
+claims (PyJWT's part, the signature and the registered claims, is signed.py's), an API key's
+digest, an introspection answer. Each failure has a reason (a bounded label for metrics and the
+debug log); the client sees only `invalid_token`."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-import jwt
-
-from gateway.caller_auth.identity import API_KEY, INTROSPECTION, JWT, Identity
+from gateway.caller_auth.identity import API_KEY, INTROSPECTION, Identity
 from gateway.config import ApiKey, AuthConfig
 
 # RFC 6750 2.1 b64token: what may follow `Bearer `.
@@ -58,22 +56,6 @@ def api_key_identity(keys: tuple[ApiKey, ...], token_digest: str) -> Identity | 
     )
 
 
-def jwt_header(token: str) -> dict[str, Any] | None:
-    """The JOSE header of a token that looks like a JWS (three parts, a JSON header), None for
-    anything else (an opaque token). Rejected for a JWS header PyJWT itself refuses (a `crit`
-    it does not understand or that is no list, a `kid` that is no string): such a token was
-    never an opaque one."""
-    if token.count(".") != 2:
-        return None
-    try:
-        header = jwt.get_unverified_header(token)
-    except jwt.DecodeError:
-        return None
-    except jwt.PyJWTError:
-        raise Rejected("invalid_token") from None
-    return header if isinstance(header, dict) else None
-
-
 def check_header(header: dict[str, Any], auth: AuthConfig) -> tuple[str, str | None]:
     """(alg, kid) of a header the gateway may verify; Rejected otherwise: an algorithm not
     allowed (`none`, HMAC, anything unlisted), a `typ` that is no access token's, `crit`."""
@@ -89,39 +71,6 @@ def check_header(header: dict[str, Any], auth: AuthConfig) -> tuple[str, str | N
     if kid is not None and not isinstance(kid, str):
         raise Rejected("invalid_token")
     return alg, kid
-
-
-def verify_jwt(token: str, key: jwt.PyJWK, alg: str, auth: AuthConfig) -> Identity:
-    """Signature, iss, aud (must contain ours: a token for another resource is refused, no
-    confused deputy), exp/nbf/iat within the leeway. Raises Rejected."""
-    try:
-        claims = jwt.decode(
-            token,
-            key,
-            algorithms=[alg],
-            audience=auth.expected_audience,
-            issuer=auth.issuer,
-            leeway=auth.leeway,
-            options={"require": ["exp", "iss", "aud"], "strict_aud": False},
-        )
-    except jwt.ExpiredSignatureError:
-        raise Rejected("expired") from None
-    except (jwt.InvalidAudienceError, jwt.MissingRequiredClaimError) as exc:
-        missing = isinstance(exc, jwt.MissingRequiredClaimError)
-        raise Rejected("invalid_token" if missing else "wrong_audience") from None
-    except jwt.InvalidIssuerError:
-        raise Rejected("wrong_issuer") from None
-    except jwt.InvalidSignatureError:
-        raise Rejected("bad_signature") from None
-    except jwt.InvalidAlgorithmError:
-        raise Rejected("algorithm") from None
-    except jwt.ImmatureSignatureError:
-        raise Rejected("not_yet_valid") from None
-    except jwt.PyJWTError:
-        raise Rejected("invalid_token") from None
-    if not dates_are_numbers(claims):
-        raise Rejected("invalid_token")
-    return claims_identity(claims, JWT)
 
 
 def dates_are_numbers(claims: Mapping[str, Any]) -> bool:

@@ -8,14 +8,13 @@ request (IDENTITY) for `Origin`."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import hdrs, web
 
 from gateway import errors
 from gateway.caller_auth import challenge
-from gateway.caller_auth.authenticator import Authenticator
 from gateway.caller_auth.identity import Identity
 from gateway.caller_auth.outage import Unavailable
 from gateway.caller_auth.tokens import Rejected
@@ -23,6 +22,10 @@ from gateway.origin import Origin
 from gateway.protocol import codes, jsonrpc
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Stats
+
+if TYPE_CHECKING:
+    # (a type only: the authenticator is made, and PyJWT loaded, only under `auth:`)
+    from gateway.caller_auth.authenticator import Authenticator
 
 log = logging.getLogger("gateway.http")
 

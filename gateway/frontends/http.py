@@ -15,12 +15,12 @@ import asyncio
 import functools
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiohttp import HttpVersion11, hdrs, web
 
 from gateway import timers
 from gateway.backend_auth.desk import LoginDesk
-from gateway.caller_auth.authenticator import Authenticator
 from gateway.caller_auth.identity import Identity
 from gateway.config import HttpListen
 from gateway.core.bus import Bus
@@ -44,6 +44,10 @@ from gateway.frontends.replies import (
 from gateway.protocol import codes, headers, jsonrpc, meta
 from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
+
+if TYPE_CHECKING:
+    # (a type only: the authenticator is made, and PyJWT loaded, only under `auth:`)
+    from gateway.caller_auth.authenticator import Authenticator
 
 # What a request's screening found: (metric reason, HTTP status, message); None when it passed.
 Verdict = tuple[str, int, str] | None

@@ -21,12 +21,12 @@ from gateway.caller_auth.fetch import Fetcher, FetchFailed
 from gateway.caller_auth.identity import Identity
 from gateway.caller_auth.introspection import Introspector
 from gateway.caller_auth.jwks import Jwks, signing_keys
+from gateway.caller_auth.signed import jwt_header
 from gateway.caller_auth.tokens import (
     Rejected,
     api_key_identity,
     check_header,
     claims_identity,
-    jwt_header,
     scopes_of,
 )
 from gateway.config import AuthConfig, ConfigInvalid, Introspection, describe, parse

@@ -36,7 +36,8 @@ from prometheus_client import generate_latest
 from gateway.app import Gateway
 from gateway.config import parse
 from gateway.origin import STDIO_ORIGIN
-from gateway.telemetry.otlp import ENCODE_CHUNK, OtlpSpanProcessor, Settings
+from gateway.telemetry.otlp import ENCODE_CHUNK, OtlpSpanProcessor
+from gateway.telemetry.otlp_settings import Settings
 from tests.servers.forward_proxy import ForwardProxy
 from tests.support import BOUND, PYTHON, START_BOUND, call, serve_http, stdio_backend, until
 
