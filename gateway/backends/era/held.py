@@ -92,9 +92,11 @@ class HeldCall(Wakeup):
         self.link = link
         # The client request that started it: what its answers to the backend are sent for.
         self.made_for = made_for
-        self.caller = made_for.origin.caller()
         self.capabilities = capabilities if isinstance(capabilities, dict) else {}
-        self.handle = secrets.token_urlsafe(16)
+        # Given when the call is first held (`HeldCalls._hold`): most calls finish without
+        # asking anything, and need neither a random handle nor the caller's digest.
+        self.handle = ""
+        self.caller = ""
         self.sink: NotificationSink | None = None
         self.asks: dict[str, Message] = {}
         self.task: asyncio.Task[Message] | None = None
@@ -192,6 +194,9 @@ class HeldCalls:
 
     def _hold(self, call: HeldCall, id_: jsonrpc.RequestId) -> Message:
         call.sink = None  # progress while nobody waits is dropped
+        if not call.handle:
+            call.handle = secrets.token_urlsafe(16)
+            call.caller = call.made_for.origin.caller()
         self._held[call.handle] = call
         loop = asyncio.get_running_loop()
         if call.expiry is not None:
