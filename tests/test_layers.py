@@ -242,6 +242,8 @@ LAZY_IMPORTS: dict[tuple[str, str], set[str]] = {
     },
     # private_key_jwt: PyJWT signs the client assertion, once per token request.
     ("gateway.backend_auth.grants", "assertion"): {"jwt"},
+    # The metrics' Prometheus side (prometheus_client): an admin listener, or a caller asking.
+    ("gateway.app.gateway", "exposition"): {"gateway.telemetry.metrics"},
 }
 
 

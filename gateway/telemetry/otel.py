@@ -26,7 +26,7 @@ from gateway.telemetry.api import (
 )
 from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.logs import utc_now
-from gateway.telemetry.metrics import OTHER, Recorder
+from gateway.telemetry.recorder import OTHER, Recorder
 from gateway.telemetry.status import StatusBoard
 from gateway.telemetry.tap import Tap
 

@@ -1,7 +1,8 @@
 """What a config does not use is not imported (issue 34; docs/decisions/0064-lazy-imports.md):
-a plain gateway (an HTTP listener, one backend, no `telemetry:`, `auth:` or `cluster:`) loads
-neither Redis nor PyJWT, cryptography, the OpenTelemetry SDK or the span exporter, and a config
-that uses one of them loads it, so the laziness never costs a feature.
+a plain gateway (an HTTP listener, one backend, no `telemetry:`, `auth:`, `cluster:` or admin
+listener) loads neither Redis nor PyJWT, cryptography, the OpenTelemetry SDK, the span exporter
+or prometheus_client, and a config that uses one of them loads it, so the laziness never costs a
+feature.
 
 Each case is a fresh interpreter (`python -c`): what `python -m gateway` imports (the command
 line), then the gateway built from the config, and entered (listener bound, backends started)
@@ -25,7 +26,8 @@ from tests.support import BOUND, ROOT
 CLUSTER = {"redis", "gateway.cluster", "cryptography"}
 CALLER_AUTH = {"jwt", "gateway.caller_auth.authenticator"}
 TRACING = {"opentelemetry.sdk", "gateway.telemetry.otlp"}
-HEAVY = CLUSTER | CALLER_AUTH | TRACING
+METRICS = {"prometheus_client", "gateway.telemetry.metrics"}
+HEAVY = CLUSTER | CALLER_AUTH | TRACING | METRICS
 
 HTTP_LISTENER = {"http": {"host": "127.0.0.1", "port": 0, "path": "/mcp"}}
 # Nothing listens on port 9: the backend is marked down, which does not stop the start.
@@ -126,3 +128,11 @@ def test_an_otlp_endpoint_loads_the_sdk_and_the_exporter() -> None:
     modules = loaded(config, enter=False)
     assert present(modules, TRACING) == TRACING
     assert present(modules, CLUSTER | CALLER_AUTH) == set()
+
+
+def test_an_admin_listener_loads_the_metrics_exposition() -> None:
+    """Its /metrics is served from the start; the counts are the gateway's own either way."""
+    listen = {**HTTP_LISTENER, "admin": {"host": "127.0.0.1", "port": 0}}
+    modules = loaded({"listen": listen, "backends": {"b": HTTP_BACKEND}}, enter=True)
+    assert present(modules, METRICS) == METRICS
+    assert present(modules, CLUSTER | CALLER_AUTH | TRACING) == set()
