@@ -244,6 +244,17 @@ LAZY_IMPORTS: dict[tuple[str, str], set[str]] = {
     ("gateway.backend_auth.grants", "assertion"): {"jwt"},
     # The metrics' Prometheus side (prometheus_client): an admin listener, or a caller asking.
     ("gateway.app.gateway", "exposition"): {"gateway.telemetry.metrics"},
+    # A backend's `auth:`: the OAuth client (its authorizer; per-user logins' desk).
+    ("gateway.backend_auth.setup", "authorizer"): {
+        "gateway.backend_auth.authorizer",
+        "gateway.backend_auth.fetch",
+        "gateway.backend_auth.store",
+    },
+    ("gateway.app.wiring", "login_desk"): {
+        "gateway.backend_auth.caller_check",
+        "gateway.backend_auth.desk",
+        "gateway.backend_auth.fetch",
+    },
 }
 
 

@@ -1,8 +1,8 @@
 """What a config does not use is not imported (issue 34; docs/decisions/0064-lazy-imports.md):
 a plain gateway (an HTTP listener, one backend, no `telemetry:`, `auth:`, `cluster:` or admin
-listener) loads neither Redis nor PyJWT, cryptography, the OpenTelemetry SDK, the span exporter
-or prometheus_client, and a config that uses one of them loads it, so the laziness never costs a
-feature.
+listener, no backend with `auth:`) loads neither Redis nor PyJWT, cryptography, the OpenTelemetry
+SDK, the span exporter, prometheus_client or the OAuth client of the backends, and a config that
+uses one of them loads it, so the laziness never costs a feature.
 
 Each case is a fresh interpreter (`python -c`): what `python -m gateway` imports (the command
 line), then the gateway built from the config, and entered (listener bound, backends started)
@@ -27,7 +27,8 @@ CLUSTER = {"redis", "gateway.cluster", "cryptography"}
 CALLER_AUTH = {"jwt", "gateway.caller_auth.authenticator"}
 TRACING = {"opentelemetry.sdk", "gateway.telemetry.otlp"}
 METRICS = {"prometheus_client", "gateway.telemetry.metrics"}
-HEAVY = CLUSTER | CALLER_AUTH | TRACING | METRICS
+OAUTH_CLIENT = {"gateway.backend_auth.authorizer", "gateway.backend_auth.desk"}
+HEAVY = CLUSTER | CALLER_AUTH | TRACING | METRICS | OAUTH_CLIENT
 
 HTTP_LISTENER = {"http": {"host": "127.0.0.1", "port": 0, "path": "/mcp"}}
 # Nothing listens on port 9: the backend is marked down, which does not stop the start.
@@ -135,4 +136,12 @@ def test_an_admin_listener_loads_the_metrics_exposition() -> None:
     listen = {**HTTP_LISTENER, "admin": {"host": "127.0.0.1", "port": 0}}
     modules = loaded({"listen": listen, "backends": {"b": HTTP_BACKEND}}, enter=True)
     assert present(modules, METRICS) == METRICS
+    assert present(modules, CLUSTER | CALLER_AUTH | TRACING) == set()
+
+
+def test_a_backend_with_auth_loads_the_oauth_client() -> None:
+    """basic/authorization: the gateway is an OAuth client of that backend."""
+    backend = {**HTTP_BACKEND, "auth": {"type": "oauth", "client_id": "gateway"}}
+    modules = loaded({"listen": HTTP_LISTENER, "backends": {"b": backend}}, enter=False)
+    assert present(modules, OAUTH_CLIENT) == OAUTH_CLIENT
     assert present(modules, CLUSTER | CALLER_AUTH | TRACING) == set()
