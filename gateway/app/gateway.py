@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 import anyio.to_thread
-from opentelemetry import trace
 
 from gateway import __version__
 from gateway.app.cluster import (
@@ -81,6 +80,7 @@ from gateway.telemetry.recorder import BackendState, Recorder, loop_lag
 from gateway.telemetry.status import StatusBoard, snapshot
 
 if TYPE_CHECKING:
+    from opentelemetry import trace
     from prometheus_client import CollectorRegistry
 
     from gateway.caller_auth.authenticator import Authenticator

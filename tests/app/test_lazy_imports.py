@@ -1,8 +1,8 @@
 """What a config does not use is not imported (issue 34; docs/decisions/0064-lazy-imports.md):
 a plain gateway (an HTTP listener, one backend, no `telemetry:`, `auth:`, `cluster:` or admin
 listener, no backend with `auth:`) loads neither Redis nor PyJWT, cryptography, the OpenTelemetry
-SDK, the span exporter, prometheus_client or the OAuth client of the backends, and a config that
-uses one of them loads it, so the laziness never costs a feature.
+SDK, the span exporter or the API's spans, prometheus_client or the OAuth client of the backends,
+and a config that uses one of them loads it, so the laziness never costs a feature.
 
 Each case is a fresh interpreter (`python -c`): what `python -m gateway` imports (the command
 line), then the gateway built from the config, and entered (listener bound, backends started)
@@ -25,10 +25,13 @@ from tests.support import BOUND, ROOT
 # A module of each optional feature, and what stands for its heavy dependencies.
 CLUSTER = {"redis", "gateway.cluster", "cryptography"}
 CALLER_AUTH = {"jwt", "gateway.caller_auth.authenticator"}
-TRACING = {"opentelemetry.sdk", "gateway.telemetry.otlp"}
+TRACING = {"opentelemetry.sdk", "gateway.telemetry.otlp", "gateway.telemetry.spans"}
+# The OpenTelemetry API's spans (only `opentelemetry.util`, for the OTLP settings, is loaded
+# without tracing).
+OTEL_API = {"opentelemetry.trace", "opentelemetry.propagate", "opentelemetry.context"}
 METRICS = {"prometheus_client", "gateway.telemetry.metrics"}
 OAUTH_CLIENT = {"gateway.backend_auth.authorizer", "gateway.backend_auth.desk"}
-HEAVY = CLUSTER | CALLER_AUTH | TRACING | METRICS | OAUTH_CLIENT
+HEAVY = CLUSTER | CALLER_AUTH | TRACING | OTEL_API | METRICS | OAUTH_CLIENT
 
 HTTP_LISTENER = {"http": {"host": "127.0.0.1", "port": 0, "path": "/mcp"}}
 # Nothing listens on port 9: the backend is marked down, which does not stop the start.
@@ -127,7 +130,7 @@ def test_an_otlp_endpoint_loads_the_sdk_and_the_exporter() -> None:
         "telemetry": {"otlp_endpoint": "http://127.0.0.1:9"},
     }
     modules = loaded(config, enter=False)
-    assert present(modules, TRACING) == TRACING
+    assert present(modules, TRACING | OTEL_API) == TRACING | OTEL_API
     assert present(modules, CLUSTER | CALLER_AUTH) == set()
 
 
