@@ -148,3 +148,19 @@ def test_a_backend_with_auth_loads_the_oauth_client() -> None:
     modules = loaded({"listen": HTTP_LISTENER, "backends": {"b": backend}}, enter=False)
     assert present(modules, OAUTH_CLIENT) == OAUTH_CLIENT
     assert present(modules, CLUSTER | CALLER_AUTH | TRACING) == set()
+
+
+def test_the_command_line_reads_no_system_mime_types() -> None:
+    """aiohttp's file responses make a MIME table at import; the gateway serves no files, so
+    the system's mime.types (Debian's: 0.5 MB resident) stays unread: a type only it knows is
+    unknown, and one Python knows itself is still there."""
+    probe = (
+        "import mimetypes, gateway.cli, aiohttp.web;"
+        "print(mimetypes.guess_type('a.deb')[0], mimetypes.guess_type('a.json')[0])"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, env=env, cwd=ROOT, timeout=4 * BOUND
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.split() == [b"None", b"application/json"]
