@@ -8,8 +8,9 @@ and its RSS one second later (backends started, catalogs loaded); then `python -
 checkout (e.g. main's, for a before/after); `--redis` adds a cluster config using that Redis.
 
 Configs: `plain-http` and `plain-stdio` (an HTTP listener over the echo backend, nothing else:
-the issue 34 case); `tracing` (an OTLP endpoint: the SDK and exporter), `auth` (an issuer: the
-token checks and PyJWT), `cluster` (with --redis: the Redis adapters).
+the issue 34 case); `tracing` (an OTLP endpoint: the SDK and exporter), `admin` (an admin
+listener: the metrics' exposition), `auth` (an issuer: the token checks and PyJWT), `cluster`
+(with --redis: the Redis adapters).
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def configs(echo_url: str, root: Path, redis: str | None) -> dict[str, dict[str,
         "plain-stdio": {"listen": listen, "backends": stdio},
         # Nothing is exported before a request, so an endpoint nobody answers is enough.
         "tracing": {"listen": listen, "backends": http, "telemetry": {"otlp_endpoint": _NOWHERE}},
+        # An admin listener serves /metrics: prometheus_client's exposition, made at start.
+        "admin": {
+            "listen": {**listen, "admin": {"host": "127.0.0.1", "port": 0}},
+            "backends": http,
+        },
         # The issuer is asked on the first token, not at start.
         "auth": {
             "listen": listen,

@@ -242,6 +242,23 @@ LAZY_IMPORTS: dict[tuple[str, str], set[str]] = {
     },
     # private_key_jwt: PyJWT signs the client assertion, once per token request.
     ("gateway.backend_auth.grants", "assertion"): {"jwt"},
+    # The metrics' Prometheus side (prometheus_client): an admin listener, or a caller asking.
+    ("gateway.app.gateway", "exposition"): {"gateway.telemetry.metrics"},
+    # Tracing: the OpenTelemetry API's spans, for a telemetry with a tracer; `check-config
+    # --catalogs` turns tracing off with the API's no-op provider.
+    ("gateway.telemetry.otel", "__init__"): {"gateway.telemetry.spans"},
+    ("gateway.app.inventory", "inventory"): {"opentelemetry"},
+    # A backend's `auth:`: the OAuth client (its authorizer; per-user logins' desk).
+    ("gateway.backend_auth.setup", "authorizer"): {
+        "gateway.backend_auth.authorizer",
+        "gateway.backend_auth.fetch",
+        "gateway.backend_auth.store",
+    },
+    ("gateway.app.wiring", "login_desk"): {
+        "gateway.backend_auth.caller_check",
+        "gateway.backend_auth.desk",
+        "gateway.backend_auth.fetch",
+    },
 }
 
 

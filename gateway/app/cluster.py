@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gateway.backend_auth.desk import LoginDesk
 from gateway.backend_auth.shared import PURPOSE as LOGINS_PURPOSE
 from gateway.config import Config
 from gateway.core.changes import ClusterChanges
@@ -18,6 +17,7 @@ from gateway.core.dispatcher import Dispatcher
 from gateway.telemetry.api import Stats
 
 if TYPE_CHECKING:
+    from gateway.backend_auth.desk import LoginDesk
     from gateway.cluster.buckets import RedisBuckets
     from gateway.cluster.bus import RedisBus
     from gateway.cluster.logins import RedisLogins

@@ -4,6 +4,7 @@ the root task group and shuts everything down in order.
 
 from __future__ import annotations
 
+import functools
 import logging
 import ssl
 from collections.abc import Callable
@@ -14,8 +15,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 import anyio.to_thread
-from opentelemetry import trace
-from prometheus_client import CollectorRegistry
 
 from gateway import __version__
 from gateway.app.cluster import (
@@ -45,7 +44,6 @@ from gateway.app.views import (
     backends_up,
     catalog_rows,
     queued,
-    render_metrics,
     server_facts,
 )
 from gateway.app.wiring import (
@@ -77,18 +75,16 @@ from gateway.frontends.listener import BindError, Listener
 from gateway.frontends.ops import Operations, admin_handler
 from gateway.frontends.stdio import StdioFrontend
 from gateway.telemetry.loop import measure_lag
-from gateway.telemetry.metrics import (
-    BackendState,
-    GatewayCollector,
-    Recorder,
-    TraceExportCollector,
-    process_metrics,
-)
 from gateway.telemetry.otel import GatewayTelemetry
+from gateway.telemetry.recorder import BackendState, Recorder, loop_lag
 from gateway.telemetry.status import StatusBoard, snapshot
 
 if TYPE_CHECKING:
+    from opentelemetry import trace
+    from prometheus_client import CollectorRegistry
+
     from gateway.caller_auth.authenticator import Authenticator
+    from gateway.telemetry.metrics import Exposition
     from gateway.telemetry.otlp import OtlpSpanProcessor
 
 log = logging.getLogger("gateway")
@@ -161,7 +157,10 @@ class Gateway:
         """The metrics registry, the spans, the tap, the audit and access logs: what the data
         path reports to (`telemetry`)."""
         config = self.config
-        self.registry = CollectorRegistry()
+        # What the metrics count from the start; their Prometheus side is made when first
+        # asked for (`exposition`).
+        self.recorder = Recorder()
+        self._lag, self._loop_lag = loop_lag()
         # The spans' exporter, when the gateway makes its own provider (a given one exports
         # however its maker chose): it runs on the gateway's loop and is flushed on the way out.
         self.otlp: OtlpSpanProcessor | None = None
@@ -173,7 +172,7 @@ class Gateway:
         self.audit = open_audit(config.audit) if config.audit is not None else None
         self.telemetry = GatewayTelemetry(
             tracer,
-            Recorder(self.registry),
+            self.recorder,
             access_logger(config),
             config.telemetry.record_payloads,
             self.tap,
@@ -196,19 +195,33 @@ class Gateway:
         login_notices(self.logins, self.bus)  # (shared logins: a login ended elsewhere)
 
     def _collect_metrics(self) -> None:
-        self.registry.register(
-            GatewayCollector(
-                self.telemetry.stats,
-                self._backend_states,
-                self._listens,
-                self._queued,
-                lambda: catalog_rows(self.budget),
-            )
+        # An admin listener serves the metrics: made now, as the rest of its wiring. Without
+        # one nothing scrapes them, and prometheus_client loads only if a caller (a test, an
+        # embedding program) asks for `registry`.
+        if self.config.listen.admin is not None:
+            self.exposition  # noqa: B018 (made for its side effect)
+
+    @functools.cached_property
+    def exposition(self) -> Exposition:
+        """The Prometheus registry over what the gateway counts (0064: imported here, where
+        it is wired); what was counted before it was made is in it all the same."""
+        from gateway.telemetry.metrics import Exposition, GatewayCollector, TraceExportCollector
+
+        gateway = GatewayCollector(
+            self.telemetry.stats,
+            self._backend_states,
+            self._listens,
+            self._queued,
+            lambda: catalog_rows(self.budget),
         )
-        # The process (CPU, memory, fds, GC) and the event loop's measured lag (run in __aenter__).
-        self._loop_lag = process_metrics(self.registry)
+        spans = None
         if (otlp := self.otlp) is not None:  # (what became of the sampled spans)
-            self.registry.register(TraceExportCollector(otlp.spans, lambda: otlp.queued))
+            spans = TraceExportCollector(otlp.spans, lambda: otlp.queued)
+        return Exposition(self.recorder, gateway, self._lag, spans)
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.exposition.registry
 
     def _operate(self) -> None:
         """What the admin listener serves: metrics, health, readiness, the status page."""
@@ -435,7 +448,7 @@ class Gateway:
         )
 
     def _render_metrics(self, accept: str) -> tuple[bytes, str]:
-        return render_metrics(self.registry, accept)
+        return self.exposition.render(accept)
 
     def _queued(self) -> list[tuple[str, str, int]]:
         return queued(self.wired, self.dispatcher)

@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import anyio
-from opentelemetry import trace
 
 from gateway.app.gateway import Gateway
 from gateway.config import Config, Listen
@@ -62,6 +61,8 @@ async def server_catalog(
 async def inventory(config: Config) -> list[ServerCatalog]:
     """Each server's catalog as `run` would load it (the merged server first, then the virtual
     servers in config order), the backends stopped again."""
+    from opentelemetry import trace  # (no spans, whatever the config or environment says)
+
     with anyio.fail_after(LOAD_TIMEOUT + SLACK):
         async with Gateway(quiet(config), tracing=trace.NoOpTracerProvider()) as gateway:
             await gateway.catalogs_loaded.wait()

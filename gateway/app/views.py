@@ -1,11 +1,8 @@
 """What the gateway shows of itself: the backends' states for the metrics, the status page's
-facts, the queues of its bounds, readiness, and the metrics in the format the scraper asks for.
-Each reads the wired backends and the dispatcher; none changes anything."""
+facts, the queues of its bounds, readiness. Each reads the wired backends and the dispatcher;
+none changes anything."""
 
 from __future__ import annotations
-
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.openmetrics import exposition as openmetrics
 
 from gateway.app.wiring import Wired
 from gateway.backends.http import HttpBackend
@@ -16,7 +13,7 @@ from gateway.core.budget import Budget
 from gateway.core.catalog import Catalogs
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.overload import BACKEND, OVERALL
-from gateway.telemetry.metrics import BackendState
+from gateway.telemetry.recorder import BackendState
 from gateway.telemetry.status import BackendFacts, ServerFacts
 
 
@@ -107,11 +104,3 @@ def backends_up(wired: list[Wired], dispatcher: Dispatcher) -> dict[str, bool]:
     is not ready either."""
     problem = dispatcher.catalogs.problem
     return {w.guarded.name: w.guarded.up and problem(w.guarded.name) is None for w in wired}
-
-
-def render_metrics(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
-    # OpenMetrics carries exemplars (trace ids); the classic text format does not.
-    if "application/openmetrics-text" in accept:
-        body: bytes = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
-        return body, openmetrics.CONTENT_TYPE_LATEST
-    return generate_latest(registry), CONTENT_TYPE_LATEST

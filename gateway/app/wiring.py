@@ -14,11 +14,6 @@ from urllib.parse import urlsplit
 import anyio
 
 from gateway import __version__, taskkey
-from gateway.backend_auth.authorizer import Authorizer
-from gateway.backend_auth.caller_check import CallerCheck
-from gateway.backend_auth.desk import LoginDesk
-from gateway.backend_auth.fetch import OAuthHttp
-from gateway.backend_auth.shared import LoginBook
 from gateway.backends import resilience
 from gateway.backends.base import Backend
 from gateway.backends.breaker import Breaker
@@ -56,6 +51,8 @@ from gateway.telemetry.api import Stats
 from gateway.telemetry.otel import GatewayTelemetry
 
 if TYPE_CHECKING:
+    from gateway.backend_auth.desk import LoginDesk
+    from gateway.backend_auth.shared import LoginBook
     from gateway.caller_auth.authenticator import Authenticator
     from gateway.cluster.buckets import RedisBuckets
     from gateway.cluster.logins import RedisLogins
@@ -93,6 +90,10 @@ def login_desk(
     auth = config.auth
     if auth is None or not any(b.auth and b.auth.per_user for b in config.backends):
         return None
+    from gateway.backend_auth.caller_check import CallerCheck
+    from gateway.backend_auth.desk import LoginDesk
+    from gateway.backend_auth.fetch import OAuthHttp
+
     check = None
     if authenticator is not None and auth.issuer and auth.login_client_id:
 
@@ -291,8 +292,9 @@ def login_gate(
 ) -> Backend:
     """The era layer behind a login gate when the backend's logins are per user; its
     authorizer given the cluster's shared logins and the desk either way."""
+    # (an HTTP transport's, made for a backend with `auth:`; None otherwise)
     authorizer = getattr(transport, "authorizer", None)
-    if not isinstance(authorizer, Authorizer):
+    if authorizer is None:
         return layer
     if shared is not None:
         authorizer.share(shared)  # (shared logins: tokens in Redis)

@@ -31,8 +31,9 @@ from gateway.backend_auth.discovery import DiscoveryFailed
 from gateway.backend_auth.failures import AuthFailed
 from gateway.backend_auth.fetch import FetchFailed
 from gateway.backend_auth.grants import GrantFailed
+from gateway.backend_auth.seam import GATEWAY, Caller
 from gateway.backend_auth.shared import StoreUnavailable
-from gateway.backend_auth.state import GATEWAY, Caller, Opener
+from gateway.backend_auth.state import Opener
 from gateway.backend_auth.tokens import Token
 
 log = logging.getLogger("gateway.backend_auth")

@@ -17,14 +17,14 @@ import anyio
 
 from gateway.backend_auth import grants, wire
 from gateway.backend_auth.at_server import AtServer, required_endpoint
-from gateway.backend_auth.desk import LoginDesk, LoginRequired
+from gateway.backend_auth.desk import LoginDesk
 from gateway.backend_auth.discovery import DiscoveryFailed, ServerInfo
 from gateway.backend_auth.failures import AuthFailed
 from gateway.backend_auth.fetch import FetchFailed
 from gateway.backend_auth.grants import Client, GrantFailed
 from gateway.backend_auth.redirect import RedirectListener
+from gateway.backend_auth.seam import Caller, LoginRequired
 from gateway.backend_auth.shared import Record, StoreUnavailable
-from gateway.backend_auth.state import Caller
 from gateway.backend_auth.tokens import Token
 
 log = logging.getLogger("gateway.backend_auth")

@@ -29,38 +29,16 @@ from urllib.parse import urlencode
 from gateway.backend_auth import wire
 from gateway.backend_auth.caller_check import CallerCheck, CheckFailed
 from gateway.backend_auth.failures import AuthFailed
+from gateway.backend_auth.seam import CALLBACK_PATH, LOGIN_PATH, DeskError
 from gateway.backend_auth.shared import LoginBook, Record, StoreUnavailable
 
 log = logging.getLogger("gateway.backend_auth")
 
-LOGIN_PATH = "/oauth/login"
-CALLBACK_PATH = "/oauth/callback"
 # The page's word when the logins in progress cannot be read (the cluster's Redis is away).
 UNAVAILABLE = "Logins are unavailable right now; try the link again in a moment."
 
 # Told when a login ends (its id's digest, and why it failed or None), for the other replicas.
 Announce = Callable[[str, str | None], Awaitable[None]]
-
-
-class DeskError(Exception):
-    """A login link or redirect that cannot be served: a status and one line for the page."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class LoginRequired(Exception):
-    """A caller must log in to a backend before their request can go: the link to give them."""
-
-    def __init__(self, backend: str, url: str, login_id: str) -> None:
-        super().__init__(
-            f"Log in to {backend} to continue: open {url}, then retry (the gateway keeps your "
-            "login for this backend)"
-        )
-        self.backend = backend
-        self.url = url
-        self.login_id = login_id
 
 
 class Party(Protocol):

@@ -1,13 +1,16 @@
 """An `Authorizer` from a backend's config: the HTTP client of its authorization server and the
-token store, with their limits."""
+token store, with their limits. The OAuth client is imported only for a backend with `auth:`
+(docs/decisions/0064-lazy-imports.md): the transports call this for every HTTP backend."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gateway import __version__
-from gateway.backend_auth.authorizer import Authorizer
-from gateway.backend_auth.fetch import OAuthHttp
-from gateway.backend_auth.store import TokenStore, state_dir
 from gateway.config import BackendConfig, HttpTarget, SseTarget
+
+if TYPE_CHECKING:
+    from gateway.backend_auth.authorizer import Authorizer
 
 # One request to an authorization server or for a metadata document, in seconds.
 FETCH_TIMEOUT = 10.0
@@ -18,6 +21,10 @@ MAX_RESPONSE_BYTES = 256 * 1024
 def authorizer(config: BackendConfig) -> Authorizer | None:
     if config.auth is None:
         return None
+    from gateway.backend_auth.authorizer import Authorizer
+    from gateway.backend_auth.fetch import OAuthHttp
+    from gateway.backend_auth.store import TokenStore, state_dir
+
     assert isinstance(config.target, HttpTarget | SseTarget)
     http = OAuthHttp(FETCH_TIMEOUT, MAX_RESPONSE_BYTES, f"mcp-gateway/{__version__}")
     return Authorizer(

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,19 +34,6 @@ log = logging.getLogger("gateway.backend_auth")
 Opener = Callable[[str], Awaitable[None]]
 # How a dynamically registered client is named in the store's key.
 REGISTERED = "registered"
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Whose token: "" for the gateway's own; for token exchange, the caller's identity key and
-    the token it presented."""
-
-    user: str = ""
-    subject_token: str | None = field(default=None, repr=False)
-    who: tuple[str | None, str] | None = None  # (issuer, subject), for a per-user login link
-
-
-GATEWAY = Caller()
 
 
 class LoginState:

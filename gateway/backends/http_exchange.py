@@ -23,13 +23,13 @@ import functools
 import itertools
 import logging
 from collections.abc import Coroutine
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 from multidict import CIMultiDict
 
 from gateway.backend_auth import setup as oauth_setup
-from gateway.backend_auth.authorizer import GATEWAY, Authorizer, Caller
+from gateway.backend_auth.seam import GATEWAY, Caller
 from gateway.backends import hop, ids, safety, web
 from gateway.backends.base import NotificationSink
 from gateway.backends.replicas import Replica, Replicas
@@ -48,6 +48,9 @@ from gateway.origin import Origin
 from gateway.protocol import codes, headers, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
 from gateway.telemetry.api import Stats, Telemetry
+
+if TYPE_CHECKING:
+    from gateway.backend_auth.authorizer import Authorizer
 
 log = logging.getLogger("gateway.backend")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.backend_auth.desk import LoginRequired
+from gateway.backend_auth.seam import LoginRequired
 from gateway.backends.base import Backend, Call, Layer, NotificationSink
 from gateway.protocol import meta
 from gateway.protocol.jsonrpc import Message

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import TYPE_CHECKING
 
 import aiohttp
 import anyio
@@ -19,7 +20,6 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from gateway.backend_auth import setup as oauth_setup
-from gateway.backend_auth.authorizer import Authorizer
 from gateway.backends import web
 from gateway.backends.channel import Channel
 from gateway.config import BackendConfig, SseTarget
@@ -29,6 +29,9 @@ from gateway.protocol import codes, jsonrpc, sse
 from gateway.protocol.jsonrpc import Message
 from gateway.proxies import env_proxy
 from gateway.telemetry.api import Stats
+
+if TYPE_CHECKING:
+    from gateway.backend_auth.authorizer import Authorizer
 
 log = logging.getLogger("gateway.backend")
 

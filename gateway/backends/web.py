@@ -13,6 +13,7 @@ import logging
 import re
 import ssl
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import client_exceptions as failures
@@ -20,8 +21,8 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from gateway import __version__
-from gateway.backend_auth.authorizer import GATEWAY, Authorizer, Caller
 from gateway.backend_auth.failures import AuthFailed
+from gateway.backend_auth.seam import GATEWAY, Caller
 from gateway.caller_auth.identity import INTROSPECTION, JWT
 from gateway.config import BackendConfig, ConfigInvalid, HttpTarget, SseTarget
 from gateway.errors import (
@@ -34,6 +35,9 @@ from gateway.errors import (
 )
 from gateway.origin import Origin
 from gateway.protocol.jsonrpc import Message
+
+if TYPE_CHECKING:
+    from gateway.backend_auth.authorizer import Authorizer
 
 log = logging.getLogger("gateway.backend")
 

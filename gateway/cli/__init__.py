@@ -7,11 +7,19 @@ schema), single.py (one server, no config file: connect, expose), traffic.py (ta
 
 from __future__ import annotations
 
-import click
+import mimetypes
 
-from gateway import __version__
-from gateway.cli import logins, serving, single, traffic
-from gateway.cli.common import demo_config_path
+# aiohttp's static-file responses make a MIME table when aiohttp.web is imported, reading the
+# system's mime.types where it has one (Debian's: ~1,300 types, 0.5 MB resident). The gateway
+# serves and sends no files: Python's own table is enough, and the memory is the same with or
+# without the file (issue 34). Set before any command module imports aiohttp.
+mimetypes.knownfiles = []
+
+import click  # noqa: E402
+
+from gateway import __version__  # noqa: E402
+from gateway.cli import logins, serving, single, traffic  # noqa: E402
+from gateway.cli.common import demo_config_path  # noqa: E402
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

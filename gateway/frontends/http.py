@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 from aiohttp import HttpVersion11, hdrs, web
 
 from gateway import timers
-from gateway.backend_auth.desk import LoginDesk
 from gateway.caller_auth.identity import Identity
 from gateway.config import HttpListen
 from gateway.core.bus import Bus
@@ -46,6 +45,8 @@ from gateway.protocol.headers import ParamHeader
 from gateway.protocol.jsonrpc import Message
 
 if TYPE_CHECKING:
+    from gateway.backend_auth.desk import LoginDesk
+
     # (a type only: the authenticator is made, and PyJWT loaded, only under `auth:`)
     from gateway.caller_auth.authenticator import Authenticator
 

@@ -8,10 +8,14 @@ from __future__ import annotations
 import html
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.backend_auth.desk import CALLBACK_PATH, LOGIN_PATH, DeskError, LoginDesk
+from gateway.backend_auth.seam import CALLBACK_PATH, LOGIN_PATH, DeskError
+
+if TYPE_CHECKING:
+    from gateway.backend_auth.desk import LoginDesk
 
 log = logging.getLogger("gateway.backend_auth")
 

@@ -1,18 +1,20 @@
-"""Prometheus metrics: duration histograms observed per request, and a collector that reads the
-gateway's counters and backend states when scraped (nothing extra on the hot path)."""
+"""The gateway's Prometheus metrics, made when first asked for (an admin listener, a test): the
+duration histograms the data path counts (telemetry/recorder.py), a collector that reads the
+gateway's counters and backend states when scraped (nothing extra on the hot path), the
+process's own. Imported by the one function that wires them (app/gateway.py), so a gateway
+nobody can scrape never loads prometheus_client (docs/decisions/0064-lazy-imports.md)."""
 
 from __future__ import annotations
 
-import time
-from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 
 from prometheus_client import (
+    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     GCCollector,
     PlatformCollector,
     ProcessCollector,
+    generate_latest,
 )
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -20,83 +22,30 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from gateway.telemetry import procfs
 from gateway.telemetry.api import Stats
+from gateway.telemetry.recorder import BackendState, DurationHistogram, Recorder
 
-# Fine at the low end: the gateway's own overhead is well under a millisecond, and the
-# difference between server and client time is what operators watch.
-DURATION_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-)  # fmt: skip
-# Label value for names the gateway does not know: unknown names never become label values.
-OTHER = "_other"
-# Distinct `target` values kept per histogram; past this, further names count under OTHER, so a
-# backend with endless tool names cannot blow up the exposition.
-MAX_TARGETS = 500
-MAX_CACHED_CHILDREN = 10_000
 # A circuit breaker's states (backends/breaker.py), each a series of the state gauge.
 BREAKER_STATES = ("closed", "open", "half_open")
-# How late the event loop ran a wake-up: 1 ms is a busy loop, 100 ms a stall clients notice.
-LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
-class _Series:
-    """One label set of a histogram: per-bucket counts (not cumulative), sum, last exemplars."""
+class HistogramCollector(Collector):
+    """A duration histogram's counts as a Prometheus histogram, built when scraped."""
 
-    __slots__ = ("counts", "exemplars", "sum")
-
-    def __init__(self, buckets: int) -> None:
-        self.counts = [0] * buckets
-        # (trace id, value, time) of each bucket's last exemplar: made an Exemplar when scraped.
-        self.exemplars: list[tuple[str, float, float] | None] = [None] * buckets
-        self.sum = 0.0
-
-
-class DurationHistogram(Collector):
-    """A Prometheus histogram observed from the event loop only.
-
-    prometheus_client's Histogram takes a lock per bucket, sum and exemplar on every
-    observation; observations here all happen on the one event-loop thread and scrapes on the
-    same thread, so a list index and an add are enough. The exposition is built at scrape time.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        labelnames: tuple[str, ...],
-        buckets: tuple[float, ...],
-        registry: CollectorRegistry,
-    ) -> None:
-        self._name = name
-        self._doc = documentation
-        self._labelnames = labelnames
-        self._bounds = buckets
-        self._le = [floatToGoString(b) for b in buckets] + ["+Inf"]  # type: ignore[no-untyped-call]
-        self._series: dict[tuple[str, ...], _Series] = {}
-        registry.register(self)
-
-    def series(self, labels: tuple[str, ...]) -> _Series:
-        found = self._series.get(labels)
-        if found is None:
-            found = self._series[labels] = _Series(len(self._le))
-        return found
-
-    def observe(self, series: _Series, seconds: float, trace_id: str) -> None:
-        index = bisect_left(self._bounds, seconds)
-        series.counts[index] += 1
-        series.sum += seconds
-        if trace_id:
-            series.exemplars[index] = (trace_id, seconds, time.time())
+    def __init__(self, histogram: DurationHistogram) -> None:
+        self._histogram = histogram
+        self._le = [floatToGoString(b) for b in histogram.bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
 
     def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
-        for labels, series in sorted(self._series.items()):
+        h = self._histogram
+        family = HistogramMetricFamily(h.name, h.documentation, labels=h.labelnames)
+        for labels, series in sorted(h.by_labels.items()):
             total = 0
             buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
             for le, count, exemplar in zip(self._le, series.counts, series.exemplars, strict=True):
@@ -110,103 +59,36 @@ class DurationHistogram(Collector):
         yield family
 
 
-class Recorder:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.server_duration = DurationHistogram(
-            "mcp_server_operation_duration_seconds",
-            "Time the gateway took to answer a client request.",
-            ("mcp_method_name", "target", "error_type"),
-            DURATION_BUCKETS,
-            registry,
-        )
-        self.client_duration = DurationHistogram(
-            "mcp_client_operation_duration_seconds",
-            "Time a backend took to answer a request from the gateway.",
-            ("mcp_method_name", "target", "backend", "error_type"),
-            DURATION_BUCKETS,
-            registry,
-        )
-        self._targets: dict[str, set[str]] = {"server": set(), "client": set()}
-        # Series by the label values as given (before bounding), so a lookup is one dict get.
-        self._children: dict[tuple[str, ...], _Series] = {}
+class Exposition:
+    """The gateway's registry, in the order its families are exposed: the request durations, the
+    gateway's own counters and states, the process (CPU, memory, fds, start time from /proc;
+    `python_info`; `python_gc_*`; all read when scraped), the event loop's lag, and the span
+    exporter's counts when the gateway exports spans."""
 
-    def _bounded(self, kind: str, target: str) -> str:
-        seen = self._targets[kind]
-        if target in seen or not target:
-            return target
-        if len(seen) >= MAX_TARGETS:
-            return OTHER
-        seen.add(target)
-        return target
-
-    def _remember(self, key: tuple[str, ...], child: _Series) -> None:
-        if len(self._children) >= MAX_CACHED_CHILDREN:
-            self._children.clear()  # catalogs changed a lot over time; a cache, not the truth
-        self._children[key] = child
-
-    def server(self, method: str, target: str, error: str, seconds: float, trace_id: str) -> None:
-        key = ("server", method, target, error)
-        child = self._children.get(key)
-        if child is None:
-            bounded = self._bounded("server", target)
-            child = self.server_duration.series((method, bounded, error))
-            self._remember(key, child)
-        self.server_duration.observe(child, seconds, trace_id)
-
-    def client(
-        self, method: str, target: str, backend: str, error: str, seconds: float, trace_id: str
+    def __init__(
+        self,
+        recorder: Recorder,
+        gateway: GatewayCollector,
+        loop_lag: DurationHistogram,
+        trace_export: TraceExportCollector | None,
     ) -> None:
-        key = ("client", method, target, backend, error)
-        child = self._children.get(key)
-        if child is None:
-            bounded = self._bounded("client", target)
-            child = self.client_duration.series((method, bounded, backend, error))
-            self._remember(key, child)
-        self.client_duration.observe(child, seconds, trace_id)
+        self.registry = CollectorRegistry()
+        self.registry.register(HistogramCollector(recorder.server_duration))
+        self.registry.register(HistogramCollector(recorder.client_duration))
+        self.registry.register(gateway)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.registry.register(HistogramCollector(loop_lag))
+        if trace_export is not None:
+            self.registry.register(trace_export)
 
-
-def process_metrics(registry: CollectorRegistry) -> Callable[[float], None]:
-    """The process's own metrics on the gateway's registry, all read when scraped: CPU, memory,
-    open fds, start time (`process_*`, from /proc; Linux only), the interpreter (`python_info`),
-    garbage collections (`python_gc_*`). And the event loop's lag histogram: the function
-    returned observes one measurement (telemetry/loop.py)."""
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    GCCollector(registry=registry)
-    lag = DurationHistogram(
-        "mcp_gateway_event_loop_lag_seconds",
-        "How late the event loop woke a task that asked to wake every 0.5 s (measured).",
-        (),
-        LAG_BUCKETS,
-        registry,
-    )
-    series = lag.series(())
-
-    def observe(seconds: float) -> None:
-        lag.observe(series, seconds, "")
-
-    return observe
-
-
-@dataclass(frozen=True)
-class BackendState:
-    name: str
-    up: bool
-    restarts: int
-    catalog_refreshes: int
-    fanout_failures: int
-    era: str = "modern"
-    children: int | None = None  # running children of an `isolation: per_session` backend
-    pids: tuple[int, ...] | None = None  # its child processes (stdio); None: it has none
-    in_flight: int = 0  # requests holding a slot of its bound (core/overload.py)
-    pool: tuple[int, int] | None = None  # HTTP connections (in use, idle); None: not HTTP
-    # Its circuit breaker (backends/breaker.py): closed, open or half_open; None: it has none.
-    breaker: str | None = None
-    breaker_opens: int = 0
-    # An HTTP backend's replicas (`urls`): (replica, in flight, failures) each; None: one URL.
-    replicas: list[tuple[str, int, int]] | None = None
-    # List requests whose part for it came from its catalog, without asking it (core/fanout.py).
-    lists_from_catalog: int = 0
+    def render(self, accept: str) -> tuple[bytes, str]:
+        # OpenMetrics carries exemplars (trace ids); the classic text format does not.
+        if "application/openmetrics-text" in accept:
+            body: bytes = openmetrics.generate_latest(self.registry)  # type: ignore[no-untyped-call]
+            return body, openmetrics.CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
 class GatewayCollector(Collector):

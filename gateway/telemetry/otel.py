@@ -1,18 +1,16 @@
 """Traces per the OpenTelemetry MCP semantic conventions, durations into Prometheus histograms,
 one access-log line per client request, and its audit line (audit.py). Uses only the
-OpenTelemetry API: the SDK (exporter, sampler) is set up by `gateway/app/`.
+OpenTelemetry API, through spans.py and only with a tracer: the SDK (exporter, sampler) is set
+up by `gateway/app/`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from opentelemetry import context, propagate, trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gateway.origin import TRACE_HEADERS, HeaderFields, Origin
 from gateway.protocol import jsonrpc, meta
@@ -26,9 +24,14 @@ from gateway.telemetry.api import (
 )
 from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.logs import utc_now
-from gateway.telemetry.metrics import OTHER, Recorder
+from gateway.telemetry.recorder import OTHER, Recorder
 from gateway.telemetry.status import StatusBoard
 from gateway.telemetry.tap import Tap
+
+if TYPE_CHECKING:
+    from opentelemetry import trace
+
+    from gateway.telemetry.spans import Spans
 
 log = logging.getLogger("gateway.telemetry")
 
@@ -40,31 +43,6 @@ ATTR_BACKEND = "mcp_gateway.backend"
 ATTR_TRANSPORT = "mcp_gateway.transport"
 NETWORK_TRANSPORT = {"stdio": "pipe", "http": "tcp"}
 _NAME_ATTR = {"tools/call": "gen_ai.tool.name", "prompts/get": "gen_ai.prompt.name"}
-
-# OTEL_PROPAGATORS settings whose injection of a span's context is exactly the W3C traceparent
-# (and tracestate): the gateway's current context never holds baggage (a client's is extracted
-# only into its span's parent), so the baggage propagator adds nothing. With these the header is
-# formatted here, without the propagators' pass (~3 us a request); any other setting runs them.
-_W3C_ONLY = {"tracecontext,baggage", "baggage,tracecontext", "tracecontext"}
-
-
-def _w3c_only() -> bool:
-    setting = os.environ.get("OTEL_PROPAGATORS", "tracecontext,baggage")
-    return setting.replace(" ", "").lower() in _W3C_ONLY
-
-
-def _inject(span: trace.Span, w3c: bool) -> dict[str, str]:
-    if not w3c:
-        out: dict[str, str] = {}
-        propagate.inject(out, context=trace.set_span_in_context(span))
-        return out
-    ctx = span.get_span_context()
-    if not ctx.is_valid:
-        return _NO_CARRIER
-    out = {"traceparent": f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"}
-    if ctx.trace_state:
-        out["tracestate"] = ctx.trace_state.to_header()
-    return out
 
 
 def _request_attributes(msg: Message, params: dict[str, Any], attrs: dict[str, Any]) -> str:
@@ -140,7 +118,9 @@ class _Observed:
     def carrier(self) -> dict[str, str]:
         if self.span is None:
             return _NO_CARRIER
-        return _inject(self.span, self.telemetry._w3c)
+        spans = self.telemetry.spans
+        assert spans is not None  # (a span was started by them)
+        return spans.inject(self.span)
 
     def end_span(self, error: str, reply: Message | None) -> tuple[str, bool]:
         """End the span; its trace id (for the logs), and whether the trace was sampled (an
@@ -152,8 +132,8 @@ class _Observed:
             code = jsonrpc.error_code(reply) if reply is not None else None
             if code is not None:
                 span.set_attribute("rpc.response.status_code", str(code))
-            if error != CANCELLED:  # (the client's choice, not a failure of the operation)
-                span.set_status(Status(StatusCode.ERROR))
+            if error != CANCELLED and (spans := self.telemetry.spans) is not None:
+                spans.failed(span)  # (a cancel is the client's choice, not a failure)
         span.end()
         return self.trace_ref()
 
@@ -175,8 +155,6 @@ class _Observed:
 _NONE = ("", False)
 # What `carrier` gives without a span: shared, and never changed by callers.
 _NO_CARRIER: dict[str, str] = {}
-# The parent of a request that carries no trace context: none (what extracting nothing gives).
-_ROOT = context.Context()
 
 
 class _ServerObserved(_Observed):
@@ -247,11 +225,15 @@ class GatewayTelemetry:
     ) -> None:
         self.stats = Stats()
         self._backend_spans = backend_spans
-        self._w3c = _w3c_only()
         self._audit = audit
         self._tap = tap
         self.tapping = tap is not None
-        self._tracer = tracer
+        # The spans' part of the OpenTelemetry API, loaded only to trace (0064).
+        self.spans: Spans | None = None
+        if tracer is not None:
+            from gateway.telemetry.spans import Spans
+
+            self.spans = Spans(tracer)
         self._recorder = recorder
         self._access = access_log
         self._payloads = record_payloads
@@ -273,30 +255,25 @@ class GatewayTelemetry:
             # Recording is an observer: it must never fail the request it watches.
             log.exception("traffic tap: a message could not be recorded")
 
-    def _start(
-        self, msg: Message, kind: SpanKind, parent: context.Context | None, attrs: dict[str, Any]
-    ) -> trace.Span | None:
-        if self._tracer is None:
-            return None
+    def _named(self, msg: Message, attrs: dict[str, Any]) -> str:
+        """The span's name; its request attributes added to `attrs`."""
         params = jsonrpc.params(msg)
         name = _request_attributes(msg, params, attrs)
         if self._payloads:
             attrs["mcp_gateway.request.params"] = jsonrpc.dumps(params).decode()
-        return self._tracer.start_span(name, context=parent, kind=kind, attributes=attrs)
+        return name
 
     def server(self, msg: Message, origin: Origin) -> Observation:
         span = None
-        if self._tracer is not None:  # with tracing off, trace context just passes through
+        if (spans := self.spans) is not None:  # with tracing off, trace context just passes
             fields = jsonrpc.meta(msg)
             headers = (
                 {k: v for k in TRACE_HEADERS if (v := fields.get(k)) is not None}
                 if "traceparent" in fields or "tracestate" in fields
                 else origin.trace_headers()
             )
-            # Nothing to extract: a root span, without a pass through the propagators.
-            parent = propagate.extract(headers) if headers else _ROOT
             attrs = {"network.transport": NETWORK_TRANSPORT[origin.frontend]}
-            span = self._start(msg, SpanKind.SERVER, parent, attrs)
+            span = spans.server(self._named(msg, attrs), headers, attrs)
         self.stats.in_flight[origin.frontend] += 1
         return _ServerObserved(self, msg, span, origin)
 
@@ -346,7 +323,7 @@ class GatewayTelemetry:
         serving: Observation,
     ) -> Observation:
         span = None
-        if self._tracer is not None:
+        if (spans := self.spans) is not None:
             if (
                 not self._backend_spans
                 and isinstance(serving, _ServerObserved)
@@ -359,11 +336,7 @@ class GatewayTelemetry:
                 # Requests of the gateway's own or of a fan-out keep a CLIENT span each.
                 serving.forwarded = True
                 return _ClientObserved(self, msg, None, backend, serving, serving)
-            parent = (
-                trace.set_span_in_context(serving.span)
-                if isinstance(serving, _ServerObserved) and serving.span is not None
-                else _ROOT
-            )
+            parent = serving.span if isinstance(serving, _ServerObserved) else None
             attrs: dict[str, Any] = {
                 ATTR_BACKEND: backend,
                 ATTR_TRANSPORT: transport,
@@ -371,7 +344,7 @@ class GatewayTelemetry:
             }
             if address is not None:
                 attrs["server.address"], attrs["server.port"] = address
-            span = self._start(msg, SpanKind.CLIENT, parent, attrs)
+            span = spans.client(self._named(msg, attrs), parent, attrs)
         return _ClientObserved(self, msg, span, backend, serving)
 
     def _end_client(self, observed: _ClientObserved) -> None:

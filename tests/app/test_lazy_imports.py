@@ -1,7 +1,8 @@
 """What a config does not use is not imported (issue 34; docs/decisions/0064-lazy-imports.md):
-a plain gateway (an HTTP listener, one backend, no `telemetry:`, `auth:` or `cluster:`) loads
-neither Redis nor PyJWT, cryptography, the OpenTelemetry SDK or the span exporter, and a config
-that uses one of them loads it, so the laziness never costs a feature.
+a plain gateway (an HTTP listener, one backend, no `telemetry:`, `auth:`, `cluster:` or admin
+listener, no backend with `auth:`) loads neither Redis nor PyJWT, cryptography, the OpenTelemetry
+SDK, the span exporter or the API's spans, prometheus_client or the OAuth client of the backends,
+and a config that uses one of them loads it, so the laziness never costs a feature.
 
 Each case is a fresh interpreter (`python -c`): what `python -m gateway` imports (the command
 line), then the gateway built from the config, and entered (listener bound, backends started)
@@ -24,8 +25,13 @@ from tests.support import BOUND, ROOT
 # A module of each optional feature, and what stands for its heavy dependencies.
 CLUSTER = {"redis", "gateway.cluster", "cryptography"}
 CALLER_AUTH = {"jwt", "gateway.caller_auth.authenticator"}
-TRACING = {"opentelemetry.sdk", "gateway.telemetry.otlp"}
-HEAVY = CLUSTER | CALLER_AUTH | TRACING
+TRACING = {"opentelemetry.sdk", "gateway.telemetry.otlp", "gateway.telemetry.spans"}
+# The OpenTelemetry API's spans (only `opentelemetry.util`, for the OTLP settings, is loaded
+# without tracing).
+OTEL_API = {"opentelemetry.trace", "opentelemetry.propagate", "opentelemetry.context"}
+METRICS = {"prometheus_client", "gateway.telemetry.metrics"}
+OAUTH_CLIENT = {"gateway.backend_auth.authorizer", "gateway.backend_auth.desk"}
+HEAVY = CLUSTER | CALLER_AUTH | TRACING | OTEL_API | METRICS | OAUTH_CLIENT
 
 HTTP_LISTENER = {"http": {"host": "127.0.0.1", "port": 0, "path": "/mcp"}}
 # Nothing listens on port 9: the backend is marked down, which does not stop the start.
@@ -124,5 +130,37 @@ def test_an_otlp_endpoint_loads_the_sdk_and_the_exporter() -> None:
         "telemetry": {"otlp_endpoint": "http://127.0.0.1:9"},
     }
     modules = loaded(config, enter=False)
-    assert present(modules, TRACING) == TRACING
+    assert present(modules, TRACING | OTEL_API) == TRACING | OTEL_API
     assert present(modules, CLUSTER | CALLER_AUTH) == set()
+
+
+def test_an_admin_listener_loads_the_metrics_exposition() -> None:
+    """Its /metrics is served from the start; the counts are the gateway's own either way."""
+    listen = {**HTTP_LISTENER, "admin": {"host": "127.0.0.1", "port": 0}}
+    modules = loaded({"listen": listen, "backends": {"b": HTTP_BACKEND}}, enter=True)
+    assert present(modules, METRICS) == METRICS
+    assert present(modules, CLUSTER | CALLER_AUTH | TRACING) == set()
+
+
+def test_a_backend_with_auth_loads_the_oauth_client() -> None:
+    """basic/authorization: the gateway is an OAuth client of that backend."""
+    backend = {**HTTP_BACKEND, "auth": {"type": "oauth", "client_id": "gateway"}}
+    modules = loaded({"listen": HTTP_LISTENER, "backends": {"b": backend}}, enter=False)
+    assert present(modules, OAUTH_CLIENT) == OAUTH_CLIENT
+    assert present(modules, CLUSTER | CALLER_AUTH | TRACING) == set()
+
+
+def test_the_command_line_reads_no_system_mime_types() -> None:
+    """aiohttp's file responses make a MIME table at import; the gateway serves no files, so
+    the system's mime.types (Debian's: 0.5 MB resident) stays unread: a type only it knows is
+    unknown, and one Python knows itself is still there."""
+    probe = (
+        "import mimetypes, gateway.cli, aiohttp.web;"
+        "print(mimetypes.guess_type('a.deb')[0], mimetypes.guess_type('a.json')[0])"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, env=env, cwd=ROOT, timeout=4 * BOUND
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.split() == [b"None", b"application/json"]

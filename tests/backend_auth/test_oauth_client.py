@@ -30,10 +30,12 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import ElicitRequestParams, ElicitRequestURLParams, ElicitResult, TextContent
 
 from gateway.app import Gateway
-from gateway.backend_auth.authorizer import GATEWAY, Authorizer, Opener
+from gateway.backend_auth.authorizer import Authorizer
 from gateway.backend_auth.failures import AuthFailed
 from gateway.backend_auth.fetch import FetchFailed, OAuthHttp
 from gateway.backend_auth.redirect import RedirectListener
+from gateway.backend_auth.seam import GATEWAY
+from gateway.backend_auth.state import Opener
 from gateway.backend_auth.store import TokenStore
 from gateway.config import BackendAuth, ConfigInvalid, parse
 from tests.support import BOUND

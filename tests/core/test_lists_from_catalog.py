@@ -29,7 +29,8 @@ from gateway.routing import cursor as cursors
 from gateway.routing.names import Naming, PrefixMode
 from gateway.routing.table import Exposure
 from gateway.telemetry.api import NoTelemetry, Stats
-from gateway.telemetry.metrics import BackendState, GatewayCollector
+from gateway.telemetry.metrics import GatewayCollector
+from gateway.telemetry.recorder import BackendState
 from tests.support.memory_backend import TOOLS, MemoryBackend, ignore, modern
 
 pytestmark = pytest.mark.anyio

@@ -23,8 +23,8 @@ import aiohttp
 import anyio
 from multidict import CIMultiDict
 
-from gateway.backend_auth.authorizer import GATEWAY
 from gateway.backend_auth.failures import AuthFailed
+from gateway.backend_auth.seam import GATEWAY
 from gateway.backends import hop, ids, web
 from gateway.backends.base import NotificationSink
 from gateway.backends.era import questions, resume
