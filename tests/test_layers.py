@@ -254,6 +254,8 @@ LAZY_IMPORTS: dict[tuple[str, str], set[str]] = {
         "gateway.backend_auth.fetch",
         "gateway.backend_auth.store",
     },
+    # tool_search: the index and its meta-tools, for a server that searches.
+    ("gateway.core.dispatcher", "_search_with"): {"gateway.core.toolsearch"},
     ("gateway.app.wiring", "login_desk"): {
         "gateway.backend_auth.caller_check",
         "gateway.backend_auth.desk",

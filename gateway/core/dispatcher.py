@@ -10,14 +10,14 @@ import logging
 import os
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway import errors
 from gateway.backends.base import GATEWAY_CALL, Backend, Call, NotificationSink
 from gateway.caller_auth.identity import Identity
 from gateway.config.model import DEFAULT_FAN_OUT_GRACE, DEFAULT_FAN_OUT_START_WAIT
 from gateway.config.search import ToolSearchConfig
-from gateway.core import apps, tasks, toolsearch, unknown
+from gateway.core import apps, tasks, unknown
 from gateway.core.catalog import Catalogs
 from gateway.core.fanout import FanOut
 from gateway.core.listen import Subscriptions
@@ -41,6 +41,9 @@ from gateway.routing import table as routes
 from gateway.routing.names import Naming
 from gateway.routing.table import Exposure, Route, RouteTable
 from gateway.telemetry.api import NoTelemetry, Telemetry, tapped
+
+if TYPE_CHECKING:
+    from gateway.core.toolsearch import ToolSearch
 
 log = logging.getLogger("gateway")
 
@@ -115,7 +118,7 @@ class Dispatcher:
         self.tasks = tasks.TaskRouter(self, task_keys or (os.urandom(32),))
         self.tasks.attach(limiter, shared_limiter)
         # None: every tool is listed (tool_search off); else core/toolsearch.py.
-        self.search: toolsearch.ToolSearch | None = None
+        self.search: ToolSearch | None = None
         self._search_with(tool_search)
 
     def _search_with(self, config: ToolSearchConfig | None) -> None:
@@ -124,7 +127,10 @@ class Dispatcher:
                 self.search.close()
             self.search = None
         elif self.search is None:
-            self.search = toolsearch.ToolSearch(config, self.catalogs)
+            # Imported here: a config without `tool_search:` never loads the index.
+            from gateway.core.toolsearch import ToolSearch
+
+            self.search = ToolSearch(config, self.catalogs)
         else:
             self.search.config = config  # (its index is of the same catalogs: kept)
 
@@ -276,7 +282,7 @@ class Dispatcher:
         """The `x-mcp-header` annotations of a client-visible tool, if the tool is known (after
         refreshing stale catalogs: callers look in `catalogs.table` first, without a coroutine)
         and the policy shows it to the caller."""
-        if self.search is not None and tool in toolsearch.NAMES:
+        if self.search is not None and tool in self.search.NAMES:
             return None  # (a meta-tool: no annotations, and no catalog to refresh)
         route = await self._lookup(RouteTable.tool, tool) or self.catalogs.table.own_tool(tool)
         if route is None or not self.shows_tool(route, identity):
@@ -306,7 +312,7 @@ class Dispatcher:
         view = self._policy.view(origin.identity) if self._policy is not None else None
         if method == "tools/call":
             name = params.get("name")
-            if self.search is not None and isinstance(name, str) and name in toolsearch.LOCAL:
+            if self.search is not None and isinstance(name, str) and name in self.search.LOCAL:
                 return await self.search.answer(msg, view, call)
             # A known tool is found without a coroutine; only a miss may refresh catalogs.
             found = self.catalogs.table.tool(name) if isinstance(name, str) else None

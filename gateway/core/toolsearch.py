@@ -124,6 +124,11 @@ META_TOKENS = budget.estimate_tokens(META_TOOLS)
 class ToolSearch:
     """One server's tool search, over its dispatcher's catalogs."""
 
+    # The meta-tools' names (the dispatcher asks here: it imports this module only when a
+    # server searches).
+    NAMES = NAMES
+    LOCAL = LOCAL
+
     def __init__(self, config: ToolSearchConfig, catalogs: Catalogs) -> None:
         self.config = config  # replaced by a reload (the dispatcher's `reconfigure`)
         self._catalogs = catalogs

@@ -31,7 +31,10 @@ TRACING = {"opentelemetry.sdk", "gateway.telemetry.otlp", "gateway.telemetry.spa
 OTEL_API = {"opentelemetry.trace", "opentelemetry.propagate", "opentelemetry.context"}
 METRICS = {"prometheus_client", "gateway.telemetry.metrics"}
 OAUTH_CLIENT = {"gateway.backend_auth.authorizer", "gateway.backend_auth.desk"}
-HEAVY = CLUSTER | CALLER_AUTH | TRACING | OTEL_API | METRICS | OAUTH_CLIENT
+TOOL_SEARCH = {"gateway.core.toolsearch", "gateway.routing.search"}
+# The stdlib's exact decimals: the numbers scan compares decimal texts itself.
+DECIMAL = {"decimal", "_decimal", "_pydecimal"}
+HEAVY = CLUSTER | CALLER_AUTH | TRACING | OTEL_API | METRICS | OAUTH_CLIENT | TOOL_SEARCH | DECIMAL
 
 HTTP_LISTENER = {"http": {"host": "127.0.0.1", "port": 0, "path": "/mcp"}}
 # Nothing listens on port 9: the backend is marked down, which does not stop the start.
@@ -139,6 +142,17 @@ def test_an_admin_listener_loads_the_metrics_exposition() -> None:
     listen = {**HTTP_LISTENER, "admin": {"host": "127.0.0.1", "port": 0}}
     modules = loaded({"listen": listen, "backends": {"b": HTTP_BACKEND}}, enter=True)
     assert present(modules, METRICS) == METRICS
+    assert present(modules, CLUSTER | CALLER_AUTH | TRACING) == set()
+
+
+def test_tool_search_loads_its_index() -> None:
+    config = {
+        "listen": HTTP_LISTENER,
+        "backends": {"b": HTTP_BACKEND},
+        "tool_search": {"mode": "on"},
+    }
+    modules = loaded(config, enter=False)
+    assert present(modules, TOOL_SEARCH) == TOOL_SEARCH
     assert present(modules, CLUSTER | CALLER_AUTH | TRACING) == set()
 
 
