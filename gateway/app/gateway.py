@@ -225,9 +225,12 @@ class Gateway:
 
     def _operate(self) -> None:
         """What the admin listener serves: metrics, health, readiness, the status page."""
-        # The status page's series and recent errors (/status on the admin listener).
+        # The status page's series and recent errors (/status on the admin listener). Without
+        # an admin listener (a restart's to change) nothing reads the series: no request feeds
+        # them (the recent errors of health changes are still kept, for an embedding program).
         self.status = StatusBoard()
-        self.telemetry.status = self.status
+        if self.config.listen.admin is not None:
+            self.telemetry.status = self.status
         self.operations = Operations(
             metrics=self._render_metrics,
             backends=lambda: backends_up(self.wired, self.dispatcher),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.app import Gateway
+from gateway.config import parse
 from gateway.telemetry.status import (
     MESSAGE_CHARS,
     RECENT_ERRORS,
@@ -138,3 +140,14 @@ def test_a_removed_backend_is_forgotten() -> None:
     board.forget(["kept"])
     assert "gone" not in board.last_error
     assert board.series("gone").summary(0.0, covered=1.0)["requests"] == 0
+
+
+@pytest.mark.anyio
+async def test_only_a_gateway_with_a_status_page_feeds_its_series() -> None:
+    """The series are read only by the admin listener's status page (a restart's to add): a
+    gateway without one does not feed them on every request; one with one does."""
+    base = "backends: {b: {stdio: {command: x}}}\nlisten: {http: {host: 127.0.0.1, port: 0}"
+    plain = Gateway(parse(base + "}\n"))
+    assert plain.telemetry.status is None
+    with_page = Gateway(parse(base + ", admin: {host: 127.0.0.1, port: 0}}\n"))
+    assert with_page.telemetry.status is with_page.status
