@@ -89,7 +89,9 @@ ORIGIN = "gateway.origin"
 
 
 def test_the_origin_sees_only_the_callers_identity() -> None:
-    assert ours(ORIGIN) <= {"gateway.caller_auth.identity"}
+    # (and the collector, a leaf: a legacy session's end asks for a full collection)
+    assert ours(ORIGIN) <= {"gateway.caller_auth.identity", "gateway.collector"}
+    assert ours("gateway.collector") == set()
 
 
 # Request state travels as arguments (the seam's `Call`, backends/base.py), never in a context
@@ -443,6 +445,8 @@ ASYNCIO_USERS = {
     "gateway.origin",
     # The coarse timer wheel is one loop timer (call_later) per tick, for every lane.
     "gateway.timers",
+    # One loop timer per pending full collection, armed from a synchronous `close`.
+    "gateway.collector",
 }
 
 
