@@ -57,7 +57,5 @@ def collect_soon() -> None:
 
 
 def _collect(loop: asyncio.AbstractEventLoop) -> None:
-    pending = _pending.pop(loop, None)
-    if pending is not None and pending.timer is not None:
-        pending.timer.cancel()  # (a no-op for the one running now)
+    _pending.pop(loop, None)  # (its timer is the one running now, or was cancelled for it)
     gc.collect()

@@ -283,9 +283,7 @@ class Channel:
         # request while the channel is ready (the common case).
         if not self._ready_now():
             return self._request_when_ready(msg, sink, call, long_lived, wants_logs)
-        within: float | None = self._request_timeout if call.deadline is None else call.deadline
-        if long_lived:
-            within = None
+        within = self._within(call, long_lived)
         return self.exchange(msg, sink, within, wants_logs=wants_logs, origin=call.origin)
 
     async def _request_when_ready(
@@ -297,10 +295,14 @@ class Channel:
         wants_logs: bool | None,
     ) -> Message:
         await self._wait_ready()
-        within: float | None = self._request_timeout if call.deadline is None else call.deadline
-        if long_lived:
-            within = None
+        within = self._within(call, long_lived)
         return await self.exchange(msg, sink, within, wants_logs=wants_logs, origin=call.origin)
+
+    def _within(self, call: Call, long_lived: bool) -> float | None:
+        """A request's deadline in seconds: its call's, or the backend's; none for a listen."""
+        if long_lived:
+            return None
+        return self._request_timeout if call.deadline is None else call.deadline
 
     async def exchange(
         self,

@@ -236,17 +236,12 @@ class HttpExchange:
             except web.StaleConnection:  # (nothing was sent: another pooled connection)
                 resp = await web.send(session, method, replica.url, sent, body, deadline)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise self._unreached(replica, exc, within) from None
+            error = web.failure(self.name, exc, within)
+            if isinstance(error, BackendUnavailable | BackendConnectionLost):
+                self.replicas.failed(replica, unreachable=isinstance(error, BackendUnavailable))
+            raise error from None
         self.replicas.reached(replica)
         return resp
-
-    def _unreached(self, replica: Replica, exc: BaseException, within: float | None) -> Exception:
-        """The backend error for a failed send to `replica`, which counts against it when the
-        replica could not be reached or lost the connection."""
-        error = web.failure(self.name, exc, within)
-        if isinstance(error, BackendUnavailable | BackendConnectionLost):
-            self.replicas.failed(replica, unreachable=isinstance(error, BackendUnavailable))
-        return error
 
     async def _open_post(
         self,
@@ -377,23 +372,15 @@ class HttpExchange:
         try:
             if auth is None and self.session is None and not self.replicas.several:
                 # The common case in this frame: one replica, no login, no legacy session.
-                # (`_open_once` inline: one coroutine frame less on every request)
                 replica = self.replicas.all[0]
                 replica.in_flight += 1
                 try:
-                    try:
-                        resp = await web.request(
-                            session, "POST", replica.url, headers, body, deadline
-                        )
-                    except web.StaleConnection:  # (nothing was sent: another connection)
-                        resp = await web.send(session, "POST", replica.url, headers, body, deadline)
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    replica.in_flight -= 1
-                    raise self._unreached(replica, exc, within) from None
+                    resp = await self._open_once(
+                        replica, session, "POST", headers, body, within, deadline
+                    )
                 except BaseException:
                     replica.in_flight -= 1
                     raise
-                self.replicas.reached(replica)
             else:
                 resp, replica = await self._open_post(
                     msg, session, headers, body, within, deadline, whose

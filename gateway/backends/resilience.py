@@ -168,17 +168,14 @@ class Resilient(Layer[Backend]):
         tool = _tool(msg) if self._timeouts else None
         idle = self._timeouts.get(tool) if tool is not None else None
         started = time.monotonic()  # (anyio's clock on asyncio, without its lookup)
-        if idle is None and self.breaker is None:
-            # The first try of the common case in this frame: no breaker, no tool timer.
-            try:
+        try:
+            if idle is None and self.breaker is None:
+                # The first try of the common case in this frame: no breaker, no tool timer.
                 reply = await self.inner.request(msg, sink, call)
-            except BackendError as exc:
-                return await self._again(msg, sink, call, exc, idle, started)
-        else:
-            try:
+            else:
                 reply = await self._once(msg, sink, call, idle, None)
-            except BackendError as exc:
-                return await self._again(msg, sink, call, exc, idle, started)
+        except BackendError as exc:
+            reply = await self._again(msg, sink, call, exc, idle, started)
         if msg.get("method") == "tools/list" and self._retries.attempts > 1:
             self._learn(reply)
         return reply
@@ -212,13 +209,9 @@ class Resilient(Layer[Backend]):
             await anyio.sleep(delay)
             tries += 1
             try:
-                reply = await self._once(msg, sink, call, idle, None if idle is not None else left)
+                return await self._once(msg, sink, call, idle, None if idle is not None else left)
             except BackendError as next_failure:
                 exc = next_failure
-                continue
-            if msg.get("method") == "tools/list" and self._retries.attempts > 1:
-                self._learn(reply)
-            return reply
 
     def _retry_after(self, msg: Message, exc: BackendError, tries: int) -> float | None:
         if tries >= self._retries.attempts or not retryable(exc):

@@ -279,9 +279,7 @@ class Endpoint:
         try:
             body = await read_body(request, self._max_body, self._body_timeout)
         except BodyError as exc:
-            response = self._reject(exc.reason, exc.status, codes.INVALID_REQUEST, exc.message)
-            response.force_close()
-            return response
+            return self._unreadable(exc)
         answer = await self._message(request, body, session_id)
         if close:
             answer.force_close()

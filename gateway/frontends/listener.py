@@ -108,6 +108,10 @@ def body_now(request: web.BaseRequest, limit: int) -> bytes | None:
         body = content.read_nowait()
     except web.RequestPayloadError as exc:
         raise BodyError(400, "framing", "The request body could not be read") from exc
+    return _within_limit(body, coding, limit)
+
+
+def _within_limit(body: bytes, coding: str | None, limit: int) -> bytes:
     if len(body) > limit:
         raise too_big(limit)
     return body if coding is None else inflate(body, coding, limit)
@@ -130,9 +134,7 @@ async def read_body(request: web.BaseRequest, limit: int, body_timeout: float) -
         body = await _gather(content, limit, body_timeout)
     except web.RequestPayloadError as exc:
         raise BodyError(400, "framing", "The request body could not be read") from exc
-    if len(body) > limit:
-        raise too_big(limit)
-    return body if coding is None else inflate(body, coding, limit)
+    return _within_limit(body, coding, limit)
 
 
 def _expects_continue(request: web.BaseRequest) -> bool:
