@@ -34,28 +34,34 @@ def indexes_equal(a: Index, b: Index) -> bool:
     )
 
 
+class Ticks:
+    """The loop's turns while some work runs: a task that counts one at each checkpoint."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def run(self) -> None:
+        while True:
+            self.count += 1
+            await anyio.lowlevel.checkpoint()
+
+
 @pytest.mark.anyio
 async def test_each_pass_runs_in_a_worker_thread_and_the_loop_runs_between_them() -> None:
     """A pass holds the GIL at most as long as it runs; between two the loop has its turn (a
     task of its own moves on), so a request waits at most a pass, never the whole build."""
     loop_thread = threading.get_ident()
-    ticks = 0
+    ticks = Ticks()
     seen: list[tuple[int, int]] = []  # (thread, ticks) at each pass
 
     def work() -> Generator[None, None, str]:
         for _ in range(5):
-            seen.append((threading.get_ident(), ticks))
+            seen.append((threading.get_ident(), ticks.count))
             yield
         return "done"
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await anyio.lowlevel.checkpoint()
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(ticker)
+        tg.start_soon(ticks.run)
         assert await passes.run(work()) == "done"
         tg.cancel_scope.cancel()
     assert len(seen) == 5
@@ -139,19 +145,13 @@ async def test_a_load_rebuilds_each_servers_table_with_the_loops_turn_between() 
     exposures = [Exposure("one", "one")]
     merged = Catalogs([backend], exposures, Naming(), {"name": "test"})
     virtual = Catalogs([backend], exposures, Naming(), {"name": "test"}, shared=merged)
-    ticks = 0
+    ticks = Ticks()
     marks: list[tuple[str, int]] = []
-    merged.on_rebuilt.append(lambda: marks.append(("merged", ticks)))
-    virtual.on_rebuilt.append(lambda: marks.append(("virtual", ticks)))
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await anyio.lowlevel.checkpoint()
+    merged.on_rebuilt.append(lambda: marks.append(("merged", ticks.count)))
+    virtual.on_rebuilt.append(lambda: marks.append(("virtual", ticks.count)))
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(ticker)
+        tg.start_soon(ticks.run)
         await merged.refresh("one")
         tg.cancel_scope.cancel()
     assert [name for name, _ in marks] == ["merged", "virtual"]
