@@ -29,41 +29,40 @@ def tool(name: str, **annotations: Any) -> dict[str, Any]:
     return {"name": name, "inputSchema": {"type": "object"}, "annotations": annotations}
 
 
-def files() -> FakeBackend:
+class Files(FakeBackend):
     """A file server in the manner of server-filesystem: its tools and their hints (a test may
     change what it lists); a call answers with its arguments."""
-    listed = [
-        tool("read_file", readOnlyHint=True, openWorldHint=False),
-        tool("write_file", readOnlyHint=False, destructiveHint=True),
-        tool("create_directory", readOnlyHint=False, destructiveHint=False, idempotentHint=True),
-        {"name": "touch", "inputSchema": {"type": "object"}},  # no hints: destructive by default
-    ]
 
-    async def handle(msg: Message, sink: NotificationSink) -> Message | None:
+    def __init__(self) -> None:
+        super().__init__(self._handle, "fs")
+        self.tools = [
+            tool("read_file", readOnlyHint=True, openWorldHint=False),
+            tool("write_file", readOnlyHint=False, destructiveHint=True),
+            tool(
+                "create_directory", readOnlyHint=False, destructiveHint=False, idempotentHint=True
+            ),
+            {"name": "touch", "inputSchema": {"type": "object"}},  # no hints: destructive
+        ]
+
+    async def _handle(self, msg: Message, sink: NotificationSink) -> Message | None:
         if msg["method"] == "tools/list":
-            return {"jsonrpc": "2.0", "id": msg["id"], "result": {"tools": list(backend.tools)}}
+            return {"jsonrpc": "2.0", "id": msg["id"], "result": {"tools": list(self.tools)}}
         return None  # (MemoryBackend's own answer: a call echoes its arguments)
-
-    backend = FakeBackend(handle, "fs")
-    backend.tools = listed  # type: ignore[attr-defined]
-    return backend
 
 
 HEAD = "listen: {stdio: true}\nbackends:\n  fs:\n    stdio: {command: x}\n"
 NO_DESTRUCTION = "  rules:\n    - deny: {tools: ['*'], annotations: {destructiveHint: true}}\n"
 
 
-def over(fs: FakeBackend, cfg: Config) -> Dispatcher:
+def over(fs: Files, cfg: Config) -> Dispatcher:
     policy = Policy(cfg.policy) if cfg.policy is not None else None
     exposures = [make_exposure(b) for b in cfg.backends]
     return Dispatcher([fs], exposures, make_naming(cfg), INFO, policy=policy)
 
 
-async def gateway(
-    policy: str = NO_DESTRUCTION, backend: str = ""
-) -> tuple[Dispatcher, FakeBackend]:
-    """A dispatcher under `policy` over `files()` (`backend`: more of its config), loaded."""
-    fs = files()
+async def gateway(policy: str = NO_DESTRUCTION, backend: str = "") -> tuple[Dispatcher, Files]:
+    """A dispatcher under `policy` over `Files()` (`backend`: more of its config), loaded."""
+    fs = Files()
     dispatcher = over(fs, parse(HEAD + backend + "policy:\n" + policy))
     await dispatcher.catalogs.load_all()
     return dispatcher, fs
@@ -80,7 +79,7 @@ async def names(dispatcher: Dispatcher) -> list[str]:
     return sorted(t["name"] for t in reply["result"]["tools"])
 
 
-def calls(backend: FakeBackend) -> list[str]:
+def calls(backend: Files) -> list[str]:
     return [m["params"]["name"] for m in backend.calls()]
 
 
@@ -114,14 +113,14 @@ async def test_calling_a_destructive_tool_is_refused_as_unknown_and_reaches_no_b
 async def test_a_call_is_judged_by_the_catalogs_definition_and_a_list_by_its_own() -> None:
     dispatcher, fs = await gateway()
     # The server now claims write_file reads only; the catalog has not been loaded again.
-    fs.tools[1] = tool("write_file", readOnlyHint=True)  # type: ignore[attr-defined]
+    fs.tools[1] = tool("write_file", readOnlyHint=True)
     assert "write_file" in await names(dispatcher)  # what the list shows
     reply = await dispatcher.handle(tool_call(1, "write_file"), ignore)
     assert error(reply)["code"] == codes.INVALID_PARAMS and calls(fs) == []
     await reload(dispatcher)
     assert "result" in await dispatcher.handle(tool_call(2, "write_file"), ignore)
     # And back: a tool that turns destructive is refused by the reloaded catalog.
-    fs.tools[2] = tool("create_directory")  # type: ignore[attr-defined]
+    fs.tools[2] = tool("create_directory")
     await reload(dispatcher)
     reply = await dispatcher.handle(tool_call(3, "create_directory"), ignore)
     assert error(reply)["code"] == codes.INVALID_PARAMS
@@ -192,7 +191,7 @@ READ_ONLY_SERVER = """servers:
 
 async def test_a_virtual_server_may_offer_read_only_tools_only() -> None:
     cfg = parse(HEAD.replace("stdio: true", "http: {port: 0}") + READ_ONLY_SERVER)
-    fs = files()
+    fs = Files()
     main = over(fs, cfg)
     (server,) = cfg.servers
     readonly = make(cfg, server, main, {"fs": fs}, NoTelemetry())
