@@ -25,6 +25,7 @@ from gateway.core.conditions import (
 )
 from gateway.core.policy import ALLOW, DENY, LISTING, PROMPT, RESOURCE, TOOL, Policy, Verdict
 from tests.core.test_policy import who
+from tests.support import ROOT
 
 pytestmark = pytest.mark.fast
 
@@ -389,3 +390,23 @@ def test_a_bad_rule_on_annotations_or_arguments_names_its_line_and_path(
     assert any(p.startswith(f"gw.yaml:{line}: {wanted}:") for p in caught.value.problems), (
         caught.value.problems
     )
+
+
+def test_the_docs_examples_load_and_mean_what_they_say() -> None:
+    """Every whole `policy:` or `servers:` example of docs/trusting-tools/annotations.md."""
+    text = (ROOT / "docs" / "trusting-tools" / "annotations.md").read_text(encoding="utf-8")
+    blocks = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:]]
+    whole = [b for b in blocks if b.startswith(("policy:", "servers:"))]
+    assert len(whole) >= 6
+    head = "listen: {http: {port: 0}}\nbackends:\n" + "".join(
+        f"  {b}: {{stdio: {{command: x}}}}\n" for b in ("files", "github")
+    )
+    for block in whole:
+        config = parse(head + block)
+        assert config.policy is not None or config.servers, block
+    readonly = parse(head + next(b for b in whole if b.startswith("servers:")))
+    (server,) = readonly.servers
+    assert server.policy is not None
+    p = Policy(server.policy, lambda backend, name: CATALOG.get(("fs", name)))
+    assert p.decide(None, TOOL, "files", "write_file") == DENY
+    assert p.decide(None, TOOL, "files", "read_file") == ALLOW
