@@ -201,3 +201,22 @@ async def test_a_virtual_server_may_offer_read_only_tools_only() -> None:
     refused = await readonly.handle(tool_call(1, "create_directory"), ignore)
     assert error(refused)["code"] == codes.INVALID_PARAMS and calls(fs) == []
     assert "result" in await readonly.handle(tool_call(2, "read_file"), ignore)
+
+
+async def test_a_reload_that_brings_rules_on_annotations_reads_the_catalog() -> None:
+    dispatcher, fs = await gateway("  rules:\n    - deny: {tools: [x]}\n")
+    assert "write_file" in await names(dispatcher)
+    cfg = parse(HEAD + "policy:\n" + NO_DESTRUCTION)
+    assert cfg.policy is not None
+    dispatcher.reconfigure(
+        [fs],
+        [make_exposure(b) for b in cfg.backends],
+        make_naming(cfg),
+        cfg.on_backend_failure,
+        Policy(cfg.policy),
+        None,
+    )
+    assert await names(dispatcher) == ["create_directory", "read_file"]
+    reply = await dispatcher.handle(tool_call(1, "write_file"), ignore)
+    assert error(reply)["code"] == codes.INVALID_PARAMS and calls(fs) == []
+    assert "result" in await dispatcher.handle(tool_call(2, "create_directory"), ignore)
