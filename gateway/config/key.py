@@ -17,7 +17,8 @@ from typing import Any, Literal
 # boolean; strings: a list of scalars read as strings; string_map: names to scalars read as
 # strings; section: a mapping described by SECTIONS[section]; sections: names to such mappings;
 # roots: a list of file:// URIs or `root` sections; section_list: a list of such mappings;
-# switch: true, false, or such a mapping (meaning on).
+# switch: true, false, or such a mapping (meaning on); value: one string, number or boolean, kept
+# as YAML typed it.
 Kind = Literal[
     "string",
     "number",
@@ -31,6 +32,7 @@ Kind = Literal[
     "section_list",
     "roots",
     "switch",
+    "value",
 ]
 
 # The kinds `_Check.field` reads; the others are sections the loaders read themselves.

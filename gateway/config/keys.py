@@ -18,7 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gateway.config.access import RULE_EFFECTS, PolicyConfig, PolicyRule, PolicyTarget, PolicyWhen
+from gateway.config.access import (
+    ARGUMENT_TESTS,
+    RULE_EFFECTS,
+    PolicyAnnotations,
+    PolicyArgument,
+    PolicyConfig,
+    PolicyRule,
+    PolicyTarget,
+    PolicyWhen,
+)
 from gateway.config.credentials import ApiKey, AuthConfig, BackendAuth, ClusterConfig, Introspection
 from gateway.config.key import Key, keys_of
 from gateway.config.listeners import (
@@ -145,6 +154,8 @@ SECTIONS: dict[str, dict[str, Key]] = {
     "policy_rule": {**_EFFECT_KEYS, **keys_of(PolicyRule)},
     "policy_target": keys_of(PolicyTarget),
     "policy_when": keys_of(PolicyWhen),
+    "policy_annotations": keys_of(PolicyAnnotations),
+    "policy_argument": keys_of(PolicyArgument),
     "rate_limits": keys_of(RateLimits),
     "overload": keys_of(Overload),
     "shutdown": keys_of(Shutdown),
@@ -168,6 +179,7 @@ TRANSPORTS = tuple(_TRANSPORT_KEYS)
 ONE_OF: Mapping[str, tuple[str, ...]] = {
     "backend": TRANSPORTS,
     "policy_rule": RULE_EFFECTS,
+    "policy_argument": ARGUMENT_TESTS,
     "cluster": ("secrets", "secrets_file"),
     "http_target": ("url", "urls"),
 }

@@ -3,25 +3,32 @@ identity (`listen.stdio: {identity: ...}`), read with line-numbered problems lik
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Collection
 from typing import Any
 
 from gateway.config import keys
 from gateway.config.access import (
+    ARGUMENT_TESTS,
     POLICY_DEFAULTS,
     RULE_EFFECTS,
+    PolicyAnnotations,
+    PolicyArgument,
     PolicyConfig,
     PolicyRule,
     PolicyTarget,
     PolicyWhen,
 )
-from gateway.config.key import Key
+from gateway.config.key import KEY, NAME, Key
 from gateway.config.listeners import ConfiguredIdentity
 from gateway.config.reader import _Check
 
 # A scope token (RFC 6749, section 3.3): what a `scope` challenge can carry unquoted-safely.
 _SCOPE = re.compile(r"[\x21\x23-\x5B\x5D-\x7E]+")
+# A JSON pointer (RFC 6901, section 3): "" (the whole arguments) or /-prefixed reference
+# tokens, `~` only as `~0` or `~1`.
+_POINTER = re.compile(r"(/([^~/]|~[01])*)*")
 
 
 def _scopes(c: _Check, body: dict[str, Any], path: tuple[str, ...], key: Key) -> tuple[str, ...]:
@@ -111,7 +118,61 @@ def _target(c: _Check, raw: Any, path: tuple[str, ...], backends: Collection[str
         if name not in backends:
             known = ", ".join(sorted(backends)) or "none"
             c.r.problem(path + ("backends", str(i)), f"no backend {name!r} (backends: {known})")
-    return PolicyTarget(backends=named, **c.scalars(body, path, PolicyTarget, skip={"backends"}))
+    annotations = None
+    if body.get("annotations") is not None:
+        annotations = _annotations(c, body["annotations"], path + ("annotations",))
+    arguments = _arguments(c, body.get("arguments"), path + ("arguments",))
+    if (annotations is not None or arguments) and (body.get("prompts") or body.get("resources")):
+        c.r.problem(path, "annotations and arguments select tools: no prompts or resources here")
+    return PolicyTarget(
+        backends=named,
+        annotations=annotations,
+        arguments=arguments,
+        **c.scalars(body, path, PolicyTarget, skip={"backends"}),
+    )
+
+
+def _annotations(c: _Check, raw: Any, path: tuple[str, ...]) -> PolicyAnnotations:
+    body = c.mapping(raw, path, keys.names("policy_annotations"))
+    hints: dict[str, bool | None] = {}
+    for f in dataclasses.fields(PolicyAnnotations):
+        name = f.metadata[NAME]
+        given = body.get(name) is not None
+        hints[f.name] = c.field(body, path, name, f.metadata[KEY]) if given else None
+    if isinstance(raw, dict) and all(v is None for v in hints.values()):
+        # (an empty selector would match every tool: surely not what was meant)
+        c.r.problem(path, "names no hint (readOnlyHint, destructiveHint, ...)")
+    return PolicyAnnotations(**hints)
+
+
+def _arguments(c: _Check, raw: Any, path: tuple[str, ...]) -> dict[str, PolicyArgument]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not raw:
+        c.r.problem(path, "must be a mapping of JSON pointers (/name) to conditions")
+        return {}
+    out: dict[str, PolicyArgument] = {}
+    for pointer, condition in raw.items():
+        where = path + (pointer,)
+        if not _POINTER.fullmatch(pointer):
+            c.r.problem(where, "is not a JSON pointer (RFC 6901: /name/0, ~0 for ~, ~1 for /)")
+        body = c.mapping(condition, where, keys.names("policy_argument"))
+        tests = [t for t in ARGUMENT_TESTS if body.get(t) is not None]
+        if len(tests) != 1:
+            c.r.problem(where, "needs exactly one of equals or glob")
+            continue
+        if tests == ["equals"]:
+            value = body["equals"]
+            # (bool is an int; a YAML date or timestamp is neither, and no JSON argument)
+            if not isinstance(value, str | int | float):
+                c.r.problem(where + ("equals",), "must be a string, number or boolean")
+                continue
+            out[pointer] = PolicyArgument(equals=value)
+        else:
+            glob = c.string(body["glob"], where + ("glob",))
+            if glob is not None:
+                out[pointer] = PolicyArgument(glob=glob)
+    return out
 
 
 def _when(c: _Check, raw: Any, path: tuple[str, ...]) -> PolicyWhen:

@@ -65,6 +65,8 @@ def _key(key: Key) -> dict[str, Any]:
         out = {"type": "object", "additionalProperties": _ref(key.section)}
     elif key.kind == "section_list":
         out = {"type": "array", "items": _ref(key.section)}
+    elif key.kind == "value":
+        out = dict(_SCALAR)
     elif key.kind == "switch":
         out = {"anyOf": [{"type": "boolean"}, _ref(key.section)]}
     else:  # roots

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from gateway.core.fanout import FanOut
 from gateway.core.listen import Subscriptions
 from gateway.core.overload import Bound
 from gateway.core.policy import (
+    DENY,
     PROMPT,
     RESOURCE,
     TEMPLATE,
@@ -87,7 +88,7 @@ class Dispatcher:
         """`shared_catalogs`: the merged server's, for a virtual server's dispatcher
         (core/virtual.py): its catalogs are loaded once, for every server."""
         self.telemetry: Telemetry = telemetry or NoTelemetry()
-        self._policy = policy  # None: every caller may see and call everything
+        self._policy = self._consulted(policy)  # None: every caller may see and call everything
         self.limiter = limiter
         # Instead of `limiter` when replicas share their buckets (cluster.redis).
         self.shared_limiter = shared_limiter
@@ -153,7 +154,7 @@ class Dispatcher:
         self._order = [b.name for b in backends]
         self._exposures = {e.backend: e for e in exposures}
         self._naming = naming
-        self._policy = policy
+        self._policy = self._consulted(policy)
         self.limiter = limiter
         self.shared_limiter = shared_limiter
         self.tasks.attach(limiter, shared_limiter)
@@ -164,6 +165,16 @@ class Dispatcher:
         # After the table: open listens are extended to the added backends by its routes.
         self.subscriptions.reconfigure(self.backends, self._exposures, naming)
         return loads
+
+    def _consulted(self, policy: Policy | None) -> Policy | None:
+        """A policy whose rules read tools' annotations reads them from these catalogs."""
+        if policy is not None and policy.inspects:
+            policy.consult(self._definition)
+        return policy
+
+    def _definition(self, backend: str, name: str) -> Mapping[str, Any] | None:
+        data = self.catalogs.data(backend)
+        return None if data is None else data.tools_by_name.get(name)
 
     def close_streams(self) -> None:
         """Shutdown: every open listen ends with its graceful completion result."""
@@ -317,7 +328,7 @@ class Dispatcher:
             # A known tool is found without a coroutine; only a miss may refresh catalogs.
             found = self.catalogs.table.tool(name) if isinstance(name, str) else None
             route = found or await self._route_name(RouteTable.tool, TOOL, name, view, call)
-            self._permit(view, TOOL, route, name)
+            self._permit(view, TOOL, route, name, params)
             reply = await self._forward(msg, params, sink, route, "name", call)
             return self.tasks.created(reply, route, name, origin.identity)
         if method in tasks.METHODS:
@@ -414,16 +425,29 @@ class Dispatcher:
         data, exposure = self.catalogs.data(self._order[0]), self._exposures[self._order[0]]
         return unknown.may_guess_name(kind, name, exposure, self._guarded, view, data, limited)
 
-    def _permit(self, view: View | None, kind: str, route: Route, shown: object) -> None:
+    def _permit(
+        self,
+        view: View | None,
+        kind: str,
+        route: Route,
+        shown: object,
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
         """Refuse what the policy does not let this caller call: a denied name exactly as an
         unknown one (nothing tells the two apart), one that needs scopes the caller lacks with
-        those scopes, for a step-up."""
+        those scopes, for a step-up. `params`: a tool call's, for rules on its arguments."""
         if view is None:
             return
         if kind in (RESOURCE, TEMPLATE):
             # A URI is also judged as a server may resolve it (an encoded slash taken for one).
             readings = uris.readings(route.name)
             verdict = unknown.judged(view, kind, route.backend, route.name, readings)
+        elif params is not None and view.inspects:
+            verdict = view.decide_call(route.backend, route.name, params.get("arguments"))
+            if verdict == DENY and view.visible(TOOL, route.backend, route.name):
+                # Listed, so not unknown: refused for its arguments, with the same code.
+                self.telemetry.stats.policy_denials["denied"] += 1
+                raise Refused(codes.INVALID_PARAMS, f"Tool {shown}: arguments not allowed")
         else:
             verdict = view.decide(kind, route.backend, route.name)
         if verdict.allowed:

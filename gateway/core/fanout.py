@@ -286,6 +286,8 @@ class FanOut:
         kept: dict[str, str | None] = {b: p for b, p in positions if b in late and p is not None}
         kind, field = LIST_KINDS[key]
         hide_app_only = key == "tools" and apps.hides_app_only(msg, alone and not naming.prefixed)
+        # A rule on annotations judges a listed tool by the definition the list shows.
+        by_definition = view is not None and view.inspects and kind == TOOL
         for backend, result in parts:
             exposure = exposures[backend]
             for item in result.get(key) or ():
@@ -293,7 +295,12 @@ class FanOut:
                     continue
                 if view is not None:
                     own = item.get(field)
-                    if not isinstance(own, str) or not view.visible(kind, backend, own):
+                    if not isinstance(own, str):
+                        continue
+                    if by_definition:
+                        if not view.decide_tool(backend, own, item).visible:
+                            continue
+                    elif not view.visible(kind, backend, own):
                         continue  # hidden, not refused: not a denial
                 shown = routes.expose(naming, exposure, key, item)
                 if shown is not None:

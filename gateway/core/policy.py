@@ -13,18 +13,28 @@ of the matching `require` rules, so one challenge names everything the call need
 
 It runs on every list item, so each caller maps to a `View` (cached by which rules apply to it,
 so callers alike share one) that caches its decisions.
+
+A rule may also look past a tool's name (core/conditions.py): at its annotations, read from the
+definition a list shows or, for anything else, the catalog's (`Policy.consult`), and on a call at
+its arguments. Such a rule covers tools only. What cannot be known is read the strict way: a tool
+no catalog describes meets a `deny`'s or `require`'s annotations and not an `allow`'s; a list
+(no call, no arguments) takes a `deny`'s argument conditions as not met and the others' as met,
+since some call may meet them: the call is judged on its own. A caller to whom no such rule
+applies gets a plain `View`, and a policy without them never reads a definition.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from gateway.caller_auth.identity import Identity
 from gateway.config.access import PolicyConfig, PolicyRule, PolicyWhen
+from gateway.core import conditions
+from gateway.core.conditions import UNKNOWN, Condition
 from gateway.routing.fold import folded_pattern
 from gateway.routing.table import CatalogData
 
@@ -48,6 +58,15 @@ MAX_VIEWS = 1024
 
 _INACTIVE, _ACTIVE, _SATISFIED = 0, 1, 2
 
+# The arguments of no call: a tool judged as a list shows it.
+LISTING: Final = object()
+# A backend's tool definition by (backend, the backend's own name); None: no catalog has it.
+ToolLookup = Callable[[str, str], Mapping[str, Any] | None]
+
+
+def _no_catalog(backend: str, name: str) -> None:
+    return None
+
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
@@ -70,7 +89,19 @@ def _pattern(globs: Sequence[str]) -> re.Pattern[str]:
 
 
 class _Rule:
-    __slots__ = ("backends", "effect", "folded", "patterns", "scopes", "when", "when_scopes")
+    __slots__ = (
+        "arguments",
+        "backends",
+        "conditional",
+        "effect",
+        "folded",
+        "mask",
+        "patterns",
+        "scopes",
+        "want",
+        "when",
+        "when_scopes",
+    )
 
     def __init__(self, rule: PolicyRule) -> None:
         self.effect = rule.effect
@@ -80,6 +111,13 @@ class _Rule:
         target = rule.target
         self.backends = frozenset(target.backends) or None  # None: every backend
         lists = {"tools": target.tools, "prompts": target.prompts, "resources": target.resources}
+        wanted = target.annotations
+        self.mask, self.want = conditions.hint_mask(wanted) if wanted is not None else (0, 0)
+        self.arguments = tuple(Condition(p, c) for p, c in target.arguments.items())
+        # Looking past names: a rule on tools alone (all of them, when it names none).
+        self.conditional = wanted is not None or bool(self.arguments)
+        if self.conditional:
+            lists = {"tools": target.tools or ("*",), "prompts": (), "resources": ()}
         everything = not any(lists.values())
         # Per kind: None when the target does not cover the kind, else the compiled globs
         # (a target that names no kind at all covers every name of every kind).
@@ -99,6 +137,21 @@ class _Rule:
             return False
         pattern = (self.folded if folded else self.patterns)[kind]
         return pattern is not None and pattern.match(name) is not None
+
+    def applies(self, hints: int, arguments: object) -> bool:
+        """Whether a conditional rule holds of a tool with these hints (conditions.py), called
+        with these arguments (LISTING: as a list shows it), read the strict way where unknown."""
+        if self.mask:
+            if hints == UNKNOWN:
+                if self.effect == "allow":
+                    return False
+            elif hints & self.mask != self.want:
+                return False
+        if self.arguments:
+            if arguments is LISTING:
+                return self.effect != "deny"
+            return all(c.holds(arguments) for c in self.arguments)
+        return True
 
     def state(self, identity: Identity | None) -> int:
         if not holds(self.when, identity, self.when_scopes):
@@ -142,11 +195,14 @@ class View:
     """The policy as one kind of caller meets it: the rules that apply, and their decisions."""
 
     __slots__ = ("_decisions", "_default", "_rules")
+    # Whether a rule of the view looks past names (InspectingView): what the dispatcher checks
+    # before handing a call's arguments over, and a list before each tool's definition.
+    inspects = False
 
     def __init__(self, rules: Sequence[tuple[_Rule, int]], default: Verdict) -> None:
         self._rules = rules
         self._default = default
-        self._decisions: dict[tuple[str, str, str], Verdict] = {}
+        self._decisions: dict[tuple[object, ...], Verdict] = {}
 
     def decide(self, kind: str, backend: str, name: str) -> Verdict:
         key = (kind, backend, name)
@@ -163,15 +219,33 @@ class View:
     def decide_folded(self, kind: str, backend: str, folded: str) -> Verdict:
         """The decision on a folded name (routing/fold.py) by the folded globs: how the rules
         judge what a lenient server would run for it. Not cached: only names missing from every
-        catalog come here."""
+        catalog come here (so no definition is read: its annotations are unknown)."""
         return self._judge(kind, backend, folded, folded=True)
 
-    def _judge(self, kind: str, backend: str, name: str, folded: bool = False) -> Verdict:
+    def decide_tool(self, backend: str, name: str, tool: Mapping[str, Any] | None) -> Verdict:
+        """A tool as a list shows it, by this definition (only an InspectingView reads it)."""
+        return self.decide(TOOL, backend, name)
+
+    def decide_call(self, backend: str, name: str, arguments: object) -> Verdict:
+        """A call of a tool with these arguments (only an InspectingView reads them)."""
+        return self.decide(TOOL, backend, name)
+
+    def _judge(
+        self,
+        kind: str,
+        backend: str,
+        name: str,
+        folded: bool = False,
+        hints: int = UNKNOWN,
+        arguments: object = LISTING,
+    ) -> Verdict:
         granted = False
         missing = False
         required: set[str] = set()
         for rule, state in self._rules:
             if not rule.covers(kind, backend, name, folded):
+                continue
+            if rule.conditional and not rule.applies(hints, arguments):
                 continue
             if rule.effect == "deny":
                 return DENY
@@ -182,6 +256,44 @@ class View:
         if missing:
             return Verdict(False, frozenset(required))
         return ALLOW if granted else self._default
+
+
+class InspectingView(View):
+    """A view with a rule that looks past names: a tool's decision depends on its definition
+    (cached by name and hints, so a changed definition is judged afresh), and a call's, when a
+    rule has argument conditions, on its arguments (judged each time)."""
+
+    __slots__ = ("_argued", "_tools")
+    inspects = True
+
+    def __init__(
+        self, rules: Sequence[tuple[_Rule, int]], default: Verdict, tools: ToolLookup
+    ) -> None:
+        super().__init__(rules, default)
+        self._tools = tools
+        self._argued = any(rule.arguments for rule, _ in rules)
+
+    def decide(self, kind: str, backend: str, name: str) -> Verdict:
+        if kind != TOOL:
+            return super().decide(kind, backend, name)
+        return self.decide_tool(backend, name, self._tools(backend, name))
+
+    def decide_tool(self, backend: str, name: str, tool: Mapping[str, Any] | None) -> Verdict:
+        hints = conditions.hints(tool)
+        key = (TOOL, backend, name, hints)
+        found = self._decisions.get(key)
+        if found is None:
+            if len(self._decisions) >= MAX_DECISIONS:
+                self._decisions.clear()
+            found = self._decisions[key] = self._judge(TOOL, backend, name, hints=hints)
+        return found
+
+    def decide_call(self, backend: str, name: str, arguments: object) -> Verdict:
+        tool = self._tools(backend, name)
+        if not self._argued:
+            return self.decide_tool(backend, name, tool)
+        hints = conditions.hints(tool)
+        return self._judge(TOOL, backend, name, hints=hints, arguments=arguments)
 
 
 def strictest(first: Verdict, second: Verdict) -> Verdict:
@@ -197,10 +309,19 @@ def strictest(first: Verdict, second: Verdict) -> Verdict:
 
 
 class Policy:
-    def __init__(self, config: PolicyConfig) -> None:
+    def __init__(self, config: PolicyConfig, tools: ToolLookup = _no_catalog) -> None:
         self._rules = tuple(_Rule(r) for r in config.rules)
         self._default = ALLOW if config.default == "allow" else DENY
         self._views: dict[tuple[int, ...], View] = {}
+        # Decided once: whether any rule looks past names, so reads tools' definitions.
+        self.inspects = any(rule.conditional for rule in self._rules)
+        self._tools = tools
+
+    def consult(self, tools: ToolLookup) -> None:
+        """Where views read a tool's definition from (the dispatcher's catalogs); until then,
+        and for a tool none has, its annotations are unknown."""
+        self._tools = tools
+        self._views.clear()
 
     def view(self, identity: Identity | None) -> View:
         """The view of a caller (None: anonymous). Callers to whom the same rules apply, in the
@@ -211,7 +332,11 @@ class Policy:
             if len(self._views) >= MAX_VIEWS:
                 self._views.clear()
             active = [(r, s) for r, s in zip(self._rules, states, strict=True) if s != _INACTIVE]
-            found = self._views[states] = View(active, self._default)
+            if any(rule.conditional for rule, _ in active):
+                found = InspectingView(active, self._default, self._tools)
+            else:
+                found = View(active, self._default)
+            self._views[states] = found
         return found
 
     def decide(self, identity: Identity | None, kind: str, backend: str, name: str) -> Verdict:

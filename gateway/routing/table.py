@@ -106,6 +106,12 @@ class CatalogData:
         return _folds(self.tools, "name")
 
     @functools.cached_property
+    def tools_by_name(self) -> Mapping[str, Item]:
+        """Each tool by its name, the first of any it lists twice: where a policy reads a
+        tool's annotations (core/policy.py), made the first time one asks."""
+        return {t["name"]: t for t in reversed(self.tools) if isinstance(t.get("name"), str)}
+
+    @functools.cached_property
     def folded_prompts(self) -> frozenset[str]:
         return _folds(self.prompts, "name")
 

@@ -171,7 +171,17 @@ BASE: dict[str, Any] = {
     "tasks": {"key_file": "task-key"},
     "tap": {"path": "t.jsonl"},
     "telemetry": {},
-    "policy": {"rules": [{"allow": {"backends": ["b"]}, "when": {}}]},
+    "policy": {
+        "rules": [
+            {"allow": {"backends": ["b"]}, "when": {}},
+            {
+                "deny": {
+                    "annotations": {"destructiveHint": True},
+                    "arguments": {"/path": {"glob": "/etc/*"}},
+                }
+            },
+        ]
+    },
     "rate_limits": {"per_identity": {"rate": 1}},
     "overload": {},
     "tool_search": {"mode": "auto"},
@@ -214,6 +224,8 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "policy_rule": ("policy", "rules", 0),
     "policy_target": ("policy", "rules", 0, "allow"),
     "policy_when": ("policy", "rules", 0, "when"),
+    "policy_annotations": ("policy", "rules", 1, "deny", "annotations"),
+    "policy_argument": ("policy", "rules", 1, "deny", "arguments", "/path"),
     "rate_limits": ("rate_limits",),
     "rate": ("rate_limits", "per_identity"),
     "overload": ("overload",),
@@ -242,6 +254,7 @@ WRONG: dict[str, Any] = {
     "roots": "file:///srv",
     "section_list": {"allow": {}},
     "switch": "yes",
+    "value": {"a": 1},
 }
 
 
