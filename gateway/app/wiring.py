@@ -38,6 +38,7 @@ from gateway.config import (
     StdioTarget,
 )
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
+from gateway.core.fused import FusedBackend
 from gateway.core.instrument import InstrumentedBackend
 from gateway.core.overload import BACKEND, OVERALL, Bound, BoundedBackend
 from gateway.core.policy import Policy
@@ -247,6 +248,9 @@ def build_stack(
        transport's own methods over (no frame of its own on a request).
     7. The transport (backends/stdio.py, http.py with http_exchange.py, sse.py, isolated.py).
 
+    Where 3 is absent or has no tool timeouts and no breaker (the common case), 1-4 take their
+    steps in one coroutine frame, `FusedBackend` (core/fused.py), over the chain of them.
+
     `shared`: the cluster's backend logins (tokens in Redis); `desk`: where per-user logins
     are served.
     """
@@ -262,12 +266,17 @@ def build_stack(
         supervised=isinstance(transport, StdioBackend | IsolatedBackend),
     )
     breaker = Breaker(config.breaker) if config.breaker is not None else None
-    below: Backend = (
-        resilience.Resilient(guarded, config, breaker) if resilience.needed(config) else guarded
+    resilient = (
+        resilience.Resilient(guarded, config, breaker) if resilience.needed(config) else None
     )
-    instrumented = InstrumentedBackend(below, telemetry, address(config))
+    instrumented = InstrumentedBackend(
+        resilient if resilient is not None else guarded, telemetry, address(config)
+    )
     bound = Bound(BACKEND, config.name, config.max_in_flight, overload, stats.overloaded)
-    outer = BoundedBackend(instrumented, bound)
+    outer: Backend = BoundedBackend(instrumented, bound)
+    if resilient is None or resilient.plain:
+        # 1-4 in one frame (core/fused.py); the chain above serves what it leaves out.
+        outer = FusedBackend(outer, bound, instrumented, resilient, guarded)
     return Wired(config, transport, layer, health, guarded, bound, outer, breaker=breaker)
 
 
