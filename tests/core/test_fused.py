@@ -123,7 +123,7 @@ def assemble(
 Scenario = Callable[[Parts], Awaitable[object]]
 
 
-async def both(scenario: Scenario, handler: Handler, **options: Any) -> object:
+async def both(scenario: Scenario, handler: Handler, **options: Any) -> Any:
     """The scenario's outcome through the separate layers and through the fused top: equal."""
     separate = await scenario(assemble(False, handler, **options))
     fused = await scenario(assemble(True, handler, **options))
@@ -135,7 +135,7 @@ async def answer(msg: Message, sink: Any) -> Message | None:
     return None
 
 
-async def outcome(parts: Parts, msg: Message) -> object:
+async def outcome(parts: Parts, msg: Message) -> Any:
     """The reply's result or the error's class and code, then what the backend was asked, the
     observations, the health and the bound's slots in use."""
     try:
@@ -190,7 +190,7 @@ async def test_over_max_in_flight_is_refused_before_anything_below() -> None:
             release.set()
         return second, busy_while_held, first, dict(parts.refused)
 
-    second, busy, first, refused = await both(scenario, answer)  # type: ignore[misc]
+    second, busy, first, refused = await both(scenario, answer)
     assert second[0] == ("BackendOverloaded", codes.GATEWAY_OVERLOADED)
     assert busy == 1 and refused == {(BACKEND, "b"): 1}
     assert first == [({}, [("tools/call", TRACE["traceparent"])], ["tools/call ok"], False, 0)]
@@ -201,7 +201,7 @@ async def test_a_backend_known_down_fails_at_once_unasked_and_observed() -> None
         parts.health.failed("connection refused")
         return await outcome(parts, tool_call(1, "echo"))
 
-    ended, asked, observed, down, busy = await both(scenario, answer)  # type: ignore[misc]
+    ended, asked, observed, down, busy = await both(scenario, answer)
     assert ended == ("BackendDown", codes.BACKEND_UNAVAILABLE)
     assert asked == [] and observed == ["tools/call no_reply"] and down and busy == 0
 
@@ -233,7 +233,7 @@ async def test_a_supervised_backend_is_left_to_its_supervisor() -> None:
         parts.backend.reachable = False
         return await outcome(parts, tool_call(1, "echo"))
 
-    ended, _, _, down, _ = await both(scenario, unavailable, supervised=True)  # type: ignore[misc]
+    ended, _, _, down, _ = await both(scenario, unavailable, supervised=True)
     assert ended == ("BackendUnavailable", codes.BACKEND_UNAVAILABLE) and not down
 
 
@@ -267,7 +267,7 @@ async def test_a_safe_request_is_retried_after_a_lost_connection(
 ) -> None:
     async def scenario(parts: Parts) -> object:
         parts.backend.handler = lost_once()
-        ended, asked, observed, down, busy = await outcome(parts, dict(msg))  # type: ignore[misc]
+        ended, asked, observed, down, busy = await outcome(parts, dict(msg))
         if isinstance(ended, dict):
             ended = list(ended)  # (the result's members)
         return ended, len(asked), observed, down, busy
