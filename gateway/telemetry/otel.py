@@ -69,7 +69,9 @@ def _request_attributes(msg: Message, params: dict[str, Any], attrs: dict[str, A
 
 
 def _span_target(msg: Message) -> str:
-    params = jsonrpc.params(msg)
+    params = msg.get("params")  # (jsonrpc.params inlined: on every request)
+    if not isinstance(params, dict):
+        return ""
     value = params.get("name") if "name" in params else params.get("uri")
     return value if isinstance(value, str) else ""
 
