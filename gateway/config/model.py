@@ -388,7 +388,10 @@ FAILURE_POLICIES = ("fail_open", "fail_closed")
 @dataclass(frozen=True)
 class Namespacing:
     prefix: str = key(
-        "string", "auto prefixes only when names collide.", "auto", choices=PREFIX_MODES
+        "string",
+        "auto prefixes names once there are two backends or more; always or never pins it.",
+        "auto",
+        choices=PREFIX_MODES,
     )
     separator: str = key(
         "string", "Between namespace and name.", "_", pattern=r"^[A-Za-z0-9_.-]{1,3}$"
