@@ -293,7 +293,8 @@ def era_layer(
         return transport
     # HTTP keeps a legacy session across requests: the era layer sees it through HttpSession.
     link = HttpSession(transport) if isinstance(transport, HttpBackend) else transport
-    return EraBackend(link, config, legacy_lane(transport, config, stats))
+    lane = legacy_lane(transport, config, stats) if config.legacy_lane else None
+    return EraBackend(link, config, lane)
 
 
 def login_gate(

@@ -32,6 +32,8 @@ def describe(config: Config) -> str:
         if b.namespace:
             lines.append(f"  backend {b.name}: namespace {b.namespace}")
         era = "" if b.era == "auto" else f" (era {b.era})"
+        if not b.legacy_lane and b.era != "legacy":
+            era += " (legacy clients on the modern session)"
         if isinstance(b.target, StdioTarget):
             cmd = " ".join([b.target.command, *b.target.args])
             each = (
