@@ -46,9 +46,8 @@ def gateway_command() -> tuple[str, ...]:
 )
 @click.option(
     "--url",
-    default=hosts.DEFAULT_URL,
-    show_default=True,
-    help="The gateway's Streamable HTTP endpoint (what `run` listens on).",
+    help=f"The gateway's Streamable HTTP endpoint (default: {hosts.DEFAULT_URL}, what `run` "
+    "listens on).",
 )
 @click.option(
     "--stdio",
@@ -97,7 +96,7 @@ def gateway_command() -> tuple[str, ...]:
 def client_config(
     host: str,
     print_only: bool,
-    url: str,
+    url: str | None,
     mode: str | None,
     config_path: Path | None,
     headers: tuple[str, ...],
@@ -129,13 +128,18 @@ def client_config(
 def _launch(
     host: Host,
     mode: str | None,
-    url: str,
+    url: str | None,
     config_path: Path | None,
     raw_headers: tuple[str, ...],
     program: str | None,
 ) -> Launch:
+    if config_path is not None and (url is not None or raw_headers):
+        raise HostFileError(
+            "--config starts a gateway of the host's own: leave out --url and -H (they are for "
+            "a gateway already running)"
+        )
     headers = dict(hosts.parse_header(h) for h in raw_headers)
-    gateway = tuple(shlex.split(program)) if program else gateway_command()
+    gateway = tuple(shlex.split(program)) if program is not None else gateway_command()
     if not gateway:
         raise HostFileError("--command is empty: give the program the host starts")
     if config_path is not None:
@@ -148,6 +152,7 @@ def _launch(
                 "true}` in it, or give the URL of a running gateway with --url instead"
             )
         return hosts.run_launch(gateway, config_path.absolute())
+    url = url or hosts.DEFAULT_URL
     if hosts.choose_mode(host, mode) == "stdio":
         return hosts.connect_launch(gateway, url, headers)
     return hosts.http_launch(url, headers)

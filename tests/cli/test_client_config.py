@@ -35,7 +35,8 @@ CASES = [
 
 
 def invoke(*args: str) -> Result:
-    return CliRunner().invoke(main, ["client-config", *args, "--command", GATEWAY])
+    command = [] if "--command" in args else ["--command", GATEWAY]
+    return CliRunner().invoke(main, ["client-config", *args, *command])
 
 
 def stdio_config(directory: Path) -> Path:
@@ -171,7 +172,12 @@ def test_a_config_that_serves_no_stdio_is_refused_in_one_line(tmp_path: Path) ->
 
 @pytest.mark.parametrize(
     "args, said",
-    [(["--name", "my gateway"], "--name"), (["-H", "no colon"], "'Name: value'")],
+    [
+        (["--name", "my gateway"], "--name"),
+        (["-H", "no colon"], "'Name: value'"),
+        (["--config", "gateway.yaml", "--url", URL], "leave out --url and -H"),
+        (["--command", ""], "--command is empty"),
+    ],
 )
 def test_bad_arguments_are_refused_in_one_line(args: list[str], said: str) -> None:
     assert said in one_error_line(invoke("vscode", "--print", *args))
