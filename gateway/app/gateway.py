@@ -49,6 +49,7 @@ from gateway.app.views import (
 from gateway.app.wiring import (
     Wired,
     build_stack,
+    log_prefixing,
     login_desk,
     make_authenticator,
     make_dispatcher,
@@ -376,6 +377,7 @@ class Gateway:
         assert self._tg is not None
         restart = needs_restart(self.config, new)
         steps = plan(self.wired, new.backends, self._wire)
+        log_prefixing(new, before=self.config)
         self.config = replace(self.config, **{name: getattr(new, name) for name in RELOADED})
         self.wired = steps.wired
         for w in steps.fresh:

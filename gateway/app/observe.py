@@ -13,6 +13,7 @@ from gateway.app.errors import StartupError
 from gateway.config import AuditConfig, Config, TapConfig
 from gateway.telemetry.audit import AuditLog
 from gateway.telemetry.otlp_settings import Settings
+from gateway.telemetry.records import FILE_MODE
 from gateway.telemetry.tap import Tap
 
 if TYPE_CHECKING:
@@ -67,6 +68,12 @@ def access_logger(config: Config) -> logging.Logger | None:
     logger.propagate = False  # one JSON line per request, not wrapped by the text log format
     logger.setLevel(logging.INFO)
     try:
+        if target != "stderr":
+            # The access log names callers, peers and tools: only the gateway's user may read
+            # it, as the tap and audit files (FileHandler would create it 0644 under the usual
+            # umask). An existing file keeps its mode: the operator's choice (a log shipper's
+            # group, say), as it is for the tap and the audit log.
+            os.close(os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE))
         handler: logging.Handler = (
             logging.StreamHandler(sys.stderr) if target == "stderr" else logging.FileHandler(target)
         )

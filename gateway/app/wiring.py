@@ -6,6 +6,7 @@ front end's origin.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -37,6 +38,7 @@ from gateway.config import (
     SseTarget,
     StdioTarget,
 )
+from gateway.config.describe import prefix_notices
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.instrument import InstrumentedBackend
 from gateway.core.overload import BACKEND, OVERALL, Bound, BoundedBackend
@@ -57,6 +59,7 @@ if TYPE_CHECKING:
     from gateway.cluster.buckets import RedisBuckets
     from gateway.cluster.logins import RedisLogins
 
+log = logging.getLogger("gateway")
 INFO = GatewayInfo(name="mcp-gateway", version=__version__)
 
 
@@ -171,6 +174,15 @@ def make_exposure(config: BackendConfig) -> Exposure:
     )
 
 
+def log_prefixing(config: Config, before: Config | None = None) -> None:
+    """Say when `prefix: auto` prefixes a server's names (two backends or more): at start-up,
+    and on a reload that makes it so (adding a second backend renames the first's tools)."""
+    was = set(prefix_notices(before)) if before is not None else set()
+    for notice in prefix_notices(config):
+        if notice not in was:
+            log.info("%s", notice)
+
+
 def make_naming(config: Config) -> Naming:
     return naming_of(config.namespacing, len(config.backends))
 
@@ -281,7 +293,8 @@ def era_layer(
         return transport
     # HTTP keeps a legacy session across requests: the era layer sees it through HttpSession.
     link = HttpSession(transport) if isinstance(transport, HttpBackend) else transport
-    return EraBackend(link, config, legacy_lane(transport, config, stats))
+    lane = legacy_lane(transport, config, stats) if config.legacy_lane else None
+    return EraBackend(link, config, lane)
 
 
 def login_gate(
@@ -313,6 +326,7 @@ def make_dispatcher(
     """The engine over the wired backends, with the limiters `rate_limiters` chose."""
     own, shared = limiters
     overload = config.overload
+    log_prefixing(config)
     return Dispatcher(
         backends,
         [make_exposure(b) for b in config.backends],

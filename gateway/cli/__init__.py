@@ -18,7 +18,7 @@ mimetypes.knownfiles = []
 import click  # noqa: E402
 
 from gateway import __version__  # noqa: E402
-from gateway.cli import logins, serving, single, traffic  # noqa: E402
+from gateway.cli import clientconfig, logins, serving, single, traffic  # noqa: E402
 from gateway.cli.common import demo_config_path  # noqa: E402
 
 
@@ -40,5 +40,6 @@ main.add_command(serving.check_config)
 main.add_command(serving.schema)
 main.add_command(traffic.tap)
 main.add_command(logins.auth)
+main.add_command(clientconfig.client_config)
 
 __all__ = ["demo_config_path", "main"]

@@ -97,7 +97,12 @@ def run(
 
 
 @click.command()
-@pid_file_option
+@click.option(
+    "--pid-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Read the running gateway's process id from this file (the one its `run --pid-file` "
+    "wrote).",
+)
 @click.option("--pid", type=int, help="The running gateway's process id.")
 def reload(pid_file: Path | None, pid: int | None) -> None:
     """Make a running gateway read its config again (sends it SIGHUP). What was applied, or

@@ -227,12 +227,38 @@ def yaml_syntax_error(source: str, exc: yaml.YAMLError) -> str:
     and spans several lines, quoting the source)."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+    value = _unquoted_variable(mark) if mark is not None else None
+    if mark is not None and value is not None:
+        return (
+            f"{source}:{mark.line + 1}:{mark.column}: quote a ${{VAR}} inside {{...}} or [...]:"
+            f' write "{value}" (unquoted, YAML reads its {{ as the start of a mapping)'
+        )
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     context = getattr(exc, "context", None)
     context_mark = getattr(exc, "context_mark", None)
     if context and context_mark is not None and context_mark is not mark:
         problem += f" ({context} that starts at {context_mark.line + 1}:{context_mark.column + 1})"
     return f"{where}: not valid YAML: {problem}"
+
+
+# The rest of the plain value after a `${`: on to the next `,`, `}`, `]` or the line's end.
+_VARIABLE = re.compile(r"\$\{[^}\s]*\}?[^,}\]\n]*")
+
+
+def _unquoted_variable(mark: Any) -> str | None:
+    """The plain value holding a `${VAR}` where YAML choked on its `{` (a plain scalar inside a
+    flow mapping or sequence ends at `{`, which the flow reads as a nested mapping; issue 36)."""
+    buffer, pointer = getattr(mark, "buffer", None), getattr(mark, "pointer", None)
+    if not isinstance(buffer, str) or not isinstance(pointer, int) or pointer < 1:
+        return None
+    found = _VARIABLE.match(buffer, pointer - 1)
+    if found is None:
+        return None
+    # Its start: after the flow's `{`, `[` or `,`, or a key's `: `, on the same line.
+    head = buffer[buffer.rfind("\n", 0, pointer - 1) + 1 : pointer - 1]
+    for stop in ("{", "[", ",", ": "):
+        head = head.rpartition(stop)[2]
+    return (head + found.group()).strip()
 
 
 def _beside(source: str, relative: str) -> Path:

@@ -79,6 +79,7 @@ def backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None:
         name=name,
         target=target,
         era="legacy" if kinds[0] == "sse" else era,
+        legacy_lane=c.field(body, path, "legacy_lane", t["legacy_lane"]),
         namespace=namespace,
         allow_tools=c.field(tools, path + ("tools",), "allow", tt["allow"]),
         deny_tools=c.field(tools, path + ("tools",), "deny", tt["deny"]),

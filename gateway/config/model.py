@@ -277,6 +277,16 @@ class BackendConfig:
     era: str = key(
         "string", "auto probes; modern or legacy pins the protocol era.", "auto", choices=ERAS
     )
+    # Legacy clients of a server that speaks both eras get legacy sessions of their own (stdio:
+    # on a second process, since a stdio connection keeps the era of its first request);
+    # false: they are served on the modern one, one process and one in-memory state, without
+    # the server's own requests during a call (docs/guide/dual-era.md).
+    legacy_lane: bool = key(
+        "boolean",
+        "Legacy clients of a server of both eras get legacy sessions (stdio: a second "
+        "process); false: they share the modern one (one in-memory state).",
+        True,
+    )
     connect_timeout: float = key(
         "number",
         "Seconds to connect and answer the first message (default 30 for stdio, 10 for HTTP).",
@@ -388,7 +398,10 @@ FAILURE_POLICIES = ("fail_open", "fail_closed")
 @dataclass(frozen=True)
 class Namespacing:
     prefix: str = key(
-        "string", "auto prefixes only when names collide.", "auto", choices=PREFIX_MODES
+        "string",
+        "auto prefixes names once there are two backends or more; always or never pins it.",
+        "auto",
+        choices=PREFIX_MODES,
     )
     separator: str = key(
         "string", "Between namespace and name.", "_", pattern=r"^[A-Za-z0-9_.-]{1,3}$"

@@ -21,7 +21,14 @@ from mcp_types import ElicitRequestParams, ElicitResult
 
 from gateway.app import Gateway
 from gateway.config import TapConfig, parse
-from gateway.telemetry.tap import REDACTED, Tap, follow, format_summary, summarize
+from gateway.telemetry.tap import (
+    REDACTED,
+    Tap,
+    follow,
+    format_call,
+    format_summary,
+    summarize,
+)
 from tests.support import (
     BOUND,
     PYTHON,
@@ -218,6 +225,24 @@ def test_summary_pairs_calls_and_counts_methods_names_errors(tmp_path: Path) -> 
     text = format_summary(summary)
     for expected in ("tools/call demo_echo", "-32602", "demo tools/list", "2 malformed", "Slowest"):
         assert expected in text, text
+
+
+def test_a_result_with_is_error_is_summarised_as_an_error_not_ok(tmp_path: Path) -> None:
+    """A tool's own failure (server/tools, Error Handling: `isError` in the result) is a result,
+    not a JSON-RPC error: the summary and the follow line must still not call it `ok`."""
+    path = tmp_path / "tap.jsonl"
+    with Tap(tap_config(path)) as tap:
+        tap.record("frontend", "in", call(1, "demo_echo", text="a"))
+        tap.record("frontend", "out", reply(1, content=[], isError=True))
+        tap.record("frontend", "in", call(2, "demo_echo", text="b"))
+        tap.record("frontend", "out", reply(2, content=[], isError=False))
+    summary = summarize(path.read_bytes().splitlines())
+    assert summary.tool_errors == 1 and summary.errors == {}
+    outcomes = {c.id: c.outcome for c in summary.slowest}
+    assert outcomes == {1: "error (isError)", 2: "ok"}
+    assert format_call(summary.slowest[0]).endswith(summary.slowest[0].outcome)
+    text = format_summary(summary)
+    assert "1 results with isError" in text and "error (isError)" in text
 
 
 def test_summary_reads_text_lines_too(tmp_path: Path) -> None:
