@@ -58,6 +58,7 @@ def _prune(items: list[Any], docs: Path) -> list[Any]:
 
 
 def on_config(config: MkDocsConfig) -> MkDocsConfig:
+    config.mdx_configs.setdefault("pymdownx.snippets", {})["base_path"] = [str(ROOT)]
     if config.nav is not None:
         config.nav = _prune(config.nav, Path(config.docs_dir))
     return config

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 
 import click
 
+from gateway.cli import main
+
 PROG = "mcp-transparent-gateway"
 
 
@@ -21,8 +23,6 @@ def commands(
     """Every command of the tree with its words after the program's name, depth first in the
     order `--help` lists them (`()` is the program itself)."""
     if command is None:
-        from gateway.cli import main
-
         command = main
     yield path, command
     if isinstance(command, click.Group):
