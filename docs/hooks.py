@@ -39,7 +39,7 @@ def _exists(docs: Path, page: str) -> bool:
     return page not in PENDING or (docs / page).is_file()
 
 
-def _prune(items: list[Any], docs: Path) -> list[Any]:
+def prune(items: list[Any], docs: Path) -> list[Any]:
     """The nav without entries naming a missing page (and sections left empty)."""
     out: list[Any] = []
     for item in items:
@@ -49,7 +49,7 @@ def _prune(items: list[Any], docs: Path) -> list[Any]:
             continue
         ((title, value),) = item.items()
         if isinstance(value, list):
-            kept = _prune(value, docs)
+            kept = prune(value, docs)
             if kept:
                 out.append({title: kept})
         elif _exists(docs, value):
@@ -60,19 +60,23 @@ def _prune(items: list[Any], docs: Path) -> list[Any]:
 def on_config(config: MkDocsConfig) -> MkDocsConfig:
     config.mdx_configs.setdefault("pymdownx.snippets", {})["base_path"] = [str(ROOT)]
     if config.nav is not None:
-        config.nav = _prune(config.nav, Path(config.docs_dir))
+        config.nav = prune(config.nav, Path(config.docs_dir))
     return config
 
 
-def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
-    docs = Path(config.docs_dir)
-    here = posixpath.dirname(page.file.src_uri)
+def unlink_pending(markdown: str, src_uri: str, docs: Path) -> str:
+    """The page's Markdown with each link to a pending page not written yet made plain text."""
+    here = posixpath.dirname(src_uri)
 
     def unlink(m: re.Match[str]) -> str:
         target = posixpath.normpath(posixpath.join(here, m.group(2).partition("#")[0]))
-        return m.group(1) if not _exists(docs, target) else m.group(0)
+        return m.group(0) if _exists(docs, target) else m.group(1)
 
     return re.sub(r"\[([^\]]+)\]\(([^)\s:]+\.md(?:#[^)\s]*)?)\)", unlink, markdown)
+
+
+def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
+    return unlink_pending(markdown, page.file.src_uri, Path(config.docs_dir))
 
 
 def _decisions(docs: Path) -> str:

@@ -12,7 +12,6 @@ sample parses. README.md's links into the site resolve too.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shlex
 import sys
@@ -104,11 +103,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     handler = Collect()
     logging.getLogger("mkdocs").addHandler(handler)
-    os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")
     try:
-        config = load_config(str(ROOT / "mkdocs.yml"), site_dir=str(out))
-        assert config.strict
-        build(config)
+        with pytest.MonkeyPatch.context() as env:
+            # Material's banner about its successor, printed at every build.
+            env.setenv("NO_MKDOCS_2_WARNING", "1")
+            config = load_config(str(ROOT / "mkdocs.yml"), site_dir=str(out))
+            assert config.strict
+            build(config)
     except Abort:
         pytest.fail("the site does not build strict:\n" + "\n".join(warnings))
     finally:
@@ -315,3 +316,34 @@ def test_every_code_block_names_its_language() -> None:
             if not m.group("lang"):
                 bare.append(f"{page.relative_to(ROOT)}:{source.count(chr(10), 0, m.start()) + 1}")
     assert bare == []
+
+
+# --- the hook's pending pages -----------------------------------------------------------------
+
+
+def _hooks() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pending_pages_are_left_out_until_written(tmp_path: Path) -> None:
+    """A pending page (another change writes it) is dropped from the nav and its links become
+    text while it is missing; once written, both are back. Any other missing page is kept, for
+    the strict build to refuse."""
+    hooks = _hooks()
+    pending = hooks.PENDING[0]
+    nav = [{"Home": "index.md"}, {"Trusting tools": [{"Pinning": pending}]}, "typo.md"]
+    page = f"See [pinning]({Path(pending).name}#top) and [typo](typo.md)."
+    assert hooks.prune(nav, tmp_path) == [{"Home": "index.md"}, "typo.md"]
+    text = hooks.unlink_pending(page, "trusting-tools/index.md", tmp_path)
+    assert text == "See pinning and [typo](typo.md)."
+    (tmp_path / pending).parent.mkdir(parents=True)
+    (tmp_path / pending).write_text("# Pinning\n")
+    assert hooks.prune(nav, tmp_path) == nav
+    assert hooks.unlink_pending(page, "trusting-tools/index.md", tmp_path) == page
+
