@@ -346,4 +346,3 @@ def test_pending_pages_are_left_out_until_written(tmp_path: Path) -> None:
     (tmp_path / pending).write_text("# Pinning\n")
     assert hooks.prune(nav, tmp_path) == nav
     assert hooks.unlink_pending(page, "trusting-tools/index.md", tmp_path) == page
-
