@@ -103,13 +103,17 @@ def _line(name: str, key: Key) -> str:
     if key.required:
         facts.append("required")
     if key.default is not None:
-        shown = str(key.default).lower() if isinstance(key.default, bool) else key.default
+        shown = key.default
+        if isinstance(shown, bool):
+            shown = str(shown).lower()
+        elif isinstance(shown, float) and shown.is_integer():
+            shown = int(shown)  # 300, not 300.0
         facts.append(f"default `{shown}`")
     return f"- **`{name}`** ({'; '.join(facts)}): {_escape(key.doc)}"
 
 
 def _title(where: str) -> str:
-    return "the top level" if where == "" else f"`{where}`"
+    return "Top level" if where == "" else f"`{where}`"
 
 
 def markdown() -> str:
