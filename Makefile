@@ -9,7 +9,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 .PHONY: help install run test test-fast lint typecheck pytest clean ci-deps npm-deps bench bench-check schema docs docs-build
 
 help:
-	@echo "make install    venv + editable install with the test extras"
+	@echo "make install    venv + editable install with the test and docs extras"
 	@echo "make run        the gateway (ARGS=...)"
 	@echo "make test-fast  the engine-rule tests: no process, no server, no npm; under a minute"
 	@echo "make test       lint + typecheck + the whole suite (pytest; about 20 minutes)"
