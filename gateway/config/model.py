@@ -280,7 +280,7 @@ class BackendConfig:
     # Legacy clients of a server that speaks both eras get legacy sessions of their own (stdio:
     # on a second process, since a stdio connection keeps the era of its first request);
     # false: they are served on the modern one, one process and one in-memory state, without
-    # the server's own requests during a call (docs/guide/dual-era.md).
+    # the server's own requests during a call (docs/guides/dual-era.md).
     legacy_lane: bool = key(
         "boolean",
         "Legacy clients of a server of both eras get legacy sessions (stdio: a second "

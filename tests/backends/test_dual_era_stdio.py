@@ -1,5 +1,5 @@
 """A stdio server of both eras (the official SDK's MCPServer) behind the gateway: what one
-process can serve, and what the gateway does about it (docs/guide/dual-era.md).
+process can serve, and what the gateway does about it (docs/guides/dual-era.md).
 
 Measured on the SDK (2.3.0) over one stdio stream: a connection keeps the era of its first
 request. After a legacy `initialize`, every request carrying modern `_meta` is refused
