@@ -216,9 +216,7 @@ def _named_backends(node: Any) -> Iterator[str]:
     takes (`backends: {github: {}}`)."""
     if isinstance(node, dict):
         for k, v in node.items():
-            if k == "backends" and isinstance(v, list):
-                yield from (str(n) for n in v)
-            elif k == "backends" and isinstance(v, dict):  # a virtual server's own
+            if k == "backends" and isinstance(v, list | dict):  # (a dict: a virtual server's)
                 yield from (str(n) for n in v)
             else:
                 yield from _named_backends(v)
