@@ -250,6 +250,7 @@ LAZY_IMPORTS: dict[tuple[str, str], set[str]] = {
     # --catalogs` turns tracing off with the API's no-op provider.
     ("gateway.telemetry.otel", "__init__"): {"gateway.telemetry.spans"},
     ("gateway.app.inventory", "inventory"): {"opentelemetry"},
+    ("gateway.app.inventory", "definitions"): {"opentelemetry"},
     # A backend's `auth:`: the OAuth client (its authorizer; per-user logins' desk).
     ("gateway.backend_auth.setup", "authorizer"): {
         "gateway.backend_auth.authorizer",

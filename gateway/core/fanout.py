@@ -286,10 +286,15 @@ class FanOut:
         kept: dict[str, str | None] = {b: p for b, p in positions if b in late and p is not None}
         kind, field = LIST_KINDS[key]
         hide_app_only = key == "tools" and apps.hides_app_only(msg, alone and not naming.prefixed)
+        pinning = self.catalogs.pinning
         for backend, result in parts:
             exposure = exposures[backend]
+            # pins: a live answer's definitions are judged (a catalog's were when it loaded)
+            pinned = pinning is not None and pinning.covers(backend) and backend not in known
             for item in result.get(key) or ():
                 if not isinstance(item, dict) or (hide_app_only and app_only(item)):
+                    continue
+                if pinned and not self._admits(backend, key, item):
                     continue
                 if view is not None:
                     own = item.get(field)
@@ -307,6 +312,15 @@ class FanOut:
             key, items, [r for _, r in parts], next_cursor, self._server(), base
         )
         return jsonrpc.result(msg["id"], result)
+
+    def _admits(self, backend: str, key: str, item: dict[str, Any]) -> bool:
+        """Whether a pinned backend's live item may be shown (core/pinning.py); one its catalog
+        has not judged yet loads the catalog again, which logs and counts the change."""
+        assert self.catalogs.pinning is not None
+        shown, unjudged = self.catalogs.pinning.admits(backend, key, item)
+        if unjudged:
+            self.catalogs.list_changed(backend)
+        return shown
 
     def _from_catalog(
         self,
