@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from gateway.app import Gateway
+from gateway.app import pins as app_pins
 from gateway.config import load
 from gateway.protocol import codes
 from tests.support import (
@@ -279,3 +280,27 @@ async def test_a_pin_file_that_is_not_one_stops_the_start(tmp_path: Path) -> Non
     )
     assert status == 2, out
     assert "pins:" in out and "Traceback" not in out
+
+
+async def test_a_reload_takes_up_an_approval_and_the_metric_counts_each_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(app_pins, "WATCH_INTERVAL", 3600.0)  # (the reload alone reads the file)
+    config = write(tmp_path)
+    assert cli("record", "--config", str(config))[0] == 0
+    async with serving(config) as (gw, client, listening):
+        await pulled(client, listening)
+        assert "fetch" not in await client.tools()
+        status, out = await anyio.to_thread.run_sync(cli, "approve", "--config", str(config), "rug")
+        assert status == 0, out
+        assert "fetch" not in await client.tools()  # (not looked at yet)
+        told = listening.changed
+        assert await gw.reload(lambda: load(config)) is not None
+        with anyio.fail_after(BOUND):
+            await told.wait()
+        assert (await client.tools())["fetch"]["description"] == PULLED
+        from prometheus_client import generate_latest
+
+        text = generate_latest(gw.registry).decode()
+        assert 'mcp_gateway_pin_changes_total{backend="rug",outcome="blocked"} 1.0' in text
+        assert 'mcp_gateway_pin_changes_total{backend="rug",outcome="approved"} 1.0' in text
