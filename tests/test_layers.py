@@ -234,6 +234,8 @@ LAZY_IMPORTS: dict[tuple[str, str], set[str]] = {
     ("gateway.app.cluster", "cluster_bus"): {"gateway.cluster.bus"},
     ("gateway.app.cluster", "session_records"): {"gateway.cluster.sessions"},
     ("gateway.app.cluster", "shared_logins"): {"gateway.cluster.logins"},
+    ("gateway.app.cluster", "shared_pins"): {"gateway.cluster.pins"},
+    ("gateway.app.cluster", "share_pins"): {"gateway.cluster.bus"},
     # auth: the callers' token checks, with PyJWT (and cryptography) under them.
     ("gateway.app.wiring", "make_authenticator"): {"gateway.caller_auth.authenticator"},
     # Tracing (an OTLP endpoint): the OpenTelemetry SDK and the span exporter built on it.

@@ -126,7 +126,7 @@ class Gateway:
         for wired in self.wired:
             self._attach(wired)
         # `pins:` (None: definitions served as sent): judged as each catalog loads.
-        self.pins = watch(config, self.dispatcher.catalogs, self.telemetry.stats, self.audit)
+        self.pins = watch(config, self.dispatcher.catalogs, self.telemetry, self.audit, self.bus)
         # What each server's lists cost a model, kept current as catalogs change (a task each).
         self.budget = Budget()
         # `servers:`: a dispatcher each over the same backends (app/servers.py).

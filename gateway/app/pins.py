@@ -2,6 +2,11 @@
 start, watched while running (an approval written by `pins approve` is taken up within
 `WATCH_INTERVAL`, and at every config reload), and what a change is told to (the audit log).
 
+With `cluster.redis` the pins in force are the cluster's (gateway/cluster/pins.py): the first
+replica seeds them from its file; a replica whose file changes (an approval made on its host)
+writes them, as `pins approve` does, and tells the others on the bus, which read them at once.
+While Redis is away a replica keeps the pins it has, and its file's changes are its own.
+
 The file is polled, not watched with inotify: one `stat` a second costs nothing, works on every
 file system (a ConfigMap's symlink swap included) and needs no dependency. A file that cannot be
 read or is not a pin file keeps the pins in force (logged once per version of the file).
@@ -13,17 +18,19 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.to_thread
 
+from gateway.app.cluster import PINS_TOPIC, shared_pins
 from gateway.app.errors import StartupError
 from gateway.config import Config
 from gateway.core import pins as p
+from gateway.core.bus import Bus
 from gateway.core.catalog import Catalogs
 from gateway.core.pinning import PinEvent, Pinning
-from gateway.telemetry.api import Stats
+from gateway.telemetry.api import Stats, Telemetry
 
 if TYPE_CHECKING:
     from gateway.telemetry.audit import AuditLog
@@ -32,6 +39,19 @@ log = logging.getLogger("gateway.pins")
 
 # How often the pin file is looked at for a change (an approval).
 WATCH_INTERVAL = 1.0
+
+
+class SharedPins(Protocol):
+    """The cluster's pins (gateway/cluster/pins.py): each call says whether Redis answered."""
+
+    async def read(self) -> tuple[bool, bytes | None]: ...
+
+    async def seed(self, text: bytes) -> bool: ...
+
+    async def write(self, text: bytes) -> bool: ...
+
+    async def close(self) -> None: ...
+
 
 # What identifies a version of the file: (inode, size, mtime in ns); None: there is none.
 Signature = tuple[int, int, int] | None
@@ -87,15 +107,23 @@ def audit_event(audit: AuditLog) -> Callable[[PinEvent], None]:
 
 
 def watch(
-    config: Config, catalogs: Catalogs, stats: Stats, audit: AuditLog | None
+    config: Config,
+    catalogs: Catalogs,
+    telemetry: Telemetry,
+    audit: AuditLog | None,
+    bus: Bus | None = None,
 ) -> PinWatch | None:
-    """The gateway's pins (None without `pins:`); a pin file that is not one stops the start."""
+    """The gateway's pins (None without `pins:`); a pin file that is not one stops the start.
+    With a bus (cluster.redis), the cluster's pins: its topic is named now, before it runs."""
     if config.pins is None:
         return None
     try:
-        return PinWatch(config, catalogs, stats, audit)
+        made = PinWatch(config, catalogs, telemetry.stats, audit, bus)
     except p.PinFileInvalid as exc:
         raise StartupError(f"pins: {exc}") from None
+    if bus is not None:
+        made.shared = shared_pins(config)
+    return made
 
 
 class PinWatch:
@@ -103,7 +131,12 @@ class PinWatch:
     file stops the start), then kept in step with the file."""
 
     def __init__(
-        self, config: Config, catalogs: Catalogs, stats: Stats, audit: AuditLog | None
+        self,
+        config: Config,
+        catalogs: Catalogs,
+        stats: Stats,
+        audit: AuditLog | None,
+        bus: Bus | None = None,
     ) -> None:
         assert config.pins is not None
         self.path = config.pins.file
@@ -120,12 +153,58 @@ class PinWatch:
         self.pinning = Pinning(modes(config), pinned, stats, told)
         catalogs.pinning = self.pinning
         self._complained: Signature = None
+        # The cluster's pins, once joined (None: this replica is alone, or has not reached
+        # Redis yet). Made by the composition root: `shared_pins`.
+        self.shared: SharedPins | None = None
+        self._bus = bus
+        self.joined = anyio.Event()
+        if bus is not None:
+            bus.on(PINS_TOPIC, self._heard)
 
     async def run(self) -> None:
-        """Look at the file every WATCH_INTERVAL; take up a new version."""
-        while True:
-            await anyio.sleep(WATCH_INTERVAL)
-            await self.check()
+        """Join the cluster's pins (if any), then look at the file every WATCH_INTERVAL and
+        take up a new version."""
+        try:
+            while True:
+                if self.shared is not None and not self.joined.is_set():
+                    await self._join(self.shared)
+                await anyio.sleep(WATCH_INTERVAL)
+                await self.check()
+        finally:
+            if self.shared is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.shared.close()
+
+    async def _join(self, shared: SharedPins) -> None:
+        """The cluster's pins in force: its own, or (a fresh cluster) this replica's file's."""
+        if not await shared.seed(p.dump(self.pinning.pinned)):
+            return  # (Redis away: tried again after the next interval)
+        if await self._take_shared(shared):
+            self.joined.set()
+
+    async def _take_shared(self, shared: SharedPins) -> bool:
+        reached, text = await shared.read()
+        if not reached or text is None:
+            return False
+        try:
+            pinned = p.parse(text, "the cluster's pins (redis)")
+        except p.PinFileInvalid as exc:
+            log.error("pins: %s; the pins read before stay in force", exc)
+            return True
+        self.take(pinned)
+        return True
+
+    async def _heard(self, sender: str, body: dict[str, Any]) -> None:
+        """Another replica (or `pins approve`) changed the cluster's pins: read them now."""
+        if self.shared is not None:
+            await self._take_shared(self.shared)
+
+    async def _share(self) -> None:
+        """This replica's file changed (an approval on its host): the cluster's pins too."""
+        if self.shared is None or self._bus is None:
+            return
+        if await self.shared.write(p.dump(self.pinning.pinned)):
+            await self._bus.publish(PINS_TOPIC, {"changed": True})
 
     async def check(self) -> bool:
         """Take up the file if it changed since last read; whether the pins changed."""
@@ -140,7 +219,10 @@ class PinWatch:
                 log.error("pins: %s; the pins read before stay in force", exc)
             return False
         self._seen = seen
-        return self.take(pinned)
+        changed = self.take(pinned)
+        if changed:
+            await self._share()
+        return changed
 
     def take(self, pinned: p.PinSet) -> bool:
         """New pins in force: the catalogs judged again; whether any backend's changed."""

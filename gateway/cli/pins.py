@@ -17,6 +17,7 @@ from pathlib import Path
 import anyio
 import click
 
+from gateway.app.cluster import share_pins
 from gateway.app.errors import StartupError
 from gateway.app.inventory import Definitions, definitions
 from gateway.app.pins import read
@@ -52,7 +53,7 @@ def record(config_path: Path) -> None:
         sys.exit(1)
     assert config.pins is not None
     pinned = {d.name: d.found for d in found if d.found is not None}
-    _write(config.pins.file, pinned)
+    _write(config, pinned)
     for name, kinds in pinned.items():
         counts = ", ".join(f"{len(kinds.get(kind, {}))} {kind}" for kind in p.KINDS)
         click.echo(f"{name}: {counts}")
@@ -103,7 +104,7 @@ def approve(config_path: Path, backend: str, tool: str | None) -> None:
         sys.exit(1)
     assert config.pins is not None
     before = pinned.get(backend)
-    _write(config.pins.file, p.approve(pinned, backend, found.found, tool))
+    _write(config, p.approve(pinned, backend, found.found, tool))
     accepted = [
         c
         for c in p.changes(before, found.found)
@@ -154,18 +155,24 @@ def _definitions(config: Config, only: list[str] | None = None) -> list[Definiti
         sys.exit(1)
 
 
-def _write(path: str, pinned: p.PinSet) -> None:
-    """The file whole, renamed into place (a reader sees the old or the new, never half)."""
-    target = Path(path)
+def _write(config: Config, pinned: p.PinSet) -> None:
+    """The file whole, renamed into place (a reader sees the old or the new, never half); with
+    cluster.redis, the cluster's pins too, every replica told."""
+    assert config.pins is not None
+    target = Path(config.pins.file)
+    text = p.dump(pinned)
     fd, temporary = tempfile.mkstemp(prefix=".pins-", dir=target.parent)
     try:
         os.fchmod(fd, 0o644)  # (a file to commit and share, not a secret)
         with os.fdopen(fd, "wb") as f:
-            f.write(p.dump(pinned))
+            f.write(text)
         os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    if anyio.run(share_pins, config, text) is False:
+        error("the cluster's pins (redis) not written: each replica takes up its own file")
+        sys.exit(1)
 
 
 def _singular(kind: str) -> str:
