@@ -177,7 +177,8 @@ class PinWatch:
 
     async def _join(self, shared: SharedPins) -> None:
         """The cluster's pins in force: its own, or (a fresh cluster) this replica's file's."""
-        if not await shared.seed(p.dump(self.pinning.pinned)):
+        # (a replica without a file seeds nothing: the file is the source of a fresh cluster)
+        if self._seen is not None and not await shared.seed(p.dump(self.pinning.pinned)):
             return  # (Redis away: tried again after the next interval)
         if await self._take_shared(shared):
             self.joined.set()

@@ -342,15 +342,14 @@ class Catalogs:
         a cluster notice all come here). For a pinned backend, the load's end: a listen tells
         its client of the change once the new definitions are judged (core/pinning.py)."""
         self.invalidate(backend)
-        root = self._root
-        if root.spawn is None:
+        if self.spawn is None:
             return None
-        if backend in root._refreshing:
-            root._again.add(backend)
-            end = root._refreshing[backend]
+        if backend in self._refreshing:
+            self._again.add(backend)
+            end = self._refreshing[backend]
         else:
-            end = root._refresh_in_background(backend, GATEWAY_CALL)
-        pinning = root._pinning
+            end = self._refresh_in_background(backend, GATEWAY_CALL)
+        pinning = self._root._pinning
         return end if pinning is not None and pinning.covers(backend) else None
 
     def repin(self) -> None:

@@ -291,11 +291,15 @@ class FanOut:
             exposure = exposures[backend]
             # pins: a live answer's definitions are judged (a catalog's were when it loaded)
             pinned = pinning is not None and pinning.covers(backend) and backend not in known
+            unjudged = False
             for item in result.get(key) or ():
                 if not isinstance(item, dict) or (hide_app_only and app_only(item)):
                     continue
-                if pinned and not self._admits(backend, key, item):
-                    continue
+                if pinned and pinning is not None:
+                    admitted, new = pinning.admits(backend, key, item)
+                    unjudged = unjudged or new
+                    if not admitted:
+                        continue
                 if view is not None:
                     own = item.get(field)
                     if not isinstance(own, str) or not view.visible(kind, backend, own):
@@ -305,6 +309,8 @@ class FanOut:
                     items.append(shown)
             if isinstance(result.get("nextCursor"), str):
                 kept[backend] = result["nextCursor"]
+            if unjudged:  # (its catalog loaded again: that load logs and counts the change)
+                self.catalogs.list_changed(backend)
         following = [(b, kept[b]) for b, _ in positions if b in kept]  # (in the same order)
         next_cursor = cursors.encode(following, self._cursor_keys[0], method) if following else None
         base = parts[0][1] if alone and parts else {}
@@ -312,15 +318,6 @@ class FanOut:
             key, items, [r for _, r in parts], next_cursor, self._server(), base
         )
         return jsonrpc.result(msg["id"], result)
-
-    def _admits(self, backend: str, key: str, item: dict[str, Any]) -> bool:
-        """Whether a pinned backend's live item may be shown (core/pinning.py); one its catalog
-        has not judged yet loads the catalog again, which logs and counts the change."""
-        assert self.catalogs.pinning is not None
-        shown, unjudged = self.catalogs.pinning.admits(backend, key, item)
-        if unjudged:
-            self.catalogs.list_changed(backend)
-        return shown
 
     def _from_catalog(
         self,

@@ -77,6 +77,9 @@ class Pinning:
         self._stats = stats
         self.on_event = on_event
         self._judged: dict[str, _Judged] = {}
+        # Items whose pins a `replace` changed, until next judged: one of them as pinned now is
+        # an approval (anything else held before and as pinned now went back to its pin).
+        self._repinned: set[tuple[str, str, str]] = set()
         # (backend, kind, name, digest) already told of: a change is counted once.
         self._told: set[tuple[str, str, str, str]] = set()
 
@@ -97,6 +100,13 @@ class Pinning:
     def replace(self, pinned: p.PinSet) -> list[str]:
         """New pins (an approval, the file edited): the pinned backends whose pins differ."""
         old, self.pinned = self.pinned, pinned
+        self._repinned |= {
+            (b, kind, name)
+            for b in self.modes
+            for kind in p.KINDS
+            for name, found in pinned.get(b, {}).get(kind, {}).items()
+            if old.get(b, {}).get(kind, {}).get(name) != found
+        }
         return [b for b in self.modes if old.get(b) != pinned.get(b)]
 
     def judge(self, backend: str, data: CatalogData) -> CatalogData:
@@ -122,7 +132,9 @@ class Pinning:
                 status = p.standing(mine, kind, name, found.digest)
                 if status == p.PINNED:
                     out.append(item)
-                    if before is not None and (kind, name) in before.held:
+                    repinned = (backend, kind, name) in self._repinned
+                    self._repinned.discard((backend, kind, name))
+                    if repinned and before is not None and (kind, name) in before.held:
                         fresh.append(self._approved(backend, kind, name, found.digest))
                     continue
                 served = p.serves(mode, status)

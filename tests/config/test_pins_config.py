@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.config import ConfigInvalid, load, parse
+from gateway.config import ConfigInvalid, describe, load, parse
 from gateway.config.pins import DEFAULT_PIN_MODE
 
 BASE = {"listen": {"stdio": True}, "backends": {"a": {"stdio": {"command": "x"}}}}
@@ -73,3 +73,10 @@ def test_what_the_loader_refuses(extra: dict[str, object], where: str) -> None:
     with pytest.raises(ConfigInvalid) as caught:
         parse(config_with(**extra))
     assert any(where in problem for problem in caught.value.problems), caught.value.problems
+
+
+def test_check_config_describes_the_pins() -> None:
+    backends = {"a": {"stdio": {"command": "x"}, "pins": {"on_change": "warn"}}}
+    lines = describe(parse(config_with(backends=backends, pins={"file": "/srv/p.json"})))
+    assert "  pins         /srv/p.json, on change block (backends: a warn)" in lines.splitlines()
+    assert "pins" not in describe(parse(config_with()))

@@ -153,3 +153,10 @@ async def test_without_pins_nothing_is_judged() -> None:
     assert len(spawned) == 1  # (the catalog loaded again all the same)
     catalogs.repin()  # (a no-op)
     assert names(catalogs.data("gh") or CatalogData()) == ["fetch", "stable"]
+
+
+def test_a_definition_back_to_its_pin_is_served_again_and_not_an_approval() -> None:
+    pinning, stats = make(p.BLOCK)
+    pinning.judge("gh", CatalogData(tools=(PULLED, STABLE)))
+    assert names(pinning.judge("gh", CatalogData(tools=(FETCH, STABLE)))) == ["fetch", "stable"]
+    assert stats.pin_changes == {("gh", "blocked"): 1} and pinning.held() == {}
