@@ -15,9 +15,11 @@ from gateway.backends.base import GATEWAY_CALL
 from gateway.core import pins as p
 from gateway.core.catalog import Catalogs
 from gateway.core.pinning import PinEvent, Pinning
+from gateway.frontends import status_page
 from gateway.routing.names import Naming
 from gateway.routing.table import CatalogData, Exposure
 from gateway.telemetry.api import Stats
+from gateway.telemetry.status import StatusBoard, snapshot
 from tests.support.memory_backend import MemoryBackend
 
 pytestmark = pytest.mark.anyio
@@ -160,3 +162,18 @@ def test_a_definition_back_to_its_pin_is_served_again_and_not_an_approval() -> N
     pinning.judge("gh", CatalogData(tools=(PULLED, STABLE)))
     assert names(pinning.judge("gh", CatalogData(tools=(FETCH, STABLE)))) == ["fetch", "stable"]
     assert stats.pin_changes == {("gh", "blocked"): 1} and pinning.held() == {}
+
+
+def test_the_status_page_lists_what_awaits_approval_and_only_with_pins() -> None:
+    pinning, _ = make(p.BLOCK)
+    pinning.judge("gh", CatalogData(tools=(PULLED, STABLE, NEW)))
+    facts: dict[str, Any] = {"version": "t", "listeners": {}, "backends": []}
+    page = snapshot(StatusBoard(), **facts, serving=True, draining=False, held=pinning.held())
+    assert [
+        (h["backend"], h["name"], h["status"], h["served"]) for h in page["awaiting_approval"]
+    ] == [
+        ("gh", "fetch", p.CHANGED, False),
+        ("gh", "new", p.NEW, False),
+    ]
+    assert "awaiting_approval" not in snapshot(StatusBoard(), **facts, serving=True, draining=False)
+    assert b"Awaiting approval" in status_page.PAGE
