@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from gateway.backends.base import GATEWAY_CALL
+from gateway.core import listen
 from gateway.core import pins as p
 from gateway.core.catalog import Catalogs
 from gateway.core.pinning import PinEvent, Pinning
@@ -177,3 +178,24 @@ def test_the_status_page_lists_what_awaits_approval_and_only_with_pins() -> None
     ]
     assert "awaiting_approval" not in snapshot(StatusBoard(), **facts, serving=True, draining=False)
     assert b"Awaiting approval" in status_page.PAGE
+
+
+async def test_a_list_change_waits_for_its_judgement_no_longer_than_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """basic/patterns/subscriptions: the client is told of the change even when the new
+    definitions' judgement does not end (a backend slow to list): after PIN_CHECK_WAIT."""
+    monkeypatch.setattr(listen, "PIN_CHECK_WAIT", 0.05)
+    never = anyio.Event()
+    shown: list[dict[str, Any]] = []
+
+    async def sink(note: dict[str, Any]) -> None:
+        shown.append(note)
+
+    plans = {"gh": listen._Plan({"toolsListChanged": True})}
+    stream = listen._Stream("c", plans, sink, lambda backend: never)
+    stream._acknowledged = True
+    note = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed", "params": {}}
+    with anyio.fail_after(5):
+        await stream.relay("gh", note)
+    assert [n["method"] for n in shown] == [note["method"]] and not never.is_set()
