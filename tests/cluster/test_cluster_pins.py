@@ -132,3 +132,35 @@ async def test_an_approval_through_one_replica_reaches_the_other_at_once(
                 tg.cancel_scope.cancel()
     finally:
         await store.aclose()
+
+
+async def test_a_replica_whose_file_changes_shares_the_change(
+    tmp_path: Path, redis: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An approval written to one host's file by a CLI that knows no Redis: the replica there
+    takes it up from its file and tells the others."""
+    (tmp_path / "state").mkdir()
+    a, b = host(tmp_path, "a", redis), host(tmp_path, "b", redis)
+    assert cli("record", "--config", str(alone(a)))[0] == 0
+    shutil.copy(a.with_name("pins.json"), b.with_name("pins.json"))
+    monkeypatch.setattr(app_pins, "WATCH_INTERVAL", 0.05)
+    with anyio.fail_after(START_BOUND * 2):
+        async with (
+            aiohttp.ClientSession() as session,
+            anyio.create_task_group() as tg,
+            replica(a, session, tg) as (_, on_a, _),
+            replica(b, session, tg) as (gw_b, on_b, heard_b),
+        ):
+            (tmp_path / "state" / "extra").write_text("")
+            assert "new" not in await on_a.tools()
+            assert "new" not in await on_b.tools()
+            told_b = heard_b.changed
+            status, out = await anyio.to_thread.run_sync(
+                cli, "approve", "--config", str(alone(a)), "rug", "new"
+            )
+            assert status == 0, out
+            with anyio.fail_after(BOUND):
+                await told_b.wait()
+            assert "new" in await on_b.tools()
+            assert gw_b.pins is not None and "new" in gw_b.pins.pinning.pinned["rug"]["tools"]
+            tg.cancel_scope.cancel()
