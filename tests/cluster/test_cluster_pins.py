@@ -5,7 +5,8 @@ have), share a real `redis-server` and one rug-pull server state (tests/servers/
 each replica's own stdio child reads it). Proved: a fresh cluster's pins are seeded from a
 replica's file; a changed description is blocked on both; `pins approve` with one replica's
 config reaches the other at once through Redis (its own file never changes, and it is not
-looking at it); a replica restarted later takes the cluster's pins over its stale file.
+looking at it); a replica restarted later takes the cluster's pins over its stale file; and an
+approval written to one host's file by a CLI that knows no Redis is shared by the replica there.
 """
 
 from __future__ import annotations
