@@ -234,6 +234,8 @@ LAZY_IMPORTS: dict[tuple[str, str], set[str]] = {
     ("gateway.app.cluster", "cluster_bus"): {"gateway.cluster.bus"},
     ("gateway.app.cluster", "session_records"): {"gateway.cluster.sessions"},
     ("gateway.app.cluster", "shared_logins"): {"gateway.cluster.logins"},
+    ("gateway.app.cluster", "shared_pins"): {"gateway.cluster.pins"},
+    ("gateway.app.cluster", "share_pins"): {"gateway.cluster.bus"},
     # auth: the callers' token checks, with PyJWT (and cryptography) under them.
     ("gateway.app.wiring", "make_authenticator"): {"gateway.caller_auth.authenticator"},
     # Tracing (an OTLP endpoint): the OpenTelemetry SDK and the span exporter built on it.
@@ -250,6 +252,7 @@ LAZY_IMPORTS: dict[tuple[str, str], set[str]] = {
     # --catalogs` turns tracing off with the API's no-op provider.
     ("gateway.telemetry.otel", "__init__"): {"gateway.telemetry.spans"},
     ("gateway.app.inventory", "inventory"): {"opentelemetry"},
+    ("gateway.app.inventory", "definitions"): {"opentelemetry"},
     # A backend's `auth:`: the OAuth client (its authorizer; per-user logins' desk).
     ("gateway.backend_auth.setup", "authorizer"): {
         "gateway.backend_auth.authorizer",

@@ -6,6 +6,7 @@ wiring.py    each backend's transport and layers, the login desk, limiters, name
 cluster.py   the replicas' shared state over Redis (buckets, bus, session records, logins)
 observe.py   spans, tap, audit and access logs, opened from the config
 reload.py    what a reload may change: its plan, report and the retiring of old backends
+pins.py      `pins:`: the pin file read, watched and shared in a cluster (0066)
 views.py     what it shows of itself: backend states, status facts, queues, readiness, metrics
 inventory.py `check-config --catalogs`: per server, its backends' items and tokens
 process.py   the process: signals, SIGHUP and `--watch` reloads, the pid file, gc settings

@@ -27,6 +27,7 @@ from gateway.app.cluster import (
 )
 from gateway.app.errors import StartupError
 from gateway.app.observe import access_logger, open_audit, open_tap, tracer_provider
+from gateway.app.pins import watch
 from gateway.app.reload import (
     RELOADED,
     Reloaded,
@@ -107,8 +108,7 @@ class Gateway:
         tracing: trace.TracerProvider | None = None,
         stdio_server: str | None = None,
     ) -> None:
-        """`stdio_server`: the virtual server the stdio front end serves (`run --server`);
-        None: the merged server."""
+        """`stdio_server`: the virtual server the stdio front end serves (None: merged)."""
         self.config = config
         self.stdio_server = stdio_server
         self._observe(tracing)
@@ -125,6 +125,8 @@ class Gateway:
         self.dispatcher = make_dispatcher(config, self.backends, self.telemetry, limiters)
         for wired in self.wired:
             self._attach(wired)
+        # `pins:` (None: definitions served as sent): judged as each catalog loads.
+        self.pins = watch(config, self.dispatcher.catalogs, self.telemetry, self.audit, self.bus)
         # What each server's lists cost a model, kept current as catalogs change (a task each).
         self.budget = Budget()
         # `servers:`: a dispatcher each over the same backends (app/servers.py).
@@ -155,8 +157,7 @@ class Gateway:
         self.http_url: str | None = None
 
     def _observe(self, tracing: trace.TracerProvider | None) -> None:
-        """The metrics registry, the spans, the tap, the audit and access logs: what the data
-        path reports to (`telemetry`)."""
+        """What the data path reports to: metrics, spans, the tap, the audit and access logs."""
         config = self.config
         # What the metrics count from the start; their Prometheus side is made when first
         # asked for (`exposition`).
@@ -307,6 +308,8 @@ class Gateway:
                 self._tg.start_soon(self.bus.run, name="cluster bus")
             if self.changes is not None:  # (cluster changes)
                 self._tg.start_soon(self.changes.run, name="cluster changes")
+            if self.pins is not None:
+                self._tg.start_soon(self.pins.run, name="pins")
             for wired in self.wired:
                 self._tg.start_soon(self._run_backend, wired, name=f"backend {wired.config.name}")
             catalogs = self.dispatcher.catalogs
@@ -404,6 +407,8 @@ class Gateway:
                 ", ".join(changed) or "none",
                 ", ".join(removed) or "none",
             )
+        if self.pins is not None:  # (the pin file read again: an approval taken up)
+            await self.pins.reload(new, self.config)
         for w in steps.fresh:
             self._tg.start_soon(self._run_backend, w, name=f"backend {w.config.name}")
         for name in loads:
@@ -450,6 +455,7 @@ class Gateway:
             servers=server_facts(self.budget),
             serving=self._serving,
             draining=self.draining,
+            held=self.pins.pinning.held() if self.pins is not None else None,
         )
 
     def _render_metrics(self, accept: str) -> tuple[bytes, str]:

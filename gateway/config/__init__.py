@@ -20,7 +20,7 @@ from gateway.config import auth as auth_section
 from gateway.config import backends as backends_section
 from gateway.config import cluster as cluster_section
 from gateway.config import http as http_sections
-from gateway.config import keys, search_loader
+from gateway.config import keys, pins_loader, search_loader
 from gateway.config import limits as limit_sections
 from gateway.config import policy as policy_sections
 from gateway.config import servers as server_sections
@@ -192,11 +192,15 @@ def parse(
         auth=auth_section.auth(check, top.get("auth"), listen.http),
         cluster=cluster_section.cluster(check, top.get("cluster"), lambda p: _beside(source, p)),
         tool_search=search_loader.tool_search(check, top.get("tool_search")),
+        pins=pins_loader.pins(check, top.get("pins"), lambda p: _beside(source, p)),
         task_key_file=_task_key_file(check, top.get("tasks"), source),
         servers=server_sections.servers(
             check, top.get("servers"), backends, listen.http, listen.stdio
         ),
     )
+    for backend in config.backends:
+        if backend.pins is not None and config.pins is None:
+            reader.problem(("backends", backend.name, "pins"), "needs the top-level pins:")
     if config.auth is None:
         for server in config.servers:
             if server.auth is not None:

@@ -58,6 +58,14 @@ def describe(config: Config) -> str:
     )
     if config.tool_search.enabled:
         lines.append(describe_search(config.tool_search))
+    if config.pins is not None:
+        own = [
+            f"{b.name} {b.pins.on_change}" for b in config.backends if b.pins and b.pins.on_change
+        ]
+        others = f" (backends: {', '.join(own)})" if own else ""
+        lines.append(
+            f"  pins         {config.pins.file}, on change {config.pins.on_change}{others}"
+        )
     if config.policy is not None:
         p = config.policy
         lines.append(f"  policy       default {p.default}, rules: {len(p.rules)}")

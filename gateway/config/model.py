@@ -24,6 +24,7 @@ from gateway.config.operations import (
     TapConfig,
     TelemetryConfig,
 )
+from gateway.config.pins import BackendPins, PinsConfig
 from gateway.config.search import ToolSearchConfig
 from gateway.config.virtual import ServerConfig
 
@@ -385,6 +386,13 @@ class BackendConfig:
         factory=dict,
         at="tool.timeout",
     )
+    # Its own pins.on_change (None: the top-level pins:'s, or not pinned without one).
+    pins: BackendPins | None = key(
+        "section",
+        "This backend's tool-definition pinning (needs the top-level pins:).",
+        None,
+        section="backend_pins",
+    )
 
     @property
     def effective_namespace(self) -> str:
@@ -494,6 +502,14 @@ class Config:
         None,
         section="cluster",
     )
+    # Tool-definition pinning (None: definitions are served as the backends send them).
+    pins: PinsConfig | None = key(
+        "section",
+        "Pin each backend's tool, prompt and template definitions to a file; a changed one is "
+        "blocked, warned of or allowed (on_change).",
+        None,
+        section="pins",
+    )
     # The key file signing task ids without cluster.secrets (tasks.key_file, absolute); None:
     # the default path (gateway/taskkey.py).
     task_key_file: str | None = key(
@@ -503,3 +519,10 @@ class Config:
         None,
         at="tasks.key_file",
     )
+
+    def pin_mode(self, backend: BackendConfig) -> str | None:
+        """What a changed definition of this backend gets (None: it is not pinned)."""
+        if self.pins is None:
+            return None
+        own = backend.pins.on_change if backend.pins is not None else None
+        return own or self.pins.on_change

@@ -55,6 +55,8 @@ STABLE_AFTER = 30.0
 # Notices from other replicas waiting for one listen's client: a client that does not read
 # loses the excess (they are notices; what it has not read yet says the same).
 REMOTE_QUEUE = 64
+# pins: a list change waits this long at most for its new definitions' judgement.
+PIN_CHECK_WAIT = 5.0
 Readable = Callable[[str, str], bool]
 Hidden = Callable[[str], frozenset[str]]
 # The policy's say for one caller, taken anew when a reload extends its listen (the policy may
@@ -131,6 +133,7 @@ class Subscriptions:
         # this one's listens reaches theirs too, and their interests are counted as its own.
         self.followers: list[Subscriptions] = []
         catalogs.on_late_arrival.append(self._late_arrival)
+        catalogs.on_pins_changed.append(self._late_arrival)  # (told the same way)
 
     @property
     def backends(self) -> Mapping[str, Backend]:
@@ -410,7 +413,7 @@ class _Stream:
         client_id: jsonrpc.RequestId,
         plans: dict[str, _Plan],
         sink: NotificationSink,
-        invalidate: Callable[[str], None],
+        invalidate: Callable[[str], anyio.Event | None],
         show_task: Callable[[str, dict[str, Any], str], None] | None = None,
     ) -> None:
         self._id = client_id
@@ -446,7 +449,10 @@ class _Stream:
                 self._check_settled()
             return  # later acknowledgements are re-subscriptions the client never sees
         if isinstance(method, str) and method.endswith("/list_changed"):
-            self._invalidate(backend)
+            judged = self._invalidate(backend)
+            if judged is not None:  # pins: the new definitions judged before the client hears
+                with anyio.move_on_after(PIN_CHECK_WAIT):
+                    await judged.wait()
         await self._show(backend, note)
 
     async def announce(self, backend: str, notes: list[Message]) -> None:

@@ -156,7 +156,14 @@ class AuditLog:
             self._max_arguments,
             target,
         )
-        line = jsonrpc.dumps(record) + b"\n"
+        self._write(jsonrpc.dumps(record) + b"\n")
+
+    def event(self, fields: dict[str, Any]) -> None:
+        """A record of the gateway's own doing, not a client request's (`event` names it: a
+        definition pinning blocked, warned of or allowed, an approval)."""
+        self._write(jsonrpc.dumps({"time": utc_now(), **fields}) + b"\n")
+
+    def _write(self, line: bytes) -> None:
         if self._file is not None:
             self._file.write(line)
             return

@@ -270,6 +270,16 @@ class GatewayCollector(Collector):
             for value, count in sorted(counts.items()):
                 family.add_metric([value], count)
             yield family
+        if self._stats.pin_changes:  # (pins: only once something differed from its pin)
+            pins = CounterMetricFamily(
+                "mcp_gateway_pin_changes",
+                "Definitions that differ from their pins, each counted once, by backend and "
+                "outcome (blocked, warned, allowed; approved: an approval taken up).",
+                labels=["backend", "outcome"],
+            )
+            for (backend, outcome), count in sorted(self._stats.pin_changes.items()):
+                pins.add_metric([backend, outcome], count)
+            yield pins
 
     def _backend_metrics(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
