@@ -520,7 +520,7 @@ class Gateway:
         self, dispatcher: Dispatcher, path: str, auth: Authenticator | None
     ) -> http_frontend.Endpoint:
         """A virtual server's endpoint: the listener's settings at its own path. Its legacy
-        sessions are this process's own, with or without a cluster (README, Virtual servers)."""
+        sessions are this process's own, cluster or not (docs/guides/virtual-servers.md)."""
         listen = self.config.listen.http
         assert listen is not None
         return http_frontend.Endpoint(dispatcher, replace(listen, path=path), auth=auth)

@@ -1,15 +1,16 @@
 """Tool-definition pinning wired (`pins:`; docs/trusting-tools/pinning.md): the pin file read at
 start, watched while running (an approval written by `pins approve` is taken up within
-`WATCH_INTERVAL`, and at every config reload), and what a change is told to (the audit log).
+`pins.poll_interval`, and at every config reload), and what a change is told to (the audit log).
 
 With `cluster.redis` the pins in force are the cluster's (gateway/cluster/pins.py): the first
 replica seeds them from its file; a replica whose file changes (an approval made on its host)
 writes them, as `pins approve` does, and tells the others on the bus, which read them at once.
 While Redis is away a replica keeps the pins it has, and its file's changes are its own.
 
-The file is polled, not watched with inotify: one `stat` a second costs nothing, works on every
-file system (a ConfigMap's symlink swap included) and needs no dependency. A file that cannot be
-read or is not a pin file keeps the pins in force (logged once per version of the file).
+The file is polled, not watched with inotify: one `stat` a second (the default) costs nothing,
+works on every file system (a ConfigMap's symlink swap included) and needs no dependency. A file
+that cannot be read or is not a pin file keeps the pins in force (logged once per version of
+the file).
 """
 
 from __future__ import annotations
@@ -36,9 +37,6 @@ if TYPE_CHECKING:
     from gateway.telemetry.audit import AuditLog
 
 log = logging.getLogger("gateway.pins")
-
-# How often the pin file is looked at for a change (an approval).
-WATCH_INTERVAL = 1.0
 
 
 class SharedPins(Protocol):
@@ -140,6 +138,7 @@ class PinWatch:
     ) -> None:
         assert config.pins is not None
         self.path = config.pins.file
+        self.interval = config.pins.poll_interval  # (fixed while the process runs, as `pins:`)
         self._catalogs = catalogs
         self._seen = signature(self.path)
         pinned = read(self.path)  # (PinFileInvalid: the caller's to report)
@@ -150,7 +149,7 @@ class PinWatch:
                 self.path,
             )
         told = audit_event(audit) if audit is not None else None
-        self.pinning = Pinning(modes(config), pinned, stats, told)
+        self.pinning = Pinning(modes(config), pinned, stats, told, config.pins.notify_wait)
         catalogs.pinning = self.pinning
         self._complained: Signature = None
         # The cluster's pins, once joined (None: this replica is alone, or has not reached
@@ -162,13 +161,13 @@ class PinWatch:
             bus.on(PINS_TOPIC, self._heard)
 
     async def run(self) -> None:
-        """Join the cluster's pins (if any), then look at the file every WATCH_INTERVAL and
-        take up a new version."""
+        """Join the cluster's pins (if any), then look at the file every `interval` and take
+        up a new version."""
         try:
             while True:
                 if self.shared is not None and not self.joined.is_set():
                     await self._join(self.shared)
-                await anyio.sleep(WATCH_INTERVAL)
+                await anyio.sleep(self.interval)
                 await self.check()
         finally:
             if self.shared is not None:

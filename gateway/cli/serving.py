@@ -77,7 +77,7 @@ def run(
     log_format: str,
 ) -> None:
     """Run the front ends and backends a config names, until SIGINT/SIGTERM. SIGHUP (or
-    `reload`) reads the config again: README "Reloading the config".
+    `reload`) reads the config again: see docs/operations/reload.md.
 
     Several backends are merged into one server: their tools, prompts and resources are
     namespaced (`{backend}_{name}`, URIs as `mcp-gateway://{backend}/{uri}`, `ui://` ones as
@@ -156,8 +156,8 @@ def _is_mcp_json(path: Path) -> bool:
     is_flag=True,
     help="Also start the backends (no listener), load their catalogs, print for each server "
     "(the merged one and each virtual server) its backends' tools, prompts, resources and "
-    'templates with the tokens showing them costs a model (README "Context budget"), and stop '
-    "them; exit 1 if a catalog did not load.",
+    "templates with the tokens showing them costs a model (docs/guides/context-budget.md), and "
+    "stop them; exit 1 if a catalog did not load.",
 )
 def check_config(
     path: Path | None, config_path: Path | None, mcp_json: Path | None, catalogs: bool

@@ -228,7 +228,7 @@ ERAS = ("auto", "modern", "legacy")
 ISOLATIONS = ("shared", "per_session")
 
 
-# Resilience per backend (README "Per-tool timeouts, safe retries and circuit breakers"):
+# Resilience per backend (docs/behaviour/backends.md, "Timeouts, retries and circuit breakers"):
 # requests that cannot have effects are tried up to 3 times in all, 0.1 s apart doubling to 2 s;
 # a breaker, when on, opens after 5 failures within 30 s and lets a probe through after 10 s.
 DEFAULT_RETRY_ATTEMPTS = 3

@@ -15,6 +15,11 @@ PIN_MODES = ("block", "warn", "allow")
 # changed one stopped, and a default that only warns would let the rug pull through.
 DEFAULT_PIN_MODE = "block"
 DEFAULT_PIN_FILE = "pins.json"
+# One `stat` a second: an approval is in force within a second, at no measurable cost.
+DEFAULT_PIN_POLL_INTERVAL = 1.0
+# A judgement is one list call to the backend: five seconds covers a slow one, and a backend
+# slower than that is not allowed to hold its clients' notifications back longer.
+DEFAULT_PIN_NOTIFY_WAIT = 5.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,17 @@ class PinsConfig:
         "serves it and counts the change.",
         DEFAULT_PIN_MODE,
         choices=PIN_MODES,
+    )
+    poll_interval: float = key(
+        "number",
+        "Seconds between looks at the pin file for a change (an approval by `pins approve`).",
+        DEFAULT_PIN_POLL_INTERVAL,
+    )
+    notify_wait: float = key(
+        "number",
+        "Seconds a pinned backend's list-changed notification waits, at most, for its new "
+        "definitions to be loaded and judged before it is relayed to clients.",
+        DEFAULT_PIN_NOTIFY_WAIT,
     )
 
 

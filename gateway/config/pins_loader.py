@@ -26,7 +26,12 @@ def pins(c: _Check, raw: Any, beside: Callable[[str], Path]) -> PinsConfig | Non
     t = keys.table("pins")
     file = c.field(body, path, "file", t["file"]) or DEFAULT_PIN_FILE
     mode = _mode(c, body, path) or DEFAULT_PIN_MODE
-    return PinsConfig(file=str(beside(file)), on_change=mode)
+    return PinsConfig(
+        file=str(beside(file)),
+        on_change=mode,
+        poll_interval=c.field(body, path, "poll_interval", t["poll_interval"]),
+        notify_wait=c.field(body, path, "notify_wait", t["notify_wait"]),
+    )
 
 
 def backend_pins(c: _Check, raw: Any, path: tuple[str, ...]) -> BackendPins | None:

@@ -28,6 +28,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from gateway import errors
 from gateway.backends.base import GATEWAY_CALL, Backend, Call, NotificationSink
 from gateway.config.model import DEFAULT_FAN_OUT_GRACE
+from gateway.config.pins import DEFAULT_PIN_NOTIFY_WAIT
 from gateway.core import tasks
 from gateway.core.catalog import Catalogs
 from gateway.protocol import jsonrpc, meta
@@ -55,8 +56,6 @@ STABLE_AFTER = 30.0
 # Notices from other replicas waiting for one listen's client: a client that does not read
 # loses the excess (they are notices; what it has not read yet says the same).
 REMOTE_QUEUE = 64
-# pins: a list change waits this long at most for its new definitions' judgement.
-PIN_CHECK_WAIT = 5.0
 Readable = Callable[[str, str], bool]
 Hidden = Callable[[str], frozenset[str]]
 # The policy's say for one caller, taken anew when a reload extends its listen (the policy may
@@ -313,7 +312,9 @@ class Subscriptions:
         wanted: Mapping[str, Any] = found if isinstance(found, dict) else {}
         readable, hidden = judge() if judge is not None else (None, None)
         plans = self._plan(wanted, readable, hidden, locate=locate)
-        stream = _Stream(client_id, plans, sink, self._catalogs.list_changed, self._show_task)
+        pinning = self._catalogs.pinning  # (`pins.notify_wait`: fixed while the process runs)
+        wait = pinning.notify_wait if pinning is not None else DEFAULT_PIN_NOTIFY_WAIT
+        stream = _Stream(client_id, plans, sink, self._catalogs.list_changed, self._show_task, wait)
 
         async def relay(backend: str, note: Message) -> None:
             if note.get("method") != ACKNOWLEDGED:
@@ -415,8 +416,10 @@ class _Stream:
         sink: NotificationSink,
         invalidate: Callable[[str], anyio.Event | None],
         show_task: Callable[[str, dict[str, Any], str], None] | None = None,
+        pin_wait: float = DEFAULT_PIN_NOTIFY_WAIT,  # pins: a list change waits this long at most
     ) -> None:
         self._id = client_id
+        self._pin_wait = pin_wait
         self._show_task = show_task
         self.plans = plans
         self._sink = sink
@@ -451,7 +454,7 @@ class _Stream:
         if isinstance(method, str) and method.endswith("/list_changed"):
             judged = self._invalidate(backend)
             if judged is not None:  # pins: the new definitions judged before the client hears
-                with anyio.move_on_after(PIN_CHECK_WAIT):
+                with anyio.move_on_after(self._pin_wait):
                     await judged.wait()
         await self._show(backend, note)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.config.pins import DEFAULT_PIN_NOTIFY_WAIT
 from gateway.core import pins as p
 from gateway.routing.fold import fold
 from gateway.routing.table import CatalogData
@@ -69,10 +70,13 @@ class Pinning:
         pinned: p.PinSet,
         stats: Stats,
         on_event: Callable[[PinEvent], None] | None = None,
+        notify_wait: float = DEFAULT_PIN_NOTIFY_WAIT,
     ) -> None:
         """`modes`: each pinned backend's on_change; `on_event`: told of each change once (the
-        audit log)."""
+        audit log); `notify_wait`: how long a listen holds a pinned backend's list change back
+        for its judgement (core/listen.py)."""
         self.modes = dict(modes)
+        self.notify_wait = notify_wait
         self.pinned: p.PinSet = pinned
         self._stats = stats
         self.on_event = on_event

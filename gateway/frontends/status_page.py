@@ -223,8 +223,8 @@ PAGE = f"""<!doctype html>
 <th>tokens by backend</th></tr></thead>
 <tbody id="servers"></tbody>
 </table>
-<div class="muted">What showing each server's lists costs a model: an estimate (README
-&ldquo;Context budget&rdquo;).</div>
+<div class="muted">What showing each server's lists costs a model: an estimate
+(docs/guides/context-budget.md).</div>
 <h2>Backends</h2>
 <table>
 <thead><tr><th>name</th><th>transport</th><th>era</th><th>health</th><th>in flight</th>

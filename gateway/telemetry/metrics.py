@@ -148,7 +148,8 @@ class GatewayCollector(Collector):
         )
         tokens = GaugeMetricFamily(
             "mcp_gateway_catalog_tokens",
-            "Estimated tokens a model pays to be shown a server's list (README Context budget).",
+            "Estimated tokens a model pays to be shown a server's list "
+            "(docs/guides/context-budget.md).",
             labels=["server", "kind"],
         )
         for server, kind, count, estimate in self._catalogs():

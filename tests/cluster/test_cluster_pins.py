@@ -25,7 +25,6 @@ import yaml
 from redis.asyncio import Redis
 
 from gateway.app import Gateway
-from gateway.app import pins as app_pins
 from gateway.cluster.pins import KEY
 from gateway.config import load
 from gateway.core import pins as p
@@ -49,13 +48,15 @@ async def redis() -> AsyncIterator[int]:
         proc.stop()
 
 
-def host(tmp_path: Path, name: str, port: int) -> Path:
-    """A replica's config in a folder of its own, over the shared server state."""
+def host(tmp_path: Path, name: str, port: int, poll_interval: float = 1.0) -> Path:
+    """A replica's config in a folder of its own, over the shared server state, its pin file
+    looked at every `poll_interval`."""
     folder = tmp_path / name
     folder.mkdir()
     config = write(folder)
     doc = yaml.safe_load(config.read_text())
     doc["backends"]["rug"]["stdio"]["args"][-1] = str(tmp_path / "state")
+    doc["pins"]["poll_interval"] = poll_interval
     doc["cluster"] = {"secrets": [SECRET], "redis": redis_url(port), "redis_retry_interval": 0.1}
     config.write_text(yaml.safe_dump(doc))
     return config
@@ -84,15 +85,15 @@ async def replica(
 
 
 async def test_an_approval_through_one_replica_reaches_the_other_at_once(
-    tmp_path: Path, redis: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, redis: int
 ) -> None:
     (tmp_path / "state").mkdir()
-    a, b = host(tmp_path, "a", redis), host(tmp_path, "b", redis)
+    # (files not looked at again)
+    a, b = host(tmp_path, "a", redis, 3600), host(tmp_path, "b", redis, 3600)
     status, out = cli("record", "--config", str(alone(a)))
     assert status == 0, out
     shutil.copy(a.with_name("pins.json"), b.with_name("pins.json"))
     b_file = b.with_name("pins.json").read_bytes()
-    monkeypatch.setattr(app_pins, "WATCH_INTERVAL", 3600.0)  # (files not looked at again)
     store = Redis.from_url(redis_url(redis))
     try:
         assert await store.get(KEY) is None  # (a fresh cluster)
@@ -135,16 +136,13 @@ async def test_an_approval_through_one_replica_reaches_the_other_at_once(
         await store.aclose()
 
 
-async def test_a_replica_whose_file_changes_shares_the_change(
-    tmp_path: Path, redis: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_replica_whose_file_changes_shares_the_change(tmp_path: Path, redis: int) -> None:
     """An approval written to one host's file by a CLI that knows no Redis: the replica there
     takes it up from its file and tells the others."""
     (tmp_path / "state").mkdir()
-    a, b = host(tmp_path, "a", redis), host(tmp_path, "b", redis)
+    a, b = host(tmp_path, "a", redis, 0.05), host(tmp_path, "b", redis, 0.05)
     assert cli("record", "--config", str(alone(a)))[0] == 0
     shutil.copy(a.with_name("pins.json"), b.with_name("pins.json"))
-    monkeypatch.setattr(app_pins, "WATCH_INTERVAL", 0.05)
     with anyio.fail_after(START_BOUND * 2):
         async with (
             aiohttp.ClientSession() as session,

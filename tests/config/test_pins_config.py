@@ -10,7 +10,11 @@ import pytest
 import yaml
 
 from gateway.config import ConfigInvalid, describe, load, parse
-from gateway.config.pins import DEFAULT_PIN_MODE
+from gateway.config.pins import (
+    DEFAULT_PIN_MODE,
+    DEFAULT_PIN_NOTIFY_WAIT,
+    DEFAULT_PIN_POLL_INTERVAL,
+)
 
 BASE = {"listen": {"stdio": True}, "backends": {"a": {"stdio": {"command": "x"}}}}
 
@@ -33,6 +37,14 @@ def test_pins_given_empty_blocks_and_names_pins_json_beside_the_config(tmp_path:
     assert config.pins is not None
     assert config.pins.file == str(tmp_path / "sub" / "pins.json")
     assert DEFAULT_PIN_MODE == "block" and config.pin_mode(config.backends[0]) == "block"
+    assert config.pins.poll_interval == DEFAULT_PIN_POLL_INTERVAL == 1.0
+    assert config.pins.notify_wait == DEFAULT_PIN_NOTIFY_WAIT == 5.0
+
+
+def test_the_poll_interval_and_notify_wait_are_read() -> None:
+    config = parse(config_with(pins={"poll_interval": 0.25, "notify_wait": 30}))
+    assert config.pins is not None
+    assert (config.pins.poll_interval, config.pins.notify_wait) == (0.25, 30.0)
 
 
 def test_a_backend_overrides_the_top_level_mode(tmp_path: Path) -> None:
@@ -55,6 +67,10 @@ def test_a_backend_overrides_the_top_level_mode(tmp_path: Path) -> None:
     [
         ({"pins": {"on_change": "ignore"}}, "pins.on_change: must be one of block, warn, allow"),
         ({"pins": {"watch": True}}, "pins.watch: unknown key"),
+        ({"pins": {"poll_interval": 0}}, "pins.poll_interval: must be a positive number"),
+        ({"pins": {"poll_interval": "1s"}}, "pins.poll_interval: must be a positive number"),
+        ({"pins": {"notify_wait": -1}}, "pins.notify_wait: must be a positive number"),
+        ({"pins": {"notify_wait": True}}, "pins.notify_wait: must be a positive number"),
         ({"pins": ["pins.json"]}, "pins: must be a mapping"),
         (
             {"backends": {"a": {"stdio": {"command": "x"}, "pins": {"on_change": "warn"}}}},

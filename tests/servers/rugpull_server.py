@@ -8,7 +8,8 @@ Tools: `fetch` (its description is STATE_DIR/description when that file exists, 
 DESCRIPTION; `new` joins the list once STATE_DIR/extra exists), `stable` (never changes), and
 `pull` (writes `text` to STATE_DIR/description, then tells every open listen stream that the
 tools list changed). Several copies given one STATE_DIR (a gateway replica's each) change
-together; `announce` only tells the listens (a change another copy made).
+together; `announce` only tells the listens (a change another copy made). While
+STATE_DIR/hang exists, `tools/list` is never answered (a backend too slow to list).
 `subscriptions/listen` is served on stdio: its acknowledgement, then list changes, each carrying
 the listen's id as `io.modelcontextprotocol/subscriptionId` (basic/patterns/subscriptions).
 """
@@ -77,6 +78,8 @@ def main(state: Path) -> None:
                 },
             }
         elif method == "tools/list":
+            if (state / "hang").exists():
+                continue
             result = {"tools": tools(state)}
         elif method == "subscriptions/listen":
             listens.append(rid)

@@ -24,7 +24,6 @@ import pytest
 import yaml
 
 from gateway.app import Gateway
-from gateway.app import pins as app_pins
 from gateway.config import load
 from gateway.protocol import codes
 from tests.support import (
@@ -283,10 +282,10 @@ async def test_a_pin_file_that_is_not_one_stops_the_start(tmp_path: Path) -> Non
 
 
 async def test_a_reload_takes_up_an_approval_and_the_metric_counts_each_outcome(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(app_pins, "WATCH_INTERVAL", 3600.0)  # (the reload alone reads the file)
-    config = write(tmp_path)
+    # (the reload alone reads the file)
+    config = write(tmp_path, pins={"file": "pins.json", "poll_interval": 3600})
     assert cli("record", "--config", str(config))[0] == 0
     async with serving(config) as (gw, client, listening):
         await pulled(client, listening)
@@ -304,3 +303,21 @@ async def test_a_reload_takes_up_an_approval_and_the_metric_counts_each_outcome(
         text = generate_latest(gw.registry).decode()
         assert 'mcp_gateway_pin_changes_total{backend="rug",outcome="blocked"} 1.0' in text
         assert 'mcp_gateway_pin_changes_total{backend="rug",outcome="approved"} 1.0' in text
+
+
+async def test_a_list_change_is_relayed_after_notify_wait_when_its_judgement_hangs(
+    tmp_path: Path,
+) -> None:
+    """basic/patterns/subscriptions: a backend that never answers the list its own change
+    calls for holds its clients' notification back `pins.notify_wait` (here far below the
+    default of 5 s), not for ever; what is served meanwhile is the last judged catalog."""
+    config = write(tmp_path, pins={"file": "pins.json", "notify_wait": 0.2})
+    assert cli("record", "--config", str(config))[0] == 0
+    async with serving(config) as (gw, client, listening):
+        (tmp_path / "state" / "hang").write_text("")
+        told = listening.changed
+        reply = await client.call("pull", text=PULLED)
+        assert reply["result"]["content"][0]["text"] == "pull ok", reply
+        with anyio.fail_after(2.0):  # (under the 5 s default: the configured wait was used)
+            await told.wait()
+        assert gw.telemetry.stats.pin_changes.get(("rug", "blocked")) is None  # (not judged)
