@@ -242,7 +242,9 @@ class Gateway:
     def _wire(self, config: BackendConfig) -> Wired:
         """One backend's layers, from its transport out to its bound."""
         overload = self.config.overload
-        return build_stack(config, overload, self.telemetry, self.shared_logins, self.logins)
+        return build_stack(
+            config, overload, self.telemetry, self.shared_logins, self.logins, self.config.hooks
+        )
 
     def _attach(self, wired: Wired) -> None:
         wired.layer.on_notification = self.dispatcher.backend_notification

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 from gateway.config.access import RULE_EFFECTS, PolicyConfig, PolicyRule, PolicyTarget, PolicyWhen
 from gateway.config.credentials import ApiKey, AuthConfig, BackendAuth, ClusterConfig, Introspection
+from gateway.config.hooks import HookConfig
 from gateway.config.key import Key, keys_of
 from gateway.config.listeners import (
     AdminListen,
@@ -157,6 +158,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
     "tasks": keys_of(Config, "tasks"),
     "api_key": keys_of(ApiKey),
     "tool_search": keys_of(ToolSearchConfig),
+    "hook": keys_of(HookConfig),
     "server": keys_of(ServerConfig),
     "server_backend": keys_of(ServerBackend),
     "server_auth": keys_of(ServerAuth),

@@ -175,6 +175,7 @@ BASE: dict[str, Any] = {
     "rate_limits": {"per_identity": {"rate": 1}},
     "overload": {},
     "tool_search": {"mode": "auto"},
+    "hooks": [{"use": "pkg.module:function"}],
     "shutdown": {},
     "audit": {"path": "a.jsonl"},
     "auth": {
@@ -218,6 +219,7 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "rate": ("rate_limits", "per_identity"),
     "overload": ("overload",),
     "tool_search": ("tool_search",),
+    "hook": ("hooks", 0),
     "shutdown": ("shutdown",),
     "audit": ("audit",),
     "auth": ("auth",),
