@@ -76,6 +76,8 @@ _GUARDS: Final[Mapping[str, Callable[[str], bool]]] = {
     "email": _any("@"),
     "card_number": _digits,
 }
+
+
 def luhn(digits: str) -> bool:
     """The Luhn checksum of a card number (ISO/IEC 7812), separators ignored."""
     total = 0

@@ -260,6 +260,7 @@ LAZY_IMPORTS: dict[tuple[str, str], set[str]] = {
     ("gateway.core.dispatcher", "_search_with"): {"gateway.core.toolsearch"},
     # hooks: the runner and its loader, for a backend with hooks; each built-in by its hooks.
     ("gateway.app.wiring", "hooked"): {"gateway.hooks.load", "gateway.hooks.runner"},
+    ("gateway.app.wiring", "check_hooks"): {"gateway.hooks.load"},
     ("gateway.hooks.load", "load"): {"gateway.hooks.redact", "gateway.hooks.limit"},
     ("gateway.app.wiring", "login_desk"): {
         "gateway.backend_auth.caller_check",

@@ -49,6 +49,7 @@ from gateway.app.views import (
 from gateway.app.wiring import (
     Wired,
     build_stack,
+    check_hooks,
     login_desk,
     make_authenticator,
     make_dispatcher,
@@ -362,6 +363,8 @@ class Gateway:
 
     def _check_reload(self, new: Config) -> None:
         """What the loader cannot know: whether the running process can serve the new config."""
+        if problems := check_hooks(new):
+            raise ConfigInvalid(problems)
         if self.stdio_server is not None and self.stdio_server not in {s.name for s in new.servers}:
             raise ConfigInvalid(
                 [f"{new.source}: servers.{self.stdio_server} is served on stdio (run --server)"]

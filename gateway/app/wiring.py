@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import anyio
 
 from gateway import __version__, taskkey
+from gateway.app.errors import StartupError
 from gateway.backends import resilience
 from gateway.backends.base import Backend
 from gateway.backends.breaker import Breaker
@@ -32,6 +33,7 @@ from gateway.config import (
     AuthConfig,
     BackendConfig,
     Config,
+    ConfigInvalid,
     Namespacing,
     Overload,
     SseTarget,
@@ -290,8 +292,29 @@ def hooked(
     from gateway.hooks.load import load_all
     from gateway.hooks.runner import HookedBackend
 
-    hooks = load_all(top, "hooks") + load_all(config.hooks, f"backends.{config.name}.hooks")
+    try:
+        hooks = load_all(top, "hooks") + load_all(config.hooks, f"backends.{config.name}.hooks")
+    except ConfigInvalid as exc:  # (`check_hooks` found it first on a reload)
+        raise StartupError("; ".join(exc.problems)) from None
     return HookedBackend(inner, hooks, telemetry.stats, telemetry.audit_events)
+
+
+def check_hooks(config: Config) -> list[str]:
+    """Whether every hook of `config` can be loaded (its module imported, its function found):
+    the problems, for `check-config` and a reload to refuse the config before it is used."""
+    if not config.hooks and not any(b.hooks for b in config.backends):
+        return []
+    from gateway.hooks.load import load_all
+
+    problems: list[str] = []
+    for hooks, where in [(config.hooks, "hooks")] + [
+        (b.hooks, f"backends.{b.name}.hooks") for b in config.backends
+    ]:
+        try:
+            load_all(hooks, where)
+        except ConfigInvalid as exc:
+            problems += [f"{config.source}: {p}" for p in exc.problems]
+    return problems
 
 
 def era_layer(

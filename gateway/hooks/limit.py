@@ -5,9 +5,10 @@
 Its size is the JSON the backend sent (the reply's bytes as received, or the result encoded
 when an earlier hook changed it). Truncating keeps the beginning: the texts (a tool's text
 blocks, a prompt's text messages, a resource's text contents) are cut from the last one back,
-the marker is appended to the last text kept, and a tool's `structuredContent` is dropped if
-the texts alone cannot bring the result under the limit. A result still over it (images,
-blobs, large structured content without text) is refused as with `action: refuse`.
+the marker is appended to the last text kept. A tool's `structuredContent` is dropped first:
+cut JSON would not match the tool's output schema, and a tool returning it should return its
+text form too (server/tools, "Structured Content"), which is what is cut. A result still over
+the limit (images, blobs) is refused as with `action: refuse`.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ class OutputLimit:
         result = event.result
         if result is None:
             return None
-        size = event.raw_size
-        if size is None or size <= self.limit:  # (a reply's bytes bound its result's)
-            size = len(jsonrpc.dumps(result))
+        if event.raw_size is not None and event.raw_size <= self.limit:
+            return None  # (its reply's bytes bound its result's: no encoding needed)
+        size = len(jsonrpc.dumps(result))
         if size <= self.limit:
             return None
         if self.truncate:
@@ -65,6 +66,9 @@ class OutputLimit:
         room = len(marker.encode()) + 16  # (and the omitted count's digits)
         omitted = 0
         now = size
+        if "structuredContent" in new:
+            del new["structuredContent"]
+            now = len(jsonrpc.dumps(new))
         for _ in range(_ROUNDS):
             excess = now - self.limit + room
             if excess <= 0:
@@ -80,8 +84,6 @@ class OutputLimit:
                 excess -= dropped
                 if excess <= 0:
                     break
-            if excess > 0 and "structuredContent" in new:
-                del new["structuredContent"]  # (its text form stays, cut)
             now = len(jsonrpc.dumps(new))
         last = next((b for b in reversed(blocks) if b["text"]), blocks[0])
         last["text"] += marker.replace("{omitted}", str(omitted))

@@ -91,7 +91,7 @@ async def test_a_hanging_hook_times_out_and_fails_closed(use: str) -> None:
 
 
 async def test_a_hanging_hook_with_on_error_allow_lets_the_request_pass() -> None:
-    layer, backend, stats = hooked({"use": f"{HOOKS}:hang", "timeout": 0.05, "on_error": "allow"})
+    layer, _backend, stats = hooked({"use": f"{HOOKS}:hang", "timeout": 0.05, "on_error": "allow"})
     reply = await layer.request(tool_call(1, "echo", text="hi"), ignore, ALICE)
     assert reply["result"]["content"][0]["text"] == "{'text': 'hi'}"
     assert stats.hook_outcomes[(f"{HOOKS}:hang", "timeout")] == 2  # (request and result)
@@ -109,7 +109,7 @@ async def test_a_hook_that_raises_or_answers_wrongly_fails_closed(use: str) -> N
 
 
 async def test_a_hook_sees_only_the_methods_and_tools_it_is_configured_for() -> None:
-    layer, backend, stats = hooked({"use": f"{HOOKS}:raises", "on": "request", "tools": ["ec*"]})
+    layer, _backend, stats = hooked({"use": f"{HOOKS}:raises", "on": "request", "tools": ["ec*"]})
     # resources/read is no method of its; `add` is not among its tools; tools/list never is.
     for msg in (
         modern(1, "resources/read", uri="mem://note"),
@@ -124,7 +124,7 @@ async def test_a_hook_sees_only_the_methods_and_tools_it_is_configured_for() -> 
 
 
 async def test_hooks_run_in_order_and_a_refusal_stops_the_rest() -> None:
-    layer, backend, stats = hooked(
+    layer, _backend, stats = hooked(
         {"use": f"{HOOKS}:rewrite", "on": "request"},
         {"use": f"{HOOKS}:refuse", "on": "request"},
         {"use": f"{HOOKS}:raises", "on": "request"},
@@ -144,7 +144,7 @@ async def test_a_hook_is_handed_its_with_settings() -> None:
 async def test_a_method_no_hook_sees_is_the_inner_call_itself() -> None:
     """No frame of the layer on the path of what no hook sees: the coroutine handed back is
     the backend's own."""
-    layer, backend, _ = hooked({"use": f"{HOOKS}:raises"})
+    layer, _backend, _ = hooked({"use": f"{HOOKS}:raises"})
     coro = layer.request(modern(1, "tools/list"), ignore, ALICE)
     assert coro.cr_code is MemoryBackend.request.__code__  # type: ignore[attr-defined]
     await coro
