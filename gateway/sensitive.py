@@ -1,6 +1,7 @@
-"""What counts as a secret or personal data in a text: one table of value patterns, shared by
-the `redact` hook (gateway/hooks/redact.py) and the traffic tap and audit log's marker
-(telemetry/records.py `REDACTED`). Pure: stdlib `re` only.
+"""What counts as a secret or personal data in a text: one table of value patterns, and the
+walk that applies it to a message's strings, shared by the `redact` hook (gateway/hooks/
+redact.py) and the traffic tap (`tap.redact_secrets`, telemetry/tap.py), whose marker for a
+redacted value (telemetry/records.py `REDACTED`) is this module's too. Pure: stdlib `re` only.
 
 The patterns look for the shape of a credential (a cloud key's prefix, a token's alphabet and
 length, a PEM block) or of personal data (an e-mail address, a card number that passes the Luhn
@@ -13,7 +14,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Any, Final
 
 # What a recording or a redacted text shows instead of a value.
 REDACTED: Final = "[redacted]"
@@ -125,3 +126,38 @@ class _Swap:
             return m.group(0)
         self.counts[self.kind] += 1
         return self.marker
+
+
+# Members never scanned: metadata; and in a block with a `mimeType`, its base64 payload (an
+# image's or audio's `data`, a resource's `blob`), which no text pattern belongs in.
+_META = "_meta"
+_PAYLOADS = frozenset({"blob", "data"})
+
+
+def redact_values(value: Any, scanner: Scanner, counts: Counter[str]) -> Any:
+    """`value` (a message, a result: what orjson produced) with its strings redacted, counted
+    by kind in `counts`; copies only the containers it changes, the same object if none."""
+    if isinstance(value, str):
+        before = counts.total()
+        out = scanner.redact(value, counts)
+        return out if counts.total() != before else value
+    if isinstance(value, dict):
+        changed: dict[str, Any] | None = None
+        payload = "mimeType" in value
+        for key, item in value.items():
+            if key == _META or (payload and key in _PAYLOADS):
+                continue
+            new = redact_values(item, scanner, counts)
+            if new is not item:
+                changed = dict(value) if changed is None else changed
+                changed[key] = new
+        return value if changed is None else changed
+    if isinstance(value, list):
+        copied: list[Any] | None = None
+        for i, item in enumerate(value):
+            new = redact_values(item, scanner, counts)
+            if new is not item:
+                copied = list(value) if copied is None else copied
+                copied[i] = new
+        return value if copied is None else copied
+    return value

@@ -34,8 +34,9 @@ OAUTH_CLIENT = {"gateway.backend_auth.authorizer", "gateway.backend_auth.desk"}
 TOOL_SEARCH = {"gateway.core.toolsearch", "gateway.routing.search"}
 # The stdlib's exact decimals: the numbers scan compares decimal texts itself.
 DECIMAL = {"decimal", "_decimal", "_pydecimal"}
-# hooks: the runner and its loader, the built-ins, the redaction table.
-HOOKS = {"gateway.hooks", "gateway.sensitive"}
+# hooks: the runner and its loader, the built-ins (the redaction table, gateway/sensitive.py,
+# is the tap's too: small, its patterns compiled only when used).
+HOOKS = {"gateway.hooks"}
 HEAVY = (
     CLUSTER | CALLER_AUTH | TRACING | OTEL_API | METRICS | OAUTH_CLIENT | TOOL_SEARCH | DECIMAL
 ) | HOOKS
@@ -185,10 +186,10 @@ def test_the_command_line_reads_no_system_mime_types() -> None:
 
 
 def test_hooks_load_the_runner_and_only_the_built_ins_they_use() -> None:
-    """A backend's `hooks:` loads the runner and `output_limit`, not `redact` nor its table."""
+    """A backend's `hooks:` loads the runner and `output_limit`, not `redact`."""
     backend = {**HTTP_BACKEND, "hooks": [{"use": "output_limit"}]}
     modules = loaded({"listen": HTTP_LISTENER, "backends": {"b": backend}}, enter=False)
     assert {"gateway.hooks.runner", "gateway.hooks.limit"} <= modules
-    assert present(modules, {"gateway.hooks.redact", "gateway.sensitive"}) == set()
+    assert "gateway.hooks.redact" not in modules
     top = {"listen": HTTP_LISTENER, "backends": {"b": HTTP_BACKEND}, "hooks": [{"use": "redact"}]}
-    assert {"gateway.hooks.redact", "gateway.sensitive"} <= loaded(top, enter=False)
+    assert "gateway.hooks.redact" in loaded(top, enter=False)
