@@ -43,6 +43,9 @@ PATTERNS: Final[Mapping[str, str]] = {
     "card_number": r"\b\d(?:[ -]?\d){12,18}\b",
 }
 KINDS: Final = tuple(PATTERNS)
+# No kind matches fewer characters (an e-mail address, `a@b.cd`): shorter strings (a block's
+# `type`, a role) are not looked at, unless the config adds patterns of its own.
+SHORTEST: Final = 6
 # Kinds a match must also pass a check for (the pattern alone matches too much).
 _CHECKED: Final = frozenset({"card_number"})
 
@@ -54,23 +57,39 @@ _CHECKED: Final = frozenset({"card_number"})
 _AWS: Final = re.compile(r"A[A-Z]{2}A")
 
 
-def _any(*literals: str) -> Callable[[str], bool]:
-    return lambda text: any(literal in text for literal in literals)
+def _any(*literals: str, within: str = "") -> Callable[[str], bool]:
+    """Any of `literals` in a text; `within`: a character each holds, looked for first (one
+    character is a memchr, ~20 times faster than a search for two or more). Spelt out by
+    count: a generator per text costs more than the searches."""
+    if len(literals) == 1:
+        (one,) = literals
+        found: Callable[[str], bool] = lambda text: one in text  # noqa: E731
+    else:
+        first, second = literals
+        found = lambda text: first in text or second in text  # noqa: E731
+    if within:
+        return lambda text: within in text and found(text)
+    return found
+
+
+_NO_DIGITS = bytes(range(48, 58))
 
 
 def _digits(text: str) -> bool:
-    """At least 13 digits (a card number's fewest): ten C-speed counts, no regex scan."""
-    return sum(map(text.count, "0123456789")) >= 13
+    """At least 13 digits (a card number's fewest), counted by deleting them from the text's
+    bytes (one C loop), no regex scan."""
+    data = text.encode("utf-8", "surrogatepass")
+    return len(data) - len(data.translate(None, _NO_DIGITS)) >= 13
 
 
 _GUARDS: Final[Mapping[str, Callable[[str], bool]]] = {
     "private_key": _any("PRIVATE KEY"),
     # Every prefix of the pattern has the shape A??A; a literal-led regex skips along the text.
     "aws_access_key": lambda text: _AWS.search(text) is not None,
-    "aws_secret_key": _any("ecret_", "ECRET_"),
-    "github_token": _any("gh", "github_pat_"),
-    "slack_token": _any("xox"),
-    "openai_key": _any("sk-"),
+    "aws_secret_key": _any("ecret_", "ECRET_", within="_"),
+    "github_token": _any("gh", "github_pat_", within="_"),
+    "slack_token": _any("xox", within="-"),
+    "openai_key": _any("sk-", within="-"),
     "google_api_key": _any("AIza"),
     "jwt": _any("eyJ"),
     "bearer_token": _any("earer", "EARER"),
@@ -99,10 +118,13 @@ class Scanner:
         self._steps = [(k, _GUARDS.get(k), re.compile(PATTERNS[k])) for k in KINDS if k in kinds]
         self._steps += [(k, None, re.compile(p)) for k, p in extra.items()]
         self.kinds = tuple(k for k, _, _ in self._steps)
+        self._shortest = 0 if extra else SHORTEST  # (the config's may match anything)
 
     def redact(self, text: str, counts: Counter[str]) -> str:
         """`text` with each match replaced by `[redacted:KIND]`, counted in `counts` (which
         tell whether anything was)."""
+        if len(text) < self._shortest:
+            return text
         for kind, guard, regex in self._steps:
             if guard is not None and not guard(text):
                 continue

@@ -159,13 +159,16 @@ class HookedBackend(Layer[Backend]):
         and audited unless it passed."""
         config = hook.config
         try:
-            with anyio.fail_after(config.timeout):
-                if hook.is_async:
-                    value = await hook.fn(event)
-                elif hook.inline:
-                    value = hook.fn(event)
-                else:
-                    value = await anyio.to_thread.run_sync(hook.fn, event, abandon_on_cancel=True)
+            if hook.inline:  # (no wait in it: a deadline could not interrupt it anyway)
+                value = hook.fn(event)
+            else:
+                with anyio.fail_after(config.timeout):
+                    if hook.is_async:
+                        value = await hook.fn(event)
+                    else:
+                        value = await anyio.to_thread.run_sync(
+                            hook.fn, event, abandon_on_cancel=True
+                        )
         except Refuse as refusal:
             return self._done(hook, event, "refused", refusal)
         except TimeoutError:
