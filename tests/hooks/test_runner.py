@@ -4,6 +4,7 @@ them. Over real processes: tests/system/test_hooks_e2e.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ import yaml
 from gateway.backends.base import Call
 from gateway.caller_auth.identity import Identity
 from gateway.config import ConfigInvalid, HookConfig, parse
+from gateway.hooks.api import HookEvent, Refuse
 from gateway.hooks.load import load_all
 from gateway.hooks.runner import HookedBackend
 from gateway.origin import Origin
@@ -168,3 +170,25 @@ def test_a_hook_that_cannot_be_loaded_is_a_config_problem(use: str) -> None:
     with pytest.raises(ConfigInvalid) as caught:
         load_all(configs({"use": use}), "hooks")
     assert caught.value.problems[0].startswith("hooks.0.use: ")
+
+
+def test_the_worked_example_of_the_docs_does_what_they_say() -> None:
+    """docs/trusting-tools/hooks.md "A worked example", run as written."""
+    doc = (Path(__file__).resolve().parents[2] / "docs/trusting-tools/hooks.md").read_text()
+    example = doc.split("### A worked example", 1)[1].split("```python\n", 1)[1].split("```")[0]
+    space: dict[str, Any] = {}
+    exec(compile(example, "hooks.md", "exec"), space)
+    hook = space["writers_only"]
+    writer = Identity(subject="w", scopes=frozenset({"github:write"}))
+
+    def event(stage: str, name: str, who: Identity | None, result: Any = None) -> HookEvent:
+        params = {"name": name}
+        return HookEvent(stage, "tools/call", params, result, "github", who, "http", {"team": "p"})  # type: ignore[arg-type]
+
+    with pytest.raises(Refuse) as caught:
+        hook(event("request", "create_issue", Identity(subject="r")))
+    assert caught.value.code == -32051
+    assert hook(event("request", "create_issue", writer)) is None
+    assert hook(event("request", "search_issues", None)) is None
+    tagged = hook(event("result", "search_issues", None, {"content": []}))
+    assert tagged == {"content": [], "_meta": {"example.com/served-by": "p"}}
