@@ -5,6 +5,7 @@ secret (this output is pasted into tickets).
 from __future__ import annotations
 
 from gateway.config.credentials import AuthConfig, ClusterConfig, redacted_url
+from gateway.config.hooks import HookConfig
 from gateway.config.model import Config, HttpTarget, SseTarget, StdioTarget
 from gateway.config.operations import AUDIT_STDERR
 from gateway.config.search import ToolSearchConfig
@@ -47,6 +48,8 @@ def describe(config: Config) -> str:
             lines.append(f"  backend {b.name}: {kind} {where}{era}")
         if b.roots:
             lines.append(f"  backend {b.name}: roots {' '.join(r.uri for r in b.roots)}")
+        if b.hooks:
+            lines.append(f"  backend {b.name}: hooks {_hooks(b.hooks)} (after the top-level)")
     t = config.telemetry
     lines.append(
         f"  telemetry    service={t.service_name} traces={t.otlp_endpoint or 'off'}"
@@ -55,6 +58,8 @@ def describe(config: Config) -> str:
     )
     if config.tool_search.enabled:
         lines.append(describe_search(config.tool_search))
+    if config.hooks:
+        lines.append(f"  hooks        {_hooks(config.hooks)}")
     if config.policy is not None:
         p = config.policy
         lines.append(f"  policy       default {p.default}, rules: {len(p.rules)}")
@@ -72,6 +77,11 @@ def describe(config: Config) -> str:
     lines.extend(_limit_lines(config))
     lines.extend(describe_servers(config))
     return "\n".join(lines)
+
+
+def _hooks(hooks: tuple[HookConfig, ...]) -> str:
+    """Each hook in its order: its name, when it runs, and what fails it closed or open."""
+    return ", ".join(f"{h.use} (on {h.on}, {h.timeout:g}s, on_error {h.on_error})" for h in hooks)
 
 
 def describe_servers(config: Config) -> list[str]:

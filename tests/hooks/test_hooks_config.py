@@ -86,4 +86,6 @@ def test_check_config_refuses_a_hook_that_cannot_be_loaded(tmp_path: Path) -> No
     assert done.returncode == 2
     assert "hooks.0.use: cannot load tests.support.hooks:nothing" in done.stderr
     path.write_text(yaml.safe_dump({**doc, "hooks": [{"use": "tests.support.hooks:refuse"}]}))
-    assert run_cli("check-config", "--config", str(path)).returncode == 0
+    done = run_cli("check-config", "--config", str(path))
+    assert done.returncode == 0
+    assert "hooks        tests.support.hooks:refuse (on both, 1s, on_error deny)" in done.stdout

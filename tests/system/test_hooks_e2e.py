@@ -14,6 +14,7 @@ import anyio
 import orjson
 import pytest
 import yaml
+from mcp import Client
 
 from tests.support import (
     START_BOUND,
@@ -109,6 +110,9 @@ async def test_hooks_see_change_and_refuse_results_over_real_processes(tmp_path:
                 raised = await post(http, url, call(9, "add", a=1, b=2))
                 async with http.get(url.replace("/mcp", "/metrics")) as resp:
                     metrics = await resp.text()
+            # A legacy client's call takes the same path below the dispatcher: the same hooks.
+            async with Client(url, mode="legacy") as legacy:
+                old = await legacy.call_tool("echo", {"text": "to ann@example.com"})
     finally:
         proc.stop()
     # rewrite (request: a prefix; result: upper case), then redact: the card-like number
@@ -119,6 +123,7 @@ async def test_hooks_see_change_and_refuse_results_over_real_processes(tmp_path:
     )
     message = prompt["result"]["messages"][0]["content"]["text"]
     assert message == "Hello, [redacted:email]!"
+    assert [b.text for b in old.content] == ["HOOKED: TO [redacted:email]"]  # type: ignore[union-attr]
     assert text(cut).startswith("start xxx") and len(orjson.dumps(cut["result"])) <= 300
     assert "[truncated by the gateway: " in text(cut)
     assert "result" in small and "truncated" not in text(small)
@@ -138,8 +143,13 @@ async def test_hooks_see_change_and_refuse_results_over_real_processes(tmp_path:
     audit = [orjson.loads(line) for line in (tmp_path / "audit.jsonl").read_bytes().splitlines()]
     hooks = [a for a in audit if a.get("event") == "hook"]
     redactions = [a for a in hooks if a["hook"] == "redact"]
-    # (echo's result holds its text twice: a text block and structuredContent)
-    assert [a["details"] for a in redactions] == [{"email": 2, "aws_access_key": 2}, {"email": 1}]
+    # (echo's result holds its text twice: a text block and structuredContent; the last is the
+    # legacy client's)
+    assert [a["details"] for a in redactions] == [
+        {"email": 2, "aws_access_key": 2},
+        {"email": 1},
+        {"email": 2},
+    ]
     assert {a["name"] for a in hooks if a["refused"]} == {"label", "boom", "slow", "add"}
     raw = (tmp_path / "audit.jsonl").read_text()
     assert "jane@example.com" not in raw and AWS_KEY not in raw  # (counted, never written)
