@@ -6,6 +6,7 @@ the metrics and audit lines they leave."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 import yaml
 from mcp import Client
 
+from tests.hooks.test_redact import LOOK_ALIKES, SECRETS
 from tests.support import (
     START_BOUND,
     call,
@@ -35,6 +37,8 @@ LABEL = "L" * 2000
 # Parts apart, so no secret scanner of the repository flags this file: not a live key.
 AWS_KEY = "AKIA" + "IOSFODNN7EXAMPLE"
 BIG = "start " + "x" * 5000
+# Each kind's sample and each look-alike of tests/hooks/test_redact.py, a line each.
+EVERY = "\n".join([text for _, text in SECRETS] + LOOK_ALIKES)
 
 
 def config(tmp_path: Path) -> Path:
@@ -101,6 +105,11 @@ async def test_hooks_see_change_and_refuse_results_over_real_processes(tmp_path:
                         {"name": "greet", "arguments": {"name": "bob@example.org"}},
                     ),
                 )
+                every = await post(
+                    http,
+                    url,
+                    request(20, "prompts/get", {"name": "farewell", "arguments": {"name": EVERY}}),
+                )
                 cut = await post(http, url, call(3, "getenv", name="BIG"))
                 small = await post(http, url, call(4, "getenv", name="HOME"))
                 big = await post(http, url, call(5, "label"))
@@ -123,6 +132,12 @@ async def test_hooks_see_change_and_refuse_results_over_real_processes(tmp_path:
     )
     message = prompt["result"]["messages"][0]["content"]["text"]
     assert message == "Hello, [redacted:email]!"
+    # Every kind over the real pipe, and each look-alike left as it was.
+    farewell = every["result"]["messages"][0]["content"]["text"]
+    for kind, _ in SECRETS:
+        assert f"[redacted:{kind}]" in farewell
+    for alike in LOOK_ALIKES:
+        assert alike in farewell
     assert [b.text for b in old.content] == ["HOOKED: TO [redacted:email]"]  # type: ignore[union-attr]
     assert text(cut).startswith("start xxx") and len(orjson.dumps(cut["result"])) <= 300
     assert "[truncated by the gateway: " in text(cut)
@@ -133,7 +148,7 @@ async def test_hooks_see_change_and_refuse_results_over_real_processes(tmp_path:
     assert text(allowed).isdigit()  # (the hook timed out; on_error: allow let it through)
     assert raised["error"]["code"] == HOOK_FAILED
     for line in (
-        'mcp_gateway_hook_outcomes_total{hook="redact",outcome="changed"} 2.0',
+        'mcp_gateway_hook_outcomes_total{hook="redact",outcome="changed"} 3.0',
         f'mcp_gateway_hook_outcomes_total{{hook="{H}:rewrite",outcome="changed"}} 2.0',
         'mcp_gateway_hook_outcomes_total{hook="output_limit",outcome="refused"} 1.0',
         f'mcp_gateway_hook_outcomes_total{{hook="{H}:hang",outcome="timeout"}} 2.0',
@@ -148,6 +163,7 @@ async def test_hooks_see_change_and_refuse_results_over_real_processes(tmp_path:
     assert [a["details"] for a in redactions] == [
         {"email": 2, "aws_access_key": 2},
         {"email": 1},
+        dict(Counter(kind for kind, _ in SECRETS)),
         {"email": 2},
     ]
     assert {a["name"] for a in hooks if a["refused"]} == {"label", "boom", "slow", "add"}
