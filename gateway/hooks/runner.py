@@ -107,7 +107,7 @@ class HookedBackend(Layer[Backend]):
             value = await self._run(hook, self._event(hook, "request", msg, params, None, call))
             if isinstance(value, Refuse):
                 return jsonrpc.error(msg.get("id"), value.code, value.message, value.data)
-            if value is not None:
+            if value is not None and value is not params:
                 new = dict(value)
                 if "_meta" in params and "_meta" not in new:
                     new["_meta"] = params["_meta"]  # (the request's protocol fields stay)
@@ -125,7 +125,7 @@ class HookedBackend(Layer[Backend]):
             value = await self._run(hook, event)
             if isinstance(value, Refuse):
                 return jsonrpc.error(reply.get("id"), value.code, value.message, value.data)
-            if value is not None:
+            if value is not None and value is not result:
                 result, changed = value, True
         if changed:
             reply["result"] = result  # (a kept reply forgets its bytes: encoded afresh)

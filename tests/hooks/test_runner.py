@@ -192,3 +192,12 @@ def test_the_worked_example_of_the_docs_does_what_they_say() -> None:
     assert hook(event("request", "search_issues", None)) is None
     tagged = hook(event("result", "search_issues", None, {"content": []}))
     assert tagged == {"content": [], "_meta": {"example.com/served-by": "p"}}
+
+
+async def test_a_hook_handing_back_what_it_was_given_passes() -> None:
+    layer, backend, stats = hooked({"use": f"{HOOKS}:same"})
+    msg = tool_call(1, "echo", text="hi")
+    reply = await layer.request(msg, ignore, ALICE)
+    assert backend.calls() == [msg] and "result" in reply
+    assert stats.hook_outcomes[(f"{HOOKS}:same", "pass")] == 2
+    assert stats.hook_outcomes[(f"{HOOKS}:same", "changed")] == 0

@@ -67,3 +67,8 @@ def options(event: HookEvent) -> dict[str, Any] | None:
         return None
     text = "|".join(f"{k}={v}" for k, v in sorted(event.options.items()))
     return {**event.params, "arguments": {"text": text}}
+
+
+def same(event: HookEvent) -> Any:
+    """Hands back what it was given: a pass, not a change."""
+    return event.params if event.stage == "request" else event.result
