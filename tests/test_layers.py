@@ -261,6 +261,10 @@ LAZY_IMPORTS: dict[tuple[str, str], set[str]] = {
     },
     # tool_search: the index and its meta-tools, for a server that searches.
     ("gateway.core.dispatcher", "_search_with"): {"gateway.core.toolsearch"},
+    # hooks: the runner and its loader, for a backend with hooks; each built-in by its hooks.
+    ("gateway.app.wiring", "hooked"): {"gateway.hooks.load", "gateway.hooks.runner"},
+    ("gateway.app.wiring", "check_hooks"): {"gateway.hooks.load"},
+    ("gateway.hooks.load", "load"): {"gateway.hooks.redact", "gateway.hooks.limit"},
     ("gateway.app.wiring", "login_desk"): {
         "gateway.backend_auth.caller_check",
         "gateway.backend_auth.desk",
@@ -430,7 +434,7 @@ TOP_LEVEL = ["gateway"] + [
     f"gateway.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__init__"
 ]
 ANYIO_ONLY = TOP_LEVEL + [
-    m for layer in ("core", "app", "cluster", "telemetry", "demo") for m in in_layer(layer)
+    m for layer in ("core", "app", "cluster", "telemetry", "demo", "hooks") for m in in_layer(layer)
 ]
 
 # Who among them imports asyncio, and why anyio will not do there. Shrink it.

@@ -20,7 +20,7 @@ from gateway.app.gateway import HTTP_SHUTDOWN_GRACE, Gateway
 from gateway.app.inventory import describe_catalogs, inventory
 from gateway.app.process import run
 from gateway.app.reload import Reloaded
-from gateway.app.wiring import INFO
+from gateway.app.wiring import INFO, check_hooks
 
 __all__ = [
     "HTTP_SHUTDOWN_GRACE",
@@ -28,6 +28,7 @@ __all__ = [
     "Gateway",
     "Reloaded",
     "StartupError",
+    "check_hooks",
     "describe_catalogs",
     "inventory",
     "run",

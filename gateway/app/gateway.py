@@ -35,6 +35,7 @@ from gateway.app.reload import (
     needs_restart,
     plan,
     record,
+    reload_problems,
     report,
     retire_all,
 )
@@ -244,7 +245,9 @@ class Gateway:
     def _wire(self, config: BackendConfig) -> Wired:
         """One backend's layers, from its transport out to its bound."""
         overload = self.config.overload
-        return build_stack(config, overload, self.telemetry, self.shared_logins, self.logins)
+        return build_stack(
+            config, overload, self.telemetry, self.shared_logins, self.logins, self.config.hooks
+        )
 
     def _attach(self, wired: Wired) -> None:
         wired.layer.on_notification = self.dispatcher.backend_notification
@@ -364,17 +367,9 @@ class Gateway:
 
     def _check_reload(self, new: Config) -> None:
         """What the loader cannot know: whether the running process can serve the new config."""
-        if self.stdio_server is not None and self.stdio_server not in {s.name for s in new.servers}:
-            raise ConfigInvalid(
-                [f"{new.source}: servers.{self.stdio_server} is served on stdio (run --server)"]
-            )
-        if self.logins is None and login_desk(new, self.authenticator) is not None:
-            raise ConfigInvalid(
-                [
-                    f"{new.source}: a per_user backend needs the login desk, which is set up "
-                    "at start-up (with the listener's auth:): restart to add the first one"
-                ]
-            )
+        desk = self.logins is not None
+        if problems := reload_problems(new, self.stdio_server, desk, self.authenticator):
+            raise ConfigInvalid(problems)
 
     async def _apply(self, new: Config) -> Reloaded:
         assert self._tg is not None

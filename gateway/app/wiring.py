@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import anyio
 
 from gateway import __version__, taskkey
+from gateway.app.errors import StartupError
 from gateway.backends import resilience
 from gateway.backends.base import Backend
 from gateway.backends.breaker import Breaker
@@ -33,6 +34,7 @@ from gateway.config import (
     AuthConfig,
     BackendConfig,
     Config,
+    ConfigInvalid,
     Namespacing,
     Overload,
     SseTarget,
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
     from gateway.caller_auth.authenticator import Authenticator
     from gateway.cluster.buckets import RedisBuckets
     from gateway.cluster.logins import RedisLogins
+    from gateway.config.hooks import HookConfig
 
 log = logging.getLogger("gateway")
 INFO = GatewayInfo(name="mcp-gateway", version=__version__)
@@ -235,11 +238,15 @@ def build_stack(
     telemetry: GatewayTelemetry,
     shared: RedisLogins | None,
     desk: LoginDesk | None,
+    hooks: tuple[HookConfig, ...] = (),
 ) -> Wired:
     """One backend's stack: the layers a request passes, top to bottom, each a
     `backends.base.Layer` over the next. A layer that would do nothing for this backend is
     left out; the others act on every backend.
 
+    0. `HookedBackend` (hooks/runner.py): the top-level `hooks` and the backend's own, on the
+       requests and results of the methods they see; above the bound, so a hook's time holds
+       no slot of the backend's. Only for a backend with hooks (its own or top-level ones).
     1. `BoundedBackend` (core/overload.py): the bound on requests in flight (`max_in_flight`);
        one refused there reaches nothing below (no span, no transport). Always: every backend
        has a bound, which a reload's drain and the in-flight gauge read too.
@@ -279,8 +286,47 @@ def build_stack(
     )
     instrumented = InstrumentedBackend(below, telemetry, address(config))
     bound = Bound(BACKEND, config.name, config.max_in_flight, overload, stats.overloaded)
-    outer = BoundedBackend(instrumented, bound)
+    outer: Backend = BoundedBackend(instrumented, bound)
+    if hooks or config.hooks:
+        outer = hooked(outer, hooks, config, telemetry)
     return Wired(config, transport, layer, health, guarded, bound, outer, breaker=breaker)
+
+
+def hooked(
+    inner: Backend,
+    top: tuple[HookConfig, ...],
+    config: BackendConfig,
+    telemetry: GatewayTelemetry,
+) -> Backend:
+    """The backend behind its hooks: top-level ones first, then its own. Imported here, once a
+    backend has hooks (and the built-ins only by the hooks that use them): a gateway without
+    hooks loads none of their code (0066)."""
+    from gateway.hooks.load import load_all
+    from gateway.hooks.runner import HookedBackend
+
+    try:
+        hooks = load_all(top, "hooks") + load_all(config.hooks, f"backends.{config.name}.hooks")
+    except ConfigInvalid as exc:  # (`check_hooks` found it first on a reload)
+        raise StartupError("; ".join(exc.problems)) from None
+    return HookedBackend(inner, hooks, telemetry.stats, telemetry.audit_events)
+
+
+def check_hooks(config: Config) -> list[str]:
+    """Whether every hook of `config` can be loaded (its module imported, its function found):
+    the problems, for `check-config` and a reload to refuse the config before it is used."""
+    if not config.hooks and not any(b.hooks for b in config.backends):
+        return []
+    from gateway.hooks.load import load_all
+
+    problems: list[str] = []
+    for hooks, where in [(config.hooks, "hooks")] + [
+        (b.hooks, f"backends.{b.name}.hooks") for b in config.backends
+    ]:
+        try:
+            load_all(hooks, where)
+        except ConfigInvalid as exc:
+            problems += [f"{config.source}: {p}" for p in exc.problems]
+    return problems
 
 
 def era_layer(

@@ -174,6 +174,10 @@ def check_config(
         else:
             config_path = path
     config = load_or_exit(*inputs(config_path, mcp_json))
+    if problems := app.check_hooks(config):  # (imports the hooks' modules, as `run` would)
+        for problem in problems:
+            error(problem)
+        sys.exit(2)
     summary = describe(config)
     if config_path is None and mcp_json is not None:  # not the bundled listen-only file's name
         _, _, rest = summary.partition("\n")

@@ -19,8 +19,8 @@ import yaml
 from gateway.config import auth as auth_section
 from gateway.config import backends as backends_section
 from gateway.config import cluster as cluster_section
+from gateway.config import hook_loader, keys, pins_loader, search_loader
 from gateway.config import http as http_sections
-from gateway.config import keys, pins_loader, search_loader
 from gateway.config import limits as limit_sections
 from gateway.config import policy as policy_sections
 from gateway.config import servers as server_sections
@@ -34,6 +34,7 @@ from gateway.config.credentials import (
     Introspection,
 )
 from gateway.config.describe import describe
+from gateway.config.hooks import HookConfig
 from gateway.config.listeners import (
     DEFAULT_ADMIN_PORT,
     DEFAULT_HTTP_HOST,
@@ -194,6 +195,7 @@ def parse(
         tool_search=search_loader.tool_search(check, top.get("tool_search")),
         pins=pins_loader.pins(check, top.get("pins"), lambda p: _beside(source, p)),
         task_key_file=_task_key_file(check, top.get("tasks"), source),
+        hooks=hook_loader.hooks(check, top.get("hooks"), ("hooks",)),
         servers=server_sections.servers(
             check, top.get("servers"), backends, listen.http, listen.stdio
         ),
@@ -384,6 +386,7 @@ __all__ = [
     "Config",
     "ConfigInvalid",
     "ConfiguredIdentity",
+    "HookConfig",
     "HttpListen",
     "HttpTarget",
     "Introspection",

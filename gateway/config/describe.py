@@ -5,6 +5,7 @@ secret (this output is pasted into tickets).
 from __future__ import annotations
 
 from gateway.config.credentials import AuthConfig, ClusterConfig, redacted_url
+from gateway.config.hooks import HookConfig
 from gateway.config.model import Config, HttpTarget, SseTarget, StdioTarget
 from gateway.config.operations import AUDIT_STDERR
 from gateway.config.search import ToolSearchConfig
@@ -50,6 +51,8 @@ def describe(config: Config) -> str:
             lines.append(f"  backend {b.name}: {kind} {where}{era}")
         if b.roots:
             lines.append(f"  backend {b.name}: roots {' '.join(r.uri for r in b.roots)}")
+        if b.hooks:
+            lines.append(f"  backend {b.name}: hooks {_hooks(b.hooks)} (after the top-level)")
     t = config.telemetry
     lines.append(
         f"  telemetry    service={t.service_name} traces={t.otlp_endpoint or 'off'}"
@@ -66,6 +69,8 @@ def describe(config: Config) -> str:
         lines.append(
             f"  pins         {config.pins.file}, on change {config.pins.on_change}{others}"
         )
+    if config.hooks:
+        lines.append(f"  hooks        {_hooks(config.hooks)}")
     if config.policy is not None:
         p = config.policy
         lines.append(f"  policy       default {p.default}, rules: {len(p.rules)}")
@@ -114,6 +119,11 @@ def _prefix_notice(count: int, namespace: str, separator: str, key: str) -> str:
         f"pin `{key}always}}` to keep them so as backends come and go, or `{key}never}}` "
         "for the servers' own names"
     )
+
+
+def _hooks(hooks: tuple[HookConfig, ...]) -> str:
+    """Each hook in its order: its name, when it runs, and what fails it closed or open."""
+    return ", ".join(f"{h.use} (on {h.on}, {h.timeout:g}s, on_error {h.on_error})" for h in hooks)
 
 
 def describe_servers(config: Config) -> list[str]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from gateway.config.access import PolicyConfig
 from gateway.config.credentials import AuthConfig, BackendAuth, ClusterConfig
+from gateway.config.hooks import HookConfig
 from gateway.config.key import NAME_PATTERN, PEM, URL_PATTERN, key
 from gateway.config.listeners import (
     DEFAULT_MAX_HEADER_BYTES,
@@ -393,6 +394,13 @@ class BackendConfig:
         None,
         section="backend_pins",
     )
+    # The hooks of this backend's requests and results, after the top-level ones (hooks.md).
+    hooks: tuple[HookConfig, ...] = key(
+        "section_list",
+        "Hooks its requests and results pass through, after the top-level ones.",
+        (),
+        section="hook",
+    )
 
     @property
     def effective_namespace(self) -> str:
@@ -518,6 +526,14 @@ class Config:
         "to the config file. Default: $XDG_STATE_HOME/mcp-gateway/task-key.",
         None,
         at="tasks.key_file",
+    )
+    # Hooks every backend's requests and results pass through (each backend's own after them).
+    hooks: tuple[HookConfig, ...] = key(
+        "section_list",
+        "Python functions that see, change or refuse requests and results "
+        "(docs/trusting-tools/hooks.md).",
+        (),
+        section="hook",
     )
 
     def pin_mode(self, backend: BackendConfig) -> str | None:

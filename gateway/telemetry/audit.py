@@ -158,11 +158,6 @@ class AuditLog:
         )
         self._write(jsonrpc.dumps(record) + b"\n")
 
-    def event(self, fields: dict[str, Any]) -> None:
-        """A record of the gateway's own doing, not a client request's (`event` names it: a
-        definition pinning blocked, warned of or allowed, an approval)."""
-        self._write(jsonrpc.dumps({"time": utc_now(), **fields}) + b"\n")
-
     def _write(self, line: bytes) -> None:
         if self._file is not None:
             self._file.write(line)
@@ -175,6 +170,11 @@ class AuditLog:
             if not self._failed:
                 self._failed = True
                 log.warning("audit log: cannot write to stderr (%s); dropping records", exc)
+
+    def event(self, record: dict[str, Any]) -> None:
+        """A line of its own for something that happened within a request (a hook's refusal or
+        change: gateway/hooks/runner.py), stamped with the time."""
+        self._write(jsonrpc.dumps({"time": utc_now(), **record}) + b"\n")
 
     def close(self) -> None:
         if self._file is not None:

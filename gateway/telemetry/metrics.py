@@ -210,6 +210,7 @@ class GatewayCollector(Collector):
         yield queued
         yield from self._shared_metrics()
         yield from self._reload_metrics()
+        yield from self._hook_metrics()
 
     def _shared_metrics(self) -> Iterator[Metric]:
         """cluster.redis: whether the shared rate limits are reachable, and how often each
@@ -250,6 +251,20 @@ class GatewayCollector(Collector):
         if self._stats.sessions_redis_up is not None:
             sessions_up.add_metric([], 1 if self._stats.sessions_redis_up else 0)
         yield sessions_up
+
+    def _hook_metrics(self) -> Iterator[Metric]:
+        """The hooks' runs by outcome; no family at all without hooks (nothing changes for a
+        gateway that has none)."""
+        if not self._stats.hook_outcomes:
+            return
+        family = CounterMetricFamily(
+            "mcp_gateway_hook_outcomes",
+            "Hook runs, by hook and outcome (pass, changed, refused, timeout, error).",
+            labels=["hook", "outcome"],
+        )
+        for (hook, outcome), count in sorted(self._stats.hook_outcomes.items()):
+            family.add_metric([hook, outcome], count)
+        yield family
 
     def _reload_metrics(self) -> Iterator[Metric]:
         """What the config reloads did: each reload's outcome, and the backends they changed."""

@@ -26,6 +26,7 @@ from gateway.config import TapConfig
 from gateway.origin import HeaderFields
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
+from gateway.sensitive import Scanner, redact_values
 from gateway.telemetry.records import (
     ALWAYS_REDACTED_HEADERS,
     LineFile,
@@ -61,6 +62,8 @@ class Tap:
         self._rules = compile_rules(config.redact)
         self._headers = ALWAYS_REDACTED_HEADERS | {h.lower() for h in config.redact_headers}
         self._file = LineFile(self.path, config.max_bytes, config.backups, "traffic tap")
+        # `redact_secrets`: the redact hook's table over every string (gateway/sensitive.py).
+        self._scanner = Scanner() if config.redact_secrets else None
 
     def record(
         self,
@@ -77,7 +80,10 @@ class Tap:
         if headers is not None:
             head["headers"] = redact_headers(headers, self._headers)
         try:
-            body = jsonrpc.dumps(redact(msg, self._rules))
+            shown = redact(msg, self._rules)
+            if self._scanner is not None:
+                shown = redact_values(shown, self._scanner, Counter())
+            body = jsonrpc.dumps(shown)
         except TypeError as exc:  # orjson.JSONEncodeError: not what orjson produced
             body = jsonrpc.dumps({"unencodable": str(exc), **_identity(msg)})
         if len(body) > self.config.max_message_bytes:

@@ -23,6 +23,7 @@ from gateway.config import parse
 from gateway.config.operations import Overload
 from gateway.core.instrument import InstrumentedBackend
 from gateway.core.overload import BoundedBackend
+from gateway.hooks.runner import HookedBackend
 from gateway.telemetry.otel import GatewayTelemetry
 
 pytestmark = pytest.mark.anyio
@@ -111,3 +112,28 @@ async def test_a_backend_with_a_child_per_client_has_its_era_layers_inside_the_t
         Guarded,
         IsolatedBackend,
     ]
+
+
+def hooked_stack(backend: dict[str, Any], **top: Any) -> list[type]:
+    """`stack` with the top-level hooks handed to `build_stack` as the gateway hands them."""
+    text = yaml.safe_dump({"listen": {"stdio": True}, "backends": {"b": backend}, **top})
+    config = parse(text)
+    (backend_config,) = config.backends
+    wired = build_stack(
+        backend_config, Overload(), GatewayTelemetry(None, None), None, None, config.hooks
+    )
+    layer: Backend = wired.outer
+    found: list[type] = []
+    while isinstance(layer, Layer):
+        found.append(type(layer))
+        layer = layer.inner
+    return found
+
+
+async def test_hooks_are_the_outermost_layer_only_of_a_backend_with_hooks() -> None:
+    """hooks/runner.py: top-level hooks or the backend's own put the runner above the bound;
+    without any, the stack is as it was (no layer, no check per request)."""
+    assert hooked_stack(STDIO) == FULL
+    own = {**STDIO, "hooks": [{"use": "redact"}]}
+    assert hooked_stack(own) == [HookedBackend, *FULL]
+    assert hooked_stack(STDIO, hooks=[{"use": "output_limit"}]) == [HookedBackend, *FULL]

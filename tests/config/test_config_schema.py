@@ -187,6 +187,7 @@ BASE: dict[str, Any] = {
     "overload": {},
     "tool_search": {"mode": "auto"},
     "pins": {},
+    "hooks": [{"use": "pkg.module:function"}],
     "shutdown": {},
     "audit": {"path": "a.jsonl"},
     "auth": {
@@ -234,6 +235,7 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "tool_search": ("tool_search",),
     "pins": ("pins",),
     "backend_pins": ("backends", "b", "pins"),
+    "hook": ("hooks", 0),
     "shutdown": ("shutdown",),
     "audit": ("audit",),
     "auth": ("auth",),

@@ -113,6 +113,23 @@ def test_redaction_by_path_wildcard_and_header_never_touches_the_callers_message
     assert other["msg"] == call(8, "other")
 
 
+def test_redact_secrets_applies_the_redact_hooks_table_to_every_string(tmp_path: Path) -> None:
+    """`tap.redact_secrets`: the redact hook's patterns (gateway/sensitive.py, one table for
+    both) over what is recorded; off by default, a recording keeps what was said."""
+    path = tmp_path / "tap.jsonl"
+    said = reply(3, content=[{"type": "text", "text": "mail ann@example.com, 4111111111111112"}])
+    with Tap(tap_config(path, redact_secrets=True)) as tap:
+        tap.record("frontend", "out", said)
+    with Tap(tap_config(tmp_path / "plain.jsonl")) as tap:
+        tap.record("frontend", "out", said)
+    (redacted,) = records(path)
+    assert redacted["msg"]["result"]["content"][0]["text"] == (
+        "mail [redacted:email], 4111111111111112"
+    )
+    (plain,) = records(tmp_path / "plain.jsonl")
+    assert plain["msg"] == said
+
+
 def test_authorization_is_redacted_without_any_rule(tmp_path: Path) -> None:
     path = tmp_path / "tap.jsonl"
     with Tap(tap_config(path)) as tap:
