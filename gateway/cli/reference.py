@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import click
 
 from gateway.cli import main
+from gateway.config.reference import escape
 
 PROG = "mcp-transparent-gateway"
 
@@ -44,16 +45,6 @@ def options(command: click.Command) -> set[str]:
     return found
 
 
-def _escape(text: str) -> str:
-    """Markdown's emphasis and HTML characters escaped outside `code`, which stays as written."""
-    parts = text.split("`")
-    for i in range(0, len(parts), 2):
-        parts[i] = (
-            parts[i].replace("&", "&amp;").replace("<", "&lt;").replace("*", "\\*")
-        ).replace("_", "\\_")
-    return "`".join(parts)
-
-
 def _help(command: click.Command) -> str:
     text = inspect.cleandoc(command.help or "")
     # click's \b marks a paragraph it must not rewrap; Markdown needs no such mark.
@@ -66,7 +57,7 @@ def _section(path: tuple[str, ...], command: click.Command) -> list[str]:
     ctx = click.Context(command, info_name=" ".join(path) or PROG, parent=parent if path else None)
     out = [f"## `{name}`" if path else f"## `{PROG}` (the program)", ""]
     out += ["```text", command.get_usage(ctx), "```", ""]
-    out += [_escape(_help(command)), ""]
+    out += [escape(_help(command)), ""]
     arguments = [p for p in command.get_params(ctx) if isinstance(p, click.Argument)]
     if arguments:
         shown = ", ".join(f"`{a.make_metavar(ctx)}`" for a in arguments)
@@ -76,7 +67,7 @@ def _section(path: tuple[str, ...], command: click.Command) -> list[str]:
         record = param.get_help_record(ctx)
         if isinstance(param, click.Option) and record is not None:
             opts, text = record
-            rows.append(f"- `{opts}`: {_escape(text)}" if text else f"- `{opts}`")
+            rows.append(f"- `{opts}`: {escape(text)}" if text else f"- `{opts}`")
     if rows:
         out += ["Options:", "", *rows, ""]
     if isinstance(command, click.Group):

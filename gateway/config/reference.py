@@ -52,7 +52,7 @@ def paths() -> dict[str, list[str]]:
     return found
 
 
-def _escape(text: str) -> str:
+def escape(text: str) -> str:
     """Markdown's emphasis and HTML characters escaped outside `code`, which stays as written."""
     parts = text.split("`")
     for i in range(0, len(parts), 2):
@@ -109,7 +109,7 @@ def _line(name: str, key: Key) -> str:
         elif isinstance(shown, float) and shown.is_integer():
             shown = int(shown)  # 300, not 300.0
         facts.append(f"default `{shown}`")
-    return f"- **`{name}`** ({'; '.join(facts)}): {_escape(key.doc)}"
+    return f"- **`{name}`** ({'; '.join(facts)}): {escape(key.doc)}"
 
 
 def _title(where: str) -> str:

@@ -28,24 +28,13 @@ from gateway.app import Gateway
 from gateway.cluster.pins import KEY
 from gateway.config import load
 from gateway.core import pins as p
-from tests.support import BOUND, START_BOUND, Proc
-from tests.support.redis_server import free_port, launch, need_redis, redis_url
+from tests.support import BOUND, START_BOUND
+from tests.support.redis_server import redis_url
 from tests.system.test_pins import PULLED, Client, Listening, cli, write
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 SECRET = "cluster-pins-secret-Q4nT8vW2zL7kR3xM"
-
-
-@pytest.fixture
-async def redis() -> AsyncIterator[int]:
-    need_redis()
-    port = free_port()
-    proc: Proc = await anyio.to_thread.run_sync(launch, port)
-    try:
-        yield port
-    finally:
-        proc.stop()
 
 
 def host(tmp_path: Path, name: str, port: int, poll_interval: float = 1.0) -> Path:
@@ -85,16 +74,16 @@ async def replica(
 
 
 async def test_an_approval_through_one_replica_reaches_the_other_at_once(
-    tmp_path: Path, redis: int
+    tmp_path: Path, redis_port: int
 ) -> None:
     (tmp_path / "state").mkdir()
     # (files not looked at again)
-    a, b = host(tmp_path, "a", redis, 3600), host(tmp_path, "b", redis, 3600)
+    a, b = host(tmp_path, "a", redis_port, 3600), host(tmp_path, "b", redis_port, 3600)
     status, out = cli("record", "--config", str(alone(a)))
     assert status == 0, out
     shutil.copy(a.with_name("pins.json"), b.with_name("pins.json"))
     b_file = b.with_name("pins.json").read_bytes()
-    store = Redis.from_url(redis_url(redis))
+    store = Redis.from_url(redis_url(redis_port))
     try:
         assert await store.get(KEY) is None  # (a fresh cluster)
         with anyio.fail_after(START_BOUND * 2):
@@ -136,11 +125,13 @@ async def test_an_approval_through_one_replica_reaches_the_other_at_once(
         await store.aclose()
 
 
-async def test_a_replica_whose_file_changes_shares_the_change(tmp_path: Path, redis: int) -> None:
+async def test_a_replica_whose_file_changes_shares_the_change(
+    tmp_path: Path, redis_port: int
+) -> None:
     """An approval written to one host's file by a CLI that knows no Redis: the replica there
     takes it up from its file and tells the others."""
     (tmp_path / "state").mkdir()
-    a, b = host(tmp_path, "a", redis, 0.05), host(tmp_path, "b", redis, 0.05)
+    a, b = host(tmp_path, "a", redis_port, 0.05), host(tmp_path, "b", redis_port, 0.05)
     assert cli("record", "--config", str(alone(a)))[0] == 0
     shutil.copy(a.with_name("pins.json"), b.with_name("pins.json"))
     with anyio.fail_after(START_BOUND * 2):
