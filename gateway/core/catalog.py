@@ -36,6 +36,8 @@ MIN_REFRESH_INTERVAL = 1.0
 MAX_PAGES = 100
 # Bound on one catalog load, so a hung backend delays nothing else for long.
 LOAD_TIMEOUT = 15.0
+# How a load that ran out of LOAD_TIMEOUT is described (app/reach.py tells it from a refusal).
+LATE = "no catalog within"
 # A catalog whose load failed is loaded again in the background, first after this long,
 # doubling to the ceiling: its state (`problem`, /readyz) follows the backend's without a
 # client's request having to find out, at next to no cost while it stays broken.
@@ -369,7 +371,7 @@ class Catalogs:
                         exc,
                     )
             if scope.cancelled_caught:
-                problem = f"no catalog within {LOAD_TIMEOUT:g}s"
+                problem = f"{LATE} {LOAD_TIMEOUT:g}s"
                 log.warning("catalog of %s not loaded within %ss", backend, LOAD_TIMEOUT)
             self._loaded(backend, entry, problem)
             # Failed loads count too: the next attempt waits out the refresh interval.

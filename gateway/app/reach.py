@@ -1,0 +1,46 @@
+"""A start that needs its backends reached (`connect`, `expose`: one server each, nothing to
+serve without it): the gateway waits for each backend's first outcome before it serves.
+
+A backend's first catalog load ending lets the start go on when it loaded; the backend going
+down first (a child that exits or cannot be started, a URL that cannot be connected to) stops it
+with `Unreachable` and the health's reason, and so does a load the backend refused (an error
+reply, a login that cannot be had). Nothing else waits: the catalog load's own bound
+(core/catalog.py LOAD_TIMEOUT) ends a backend that stays silent or a login still under way, and
+that one is served as a config's backends are, retried in the background.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+import anyio
+
+from gateway.app.errors import Unreachable
+from gateway.app.wiring import Wired
+from gateway.core.catalog import LATE, Catalogs
+
+
+async def reachable(wired: Sequence[Wired], catalogs: Catalogs) -> None:
+    """Until every backend's first catalog load has ended; `Unreachable` for the first one
+    found down."""
+    for backend in wired:
+        name, health = backend.config.name, backend.health
+        while catalogs.starting(name) and not health.down:
+            await _either(health.changed, catalogs.changed.wait)
+        if health.down:
+            raise Unreachable(name, health.reason or "down")
+        problem = catalogs.problem(name)
+        if problem is not None and not problem.startswith(LATE):
+            raise Unreachable(name, problem, answered=True)
+
+
+async def _either(*waits: Callable[[], Awaitable[object]]) -> None:
+    """Until the first of `waits` returns."""
+    async with anyio.create_task_group() as tg:
+
+        async def first(wait: Callable[[], Awaitable[object]]) -> None:
+            await wait()
+            tg.cancel_scope.cancel()
+
+        for wait in waits:
+            tg.start_soon(first, wait)
