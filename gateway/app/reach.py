@@ -11,6 +11,7 @@ that one is served as a config's backends are, retried in the background.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
@@ -31,7 +32,18 @@ async def reachable(wired: Sequence[Wired], catalogs: Catalogs) -> None:
             raise Unreachable(name, health.reason or "down")
         problem = catalogs.problem(name)
         if problem is not None and not problem.startswith(LATE):
+            if catalogs.unreachable(name):  # (a child per client: its catalog child's health)
+                raise Unreachable(name, _unwrapped(problem))
             raise Unreachable(name, problem, answered=True)
+
+
+# A down backend's refusal (backends/health.py `Health.refusal`): its reason inside.
+_DOWN = re.compile(r"^down \((?P<reason>.*)\); retrying in the background$")
+
+
+def _unwrapped(problem: str) -> str:
+    found = _DOWN.match(problem)
+    return found["reason"] if found else problem
 
 
 async def _either(*waits: Callable[[], Awaitable[object]]) -> None:

@@ -73,6 +73,7 @@ class _Entry:
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     # Why its last load failed (None: loaded, or not tried yet), and how many in a row did.
     problem: str | None = None
+    unreachable: bool = False  # the failed load's backend could not be reached (not a refusal)
     failures: int = 0
     reloading: bool = False  # a background reload is scheduled
     settled: bool = False  # a load has ended (loaded or failed): the backend is past its start
@@ -218,6 +219,12 @@ class Catalogs:
         entry = self._entries.get(backend)
         return entry.problem if entry is not None else None
 
+    def unreachable(self, backend: str) -> bool:
+        """Whether the backend's last catalog load failed for want of reaching it (down, not
+        started) rather than for its answer (app/reach.py tells a newcomer which)."""
+        entry = self._entries.get(backend)
+        return entry is not None and entry.problem is not None and entry.unreachable
+
     def starting(self, backend: str) -> bool:
         """Whether the backend's first catalog load is still under way (bounded by
         LOAD_TIMEOUT): a merged list waits for a backend that is starting, not for one whose
@@ -356,11 +363,15 @@ class Catalogs:
             root = self._root
             root.refreshes[backend] = root.refreshes.get(backend, 0) + 1
             problem: str | None = None
+            entry.unreachable = False
             with anyio.move_on_after(LOAD_TIMEOUT) as scope:
                 try:
                     await self._load(entry, call)
                 except errors.BackendError as exc:
                     problem = str(exc).removeprefix(f"backend {backend!r}: ")
+                    entry.unreachable = isinstance(exc, errors.BackendUnavailable) and not (
+                        isinstance(exc, errors.BackendLoginNeeded)  # (it answered: a login)
+                    )
                     # A backend that is down was logged as such; any other failure once, when
                     # it begins (the background reloads repeat it).
                     quiet = isinstance(exc, errors.BackendDown) or entry.problem is not None

@@ -286,8 +286,11 @@ def test_a_lone_backends_failed_list_is_not_a_skip_of_a_fan_out() -> None:
 # --- expose --------------------------------------------------------------------------------
 
 
-async def test_expose_of_a_server_that_exits_at_once_shows_its_stderr() -> None:
-    done, took = await cli("expose", "--port", "0", "--", PYTHON, "-c", EXITS_AT_ONCE)
+@pytest.mark.parametrize("isolation", ["shared", "per_session"])
+async def test_expose_of_a_server_that_exits_at_once_shows_its_stderr(isolation: str) -> None:
+    done, took = await cli(
+        "expose", "--port", "0", "--isolation", isolation, "--", PYTHON, "-c", EXITS_AT_ONCE
+    )
     line = one_line(done)
     assert "did not start: child exited with code 3" in line
     assert "boom: API_KEY is not set" in line  # (the stderr's tail, on the same line)
