@@ -256,8 +256,9 @@ def _parse_env(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -
     type=click.Choice(ISOLATIONS),
     default="shared",
     show_default=True,
-    help="per_session: a child of its own for each client session (the server keeps state "
-    "per client); shared: one child for every client.",
+    help="per_session: a child of its own for each client (a legacy session, or a caller by "
+    "its Authorization header), for servers that keep state per client; shared: one child "
+    "for every client.",
 )
 @click.option(
     "--roots",

@@ -400,3 +400,16 @@ def test_an_otlp_protocol_the_exporter_does_not_speak_stops_the_start(protocol: 
     line = one_line(done)
     assert line.startswith(f"error: OTEL_EXPORTER_OTLP_PROTOCOL={protocol} is not supported")
     assert "http/protobuf" in line
+
+
+async def test_connect_to_a_server_that_never_answers_is_bounded_by_the_connect_timeout() -> None:
+    """The bound kept on what is not a definite answer: a port that accepts connections and
+    says nothing ends the start after the connect timeout, not never."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # (the kernel accepts; nobody reads or answers)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/mcp"
+        done, took = await cli("connect", url)
+    line = one_line(done)
+    assert line.startswith(f"error: no answer from {url} within {DEFAULT_CONNECT_TIMEOUT:g}s")
+    assert DEFAULT_CONNECT_TIMEOUT <= took < DEFAULT_CONNECT_TIMEOUT + 8
