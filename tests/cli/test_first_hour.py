@@ -25,6 +25,7 @@ from aiohttp import web
 
 from gateway.config.model import DEFAULT_CONNECT_TIMEOUT
 from tests.support import DEMO_BACKEND, PYTHON, Proc, dead_url, run_cli
+from tests.support.conformance import npm_server
 from tests.support.probe import post
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -413,3 +414,17 @@ async def test_connect_to_a_server_that_never_answers_is_bounded_by_the_connect_
     line = one_line(done)
     assert line.startswith(f"error: no answer from {url} within {DEFAULT_CONNECT_TIMEOUT:g}s")
     assert DEFAULT_CONNECT_TIMEOUT <= took < DEFAULT_CONNECT_TIMEOUT + 8
+
+
+def test_expose_names_a_node_packages_server_after_the_package() -> None:
+    """`expose -- node .../node_modules/@modelcontextprotocol/server-everything/dist/index.js`
+    (issue 36: it was `node_modules`): the backend is named by the package's package.json."""
+    command = [*npm_server("server-everything"), "stdio"]
+    proc = Proc([PYTHON, "-m", "gateway", "expose", "--port", "0", "--", *command])
+    try:
+        url = proc.wait_for(r"listening on (http://\S+)").group(1)
+        served(url)
+        assert any("backend server-everything:" in line for line in proc.lines["stderr"])
+        assert not any("node_modules" in line for line in proc.lines["stderr"]), proc.output()
+    finally:
+        assert proc.stop() == 0, proc.output()
