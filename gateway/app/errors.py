@@ -6,13 +6,12 @@ from __future__ import annotations
 class StartupError(Exception):
     """The gateway cannot start as configured: an address it cannot listen on, a file it cannot
     open, backends that cannot be served together (a name collision under `never`), a lone
-    backend that cannot be reached (`Unreachable`). `key`: the config key at fault, when one
-    is (a command line that made the config names its own flag instead)."""
+    backend that cannot be reached (`Unreachable`)."""
 
-    def __init__(self, message: str, *, key: str | None = None, in_use: str | None = None) -> None:
-        """`in_use`: the listening address (host:port) another process holds."""
+    def __init__(self, message: str, *, in_use: str | None = None) -> None:
+        """`in_use`: listen.http's address (host:port), which another process holds (a command
+        line that chose the port names its flag instead)."""
         super().__init__(message)
-        self.key = key
         self.in_use = in_use
 
 

@@ -27,7 +27,6 @@ from gateway.app.cluster import (
 )
 from gateway.app.errors import StartupError
 from gateway.app.observe import access_logger, open_audit, open_tap, tracer_provider
-from gateway.app.reach import reachable
 from gateway.app.reload import (
     RELOADED,
     Reloaded,
@@ -106,12 +105,11 @@ class Gateway:
         config: Config,
         tracing: trace.TracerProvider | None = None,
         stdio_server: str | None = None,
-        must_reach: bool = False,
     ) -> None:
         """`stdio_server`: the virtual server the stdio front end serves (`run --server`);
-        None: the merged server. `must_reach`: a backend down at start stops it (app/reach.py)."""
+        None: the merged server."""
         self.config = config
-        self.stdio_server, self.must_reach = stdio_server, must_reach
+        self.stdio_server = stdio_server
         self._observe(tracing)
         # The HTTP listener's token checks (`auth:`); None: no authentication.
         self.authenticator = make_authenticator(config.auth) if config.auth is not None else None
@@ -320,8 +318,6 @@ class Gateway:
                 # Clients are served while slow backends start: a list waits for a starting
                 # backend (or skips one that is down), a call to a ready one goes through.
                 self._tg.start_soon(self._load_catalogs, name="catalogs")
-            if self.must_reach:
-                await reachable(self.wired, self.dispatcher.catalogs)
             self._serving = True
             if self._http is not None:
                 self._http.release()
@@ -508,8 +504,7 @@ class Gateway:
         except ssl.SSLError as exc:  # a key that does not match its certificate, say
             raise StartupError(f"listen.http.tls: cannot use the certificate: {exc}") from None
         except BindError as exc:
-            text, used = f"listen.http: {exc}", exc.in_use
-            raise StartupError(text, key="listen.http", in_use=used) from None
+            raise StartupError(f"listen.http: {exc}", in_use=exc.in_use) from None
         host = f"[{listen.host}]" if ":" in listen.host else listen.host
         self.http_url = f"{listen.scheme}://{host}:{port}{listen.path}"
 

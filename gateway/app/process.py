@@ -17,6 +17,7 @@ import anyio
 import anyio.abc
 
 from gateway.app.gateway import Gateway
+from gateway.app.reach import MustReach
 from gateway.app.wiring import stdio_origin
 from gateway.config import Config
 from gateway.frontends.stdio import End, StdioFrontend, open_process_stdio
@@ -71,7 +72,7 @@ async def run(
     # start-up errors in an exception group).
     with anyio.open_signal_receiver(signal.SIGHUP) as hangups, contextlib.ExitStack() as held:
         try:
-            served = Gateway(config, stdio_server=stdio_server, must_reach=must_reach)
+            served = (MustReach if must_reach else Gateway)(config, stdio_server=stdio_server)
             async with served as gateway, anyio.create_task_group() as tg:
                 settle_gc()
                 stdio = await _start_stdio(gateway, stopping, tg) if config.listen.stdio else None

@@ -68,7 +68,7 @@ PLAIN = Wording()
 
 def explain(exc: StartupError, wording: Wording) -> str:
     """The one line for a start that failed."""
-    if exc.in_use is not None and exc.key == "listen.http":
+    if exc.in_use is not None:
         where = wording.port or "listen.http"
         return (
             f"{where}: {exc.in_use} is already in use: stop what listens there (another "

@@ -36,8 +36,6 @@ MIN_REFRESH_INTERVAL = 1.0
 MAX_PAGES = 100
 # Bound on one catalog load, so a hung backend delays nothing else for long.
 LOAD_TIMEOUT = 15.0
-# How a load that ran out of LOAD_TIMEOUT is described (app/reach.py tells it from a refusal).
-LATE = "no catalog within"
 # A catalog whose load failed is loaded again in the background, first after this long,
 # doubling to the ceiling: its state (`problem`, /readyz) follows the backend's without a
 # client's request having to find out, at next to no cost while it stays broken.
@@ -73,7 +71,6 @@ class _Entry:
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     # Why its last load failed (None: loaded, or not tried yet), and how many in a row did.
     problem: str | None = None
-    unreachable: bool = False  # the failed load's backend could not be reached (not a refusal)
     failures: int = 0
     reloading: bool = False  # a background reload is scheduled
     settled: bool = False  # a load has ended (loaded or failed): the backend is past its start
@@ -219,12 +216,6 @@ class Catalogs:
         entry = self._entries.get(backend)
         return entry.problem if entry is not None else None
 
-    def unreachable(self, backend: str) -> bool:
-        """Whether the backend's last catalog load failed for want of reaching it (down, not
-        started) rather than for its answer (app/reach.py tells a newcomer which)."""
-        entry = self._entries.get(backend)
-        return entry is not None and entry.problem is not None and entry.unreachable
-
     def starting(self, backend: str) -> bool:
         """Whether the backend's first catalog load is still under way (bounded by
         LOAD_TIMEOUT): a merged list waits for a backend that is starting, not for one whose
@@ -363,15 +354,11 @@ class Catalogs:
             root = self._root
             root.refreshes[backend] = root.refreshes.get(backend, 0) + 1
             problem: str | None = None
-            entry.unreachable = False
             with anyio.move_on_after(LOAD_TIMEOUT) as scope:
                 try:
                     await self._load(entry, call)
                 except errors.BackendError as exc:
                     problem = str(exc).removeprefix(f"backend {backend!r}: ")
-                    entry.unreachable = isinstance(exc, errors.BackendUnavailable) and not (
-                        isinstance(exc, errors.BackendLoginNeeded)  # (it answered: a login)
-                    )
                     # A backend that is down was logged as such; any other failure once, when
                     # it begins (the background reloads repeat it).
                     quiet = isinstance(exc, errors.BackendDown) or entry.problem is not None
@@ -382,7 +369,7 @@ class Catalogs:
                         exc,
                     )
             if scope.cancelled_caught:
-                problem = f"{LATE} {LOAD_TIMEOUT:g}s"
+                problem = f"no catalog within {LOAD_TIMEOUT:g}s"
                 log.warning("catalog of %s not loaded within %ss", backend, LOAD_TIMEOUT)
             self._loaded(backend, entry, problem)
             # Failed loads count too: the next attempt waits out the refresh interval.

@@ -1,6 +1,6 @@
-"""A start that must reach its backends (`Gateway(must_reach=True)`, what `connect` and
-`expose` ask for; app/reach.py): the gateway serves once each backend's first catalog load has
-ended, and a backend that is down by then, or refused that load, stops the start with
+"""A start that must reach its backends (`app.run(must_reach=True)`, what `connect` and
+`expose` ask for; app/reach.py `MustReach`): the gateway serves once each backend's first catalog
+load has ended, and a backend that is down by then, or refused that load, stops the start with
 `Unreachable` and its reason. Without it, nothing changes: a config's backend that is down is
 served around and retried. Real children and a real HTTP server on 127.0.0.1."""
 
@@ -14,6 +14,7 @@ import yaml
 from aiohttp import web
 
 from gateway.app import Gateway, Unreachable
+from gateway.app.reach import MustReach
 from gateway.config import Config, parse
 from tests.support import DEMO_STDIO, PYTHON, START_BOUND, dead_url, serve_http, stdio_backend
 
@@ -32,7 +33,7 @@ async def start(
 ) -> Gateway:
     """The gateway started (and, `until_down`, its backend found down) and stopped again."""
     with anyio.fail_after(START_BOUND):
-        async with Gateway(config(backend), must_reach=must_reach) as gw:
+        async with (MustReach if must_reach else Gateway)(config(backend)) as gw:
             if until_down:
                 await gw.health[0].wait(down=True)
             return gw
@@ -51,14 +52,14 @@ async def test_a_url_nobody_listens_at_stops_the_start() -> None:
     assert "cannot connect" in stopped.value.reason
 
 
-async def test_a_server_error_is_a_backend_not_reached() -> None:
+async def test_a_server_error_is_an_answer_that_stops_the_start() -> None:
     async def broken(_: web.Request) -> web.Response:
         return web.Response(status=500, text="boom")
 
     async with serve_http(broken) as origin:
         with pytest.raises(Unreachable) as stopped:
             await start({"http": {"url": f"{origin}/mcp"}}, must_reach=True)
-    assert not stopped.value.answered and "HTTP 500" in stopped.value.reason
+    assert stopped.value.answered and "HTTP 500" in stopped.value.reason
 
 
 async def test_a_refused_first_load_stops_the_start_as_an_answer() -> None:

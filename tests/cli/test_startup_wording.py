@@ -37,7 +37,7 @@ def single(line: str) -> str:
 
 
 def test_a_port_in_use_names_the_flag_typed_or_the_flag_to_use() -> None:
-    taken = StartupError("listen.http: ...", key="listen.http", in_use="127.0.0.1:8080")
+    taken = StartupError("listen.http: ...", in_use="127.0.0.1:8080")
     typed = single(explain(taken, Wording(port="--port 8080")))
     assert typed.startswith("--port 8080: 127.0.0.1:8080 is already in use")
     assert "choose another port with --port" in typed and "listen.http" not in typed
@@ -46,7 +46,7 @@ def test_a_port_in_use_names_the_flag_typed_or_the_flag_to_use() -> None:
 
 
 def test_an_admin_port_in_use_keeps_the_configs_wording() -> None:
-    taken = StartupError("listen.admin: 127.0.0.1:9464 is in use", key="listen.admin")
+    taken = StartupError("listen.admin: 127.0.0.1:9464 is in use")
     assert explain(taken, Wording(port="--port 1")) == "listen.admin: 127.0.0.1:9464 is in use"
 
 
