@@ -8,6 +8,11 @@ under the era layer: each transport then keeps its own supervision, era probing 
 unchanged, and the choice is logged once. The question is a `server/discover`, which opens no
 session on a modern server; on anything but such a 404/405 (a reply, another status, no answer
 at all) the URL stays Streamable HTTP, whose backend then reports and retries as it always does.
+
+`examine` is the same question asked for `connect`'s start (cli/startup.py): it also returns the
+answer, with how a URL that gave none was not reached (refused, unknown host, TLS, no answer in
+time), and opens the HTTP+SSE stream when that is the transport (closed once its head is read),
+so that a wrong path is told before the gateway starts rather than retried.
 """
 
 from __future__ import annotations

@@ -211,6 +211,10 @@ def connect(
         for problem in exc.problems:
             error(str(problem))
         sys.exit(2)
+    except KeyboardInterrupt:  # (Ctrl-C while the URL is asked: no traceback)
+        if held is not None:
+            held.discard()
+        sys.exit(130)
     config = Config(listen=Listen(stdio=True), backends=(backend,), source="connect")
     run_gateway(config, wording=Wording(url=url), held=held)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -24,7 +25,7 @@ import yaml
 from aiohttp import web
 
 from gateway.config.model import DEFAULT_CONNECT_TIMEOUT
-from tests.support import DEMO_BACKEND, PYTHON, Proc, dead_url, run_cli
+from tests.support import BOUND, DEMO_BACKEND, PYTHON, START_BOUND, Proc, dead_url, run_cli
 from tests.support.conformance import npm_server
 from tests.support.probe import post
 
@@ -428,3 +429,20 @@ def test_expose_names_a_node_packages_server_after_the_package() -> None:
         assert not any("node_modules" in line for line in proc.lines["stderr"]), proc.output()
     finally:
         assert proc.stop() == 0, proc.output()
+
+
+def test_ctrl_c_while_connect_asks_its_url_ends_it_quietly() -> None:
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        silent.settimeout(START_BOUND)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/mcp"
+        proc = Proc([PYTHON, "-m", "gateway", "connect", url], stdin=True)
+        try:
+            conn, _ = silent.accept()  # (the question is under way)
+            with conn:
+                proc.popen.send_signal(signal.SIGINT)
+                assert proc.popen.wait(BOUND) == 130
+        finally:
+            proc.stop()
+    assert not any("Traceback" in line for line in proc.lines["stderr"]), proc.output()
