@@ -259,6 +259,11 @@ LAZY_IMPORTS: dict[tuple[str, str], set[str]] = {
         "gateway.backend_auth.fetch",
         "gateway.backend_auth.store",
     },
+    # `connect` answered 401 at start: whether a login can begin (the OAuth client's discovery).
+    ("gateway.cli.startup", "login_problem"): {
+        "gateway.backend_auth.discovery",
+        "gateway.backend_auth.fetch",
+    },
     # tool_search: the index and its meta-tools, for a server that searches.
     ("gateway.core.dispatcher", "_search_with"): {"gateway.core.toolsearch"},
     # hooks: the runner and its loader, for a backend with hooks; each built-in by its hooks.

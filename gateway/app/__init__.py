@@ -11,11 +11,12 @@ views.py     what it shows of itself: backend states, status facts, queues, read
 inventory.py `check-config --catalogs`: per server, its backends' items and tokens
 process.py   the process: signals, SIGHUP and `--watch` reloads, the pid file, gc settings
 servers.py   virtual servers (`servers:`): a dispatcher each over the shared backends
-errors.py    StartupError
+errors.py    StartupError, Unreachable
+reach.py     a start that needs its backends reached (connect, expose)
 """
 
 from gateway.app.cluster import shared_logins
-from gateway.app.errors import StartupError
+from gateway.app.errors import StartupError, Unreachable
 from gateway.app.gateway import HTTP_SHUTDOWN_GRACE, Gateway
 from gateway.app.inventory import describe_catalogs, inventory
 from gateway.app.process import run
@@ -28,6 +29,7 @@ __all__ = [
     "Gateway",
     "Reloaded",
     "StartupError",
+    "Unreachable",
     "check_hooks",
     "describe_catalogs",
     "inventory",

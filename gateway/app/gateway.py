@@ -507,7 +507,7 @@ class Gateway:
         except ssl.SSLError as exc:  # a key that does not match its certificate, say
             raise StartupError(f"listen.http.tls: cannot use the certificate: {exc}") from None
         except BindError as exc:
-            raise StartupError(f"listen.http: {exc}") from None
+            raise StartupError(f"listen.http: {exc}", in_use=exc.in_use) from None
         host = f"[{listen.host}]" if ":" in listen.host else listen.host
         self.http_url = f"{listen.scheme}://{host}:{port}{listen.path}"
 

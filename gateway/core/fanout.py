@@ -167,8 +167,10 @@ class FanOut:
             failed.append(_as_failure(backend, reply))
             # A backend known to be down was logged when it went down, and an overloaded one
             # is logged by its bound (at most every 10 s); any other once when it starts being
-            # skipped, not on every list while it stays so.
+            # skipped, not on every list while it stays so. A lone backend is never skipped:
+            # its failure is the list's error (below), for the client to see.
             quiet = isinstance(reply, errors.BackendDown | errors.BackendOverloaded)
+            quiet = quiet or len(calls) + shown == 1
             level = logging.DEBUG if quiet or backend in self._skipping else logging.WARNING
             self._skipping.add(backend)
             log.log(level, "fan-out: backend %s skipped: %s", backend, _describe(reply))
