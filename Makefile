@@ -6,14 +6,16 @@ PY := $(VENV)/bin/python
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: help install run test test-fast lint typecheck pytest clean ci-deps npm-deps bench bench-check schema
+.PHONY: help install run test test-fast lint typecheck pytest clean ci-deps npm-deps bench bench-check schema docs docs-build
 
 help:
-	@echo "make install    venv + editable install with the test extras"
+	@echo "make install    venv + editable install with the test and docs extras"
 	@echo "make run        the gateway (ARGS=...)"
 	@echo "make test-fast  the engine-rule tests: no process, no server, no npm; under a minute"
 	@echo "make test       lint + typecheck + the whole suite (pytest; about 20 minutes)"
 	@echo "make lint | typecheck | pytest (PYTEST_ARGS=...) | bench (ARGS=...) | schema | clean"
+	@echo "make docs       the docs site (mkdocs.yml, docs/) served on http://127.0.0.1:8000, rebuilt on save"
+	@echo "make docs-build the docs site built into site/, strict: a warning or a broken link fails it"
 	@echo "make ci-deps | npm-deps   system and npm tools some tests use (else they skip)"
 	@echo "make bench-check  the gateway against its floors (a few minutes); run it before merging"
 	@echo "                  anything on the request path: exits 1 when a target fails"
@@ -25,7 +27,7 @@ $(RUN_STAMP): pyproject.toml
 	touch $(RUN_STAMP)
 
 $(DEV_STAMP): $(RUN_STAMP)
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,docs]'
 	touch $(DEV_STAMP)
 
 install: $(DEV_STAMP)
@@ -34,8 +36,8 @@ run: $(RUN_STAMP)
 	$(VENV)/bin/mcp-transparent-gateway run $(ARGS)
 
 lint: $(DEV_STAMP)
-	$(VENV)/bin/ruff check gateway tests bench
-	$(VENV)/bin/ruff format --check gateway tests bench
+	$(VENV)/bin/ruff check gateway tests bench docs/hooks.py
+	$(VENV)/bin/ruff format --check gateway tests bench docs/hooks.py
 
 typecheck: $(DEV_STAMP)
 	$(VENV)/bin/mypy
@@ -133,5 +135,16 @@ bench-check: $(RUN_STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) -m bench --check $(ARGS)
 
+# The docs site (MkDocs, Material theme): pages from docs/, the configuration and CLI references
+# generated at build time by docs/hooks.py. `make test` builds it too (tests/docs/test_site.py).
+# NO_MKDOCS_2_WARNING: Material's banner about its successor, printed at every build.
+DOCS_ENV := NO_MKDOCS_2_WARNING=1
+
+docs: $(DEV_STAMP)
+	$(DOCS_ENV) $(VENV)/bin/mkdocs serve
+
+docs-build: $(DEV_STAMP)
+	$(DOCS_ENV) $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) build *.egg-info $(NPM_DIR)/node_modules
+	rm -rf $(VENV) build *.egg-info $(NPM_DIR)/node_modules site

@@ -234,6 +234,8 @@ LAZY_IMPORTS: dict[tuple[str, str], set[str]] = {
     ("gateway.app.cluster", "cluster_bus"): {"gateway.cluster.bus"},
     ("gateway.app.cluster", "session_records"): {"gateway.cluster.sessions"},
     ("gateway.app.cluster", "shared_logins"): {"gateway.cluster.logins"},
+    ("gateway.app.cluster", "shared_pins"): {"gateway.cluster.pins"},
+    ("gateway.app.cluster", "share_pins"): {"gateway.cluster.bus"},
     # auth: the callers' token checks, with PyJWT (and cryptography) under them.
     ("gateway.app.wiring", "make_authenticator"): {"gateway.caller_auth.authenticator"},
     # Tracing (an OTLP endpoint): the OpenTelemetry SDK and the span exporter built on it.
@@ -250,14 +252,24 @@ LAZY_IMPORTS: dict[tuple[str, str], set[str]] = {
     # --catalogs` turns tracing off with the API's no-op provider.
     ("gateway.telemetry.otel", "__init__"): {"gateway.telemetry.spans"},
     ("gateway.app.inventory", "inventory"): {"opentelemetry"},
+    ("gateway.app.inventory", "definitions"): {"opentelemetry"},
     # A backend's `auth:`: the OAuth client (its authorizer; per-user logins' desk).
     ("gateway.backend_auth.setup", "authorizer"): {
         "gateway.backend_auth.authorizer",
         "gateway.backend_auth.fetch",
         "gateway.backend_auth.store",
     },
+    # `connect` answered 401 at start: whether a login can begin (the OAuth client's discovery).
+    ("gateway.cli.startup", "login_problem"): {
+        "gateway.backend_auth.discovery",
+        "gateway.backend_auth.fetch",
+    },
     # tool_search: the index and its meta-tools, for a server that searches.
     ("gateway.core.dispatcher", "_search_with"): {"gateway.core.toolsearch"},
+    # hooks: the runner and its loader, for a backend with hooks; each built-in by its hooks.
+    ("gateway.app.wiring", "hooked"): {"gateway.hooks.load", "gateway.hooks.runner"},
+    ("gateway.app.wiring", "check_hooks"): {"gateway.hooks.load"},
+    ("gateway.hooks.load", "load"): {"gateway.hooks.redact", "gateway.hooks.limit"},
     ("gateway.app.wiring", "login_desk"): {
         "gateway.backend_auth.caller_check",
         "gateway.backend_auth.desk",
@@ -427,7 +439,7 @@ TOP_LEVEL = ["gateway"] + [
     f"gateway.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__init__"
 ]
 ANYIO_ONLY = TOP_LEVEL + [
-    m for layer in ("core", "app", "cluster", "telemetry", "demo") for m in in_layer(layer)
+    m for layer in ("core", "app", "cluster", "telemetry", "demo", "hooks") for m in in_layer(layer)
 ]
 
 # Who among them imports asyncio, and why anyio will not do there. Shrink it.

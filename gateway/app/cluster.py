@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from gateway.cluster.buckets import RedisBuckets
     from gateway.cluster.bus import RedisBus
     from gateway.cluster.logins import RedisLogins
+    from gateway.cluster.pins import RedisPins
     from gateway.cluster.sessions import RedisSessions
 
 
@@ -42,6 +43,38 @@ def cluster_bus(config: Config, stats: Stats) -> RedisBus | None:
     from gateway.cluster.bus import RedisBus
 
     return RedisBus(cluster.redis, cluster.redis_timeout, cluster.redis_retry_interval, stats)
+
+
+def shared_pins(config: Config) -> RedisPins | None:
+    """The cluster's pins (`pins:` with cluster.redis): the pin file's text in Redis."""
+    cluster = config.cluster
+    if config.pins is None or cluster is None or cluster.redis is None:
+        return None
+    from gateway.cluster.pins import RedisPins
+
+    return RedisPins(cluster.redis, cluster.redis_timeout)
+
+
+# The bus topic on which a replica (or `pins approve`) says the cluster's pins changed.
+PINS_TOPIC = "pins"
+
+
+async def share_pins(config: Config, text: bytes) -> bool | None:
+    """`pins record|approve` with cluster.redis: the new pin file's text into Redis, and every
+    replica told; None without a cluster (nothing to share), else whether Redis took it."""
+    shared = shared_pins(config)
+    if shared is None:
+        return None
+    from gateway.cluster.bus import RedisBus
+
+    cluster = config.cluster
+    assert cluster is not None and cluster.redis is not None
+    bus = RedisBus(cluster.redis, cluster.redis_timeout, cluster.redis_retry_interval, Stats())
+    try:
+        return await shared.write(text) and await bus.publish(PINS_TOPIC, {"changed": True})
+    finally:
+        await shared.close()
+        await bus.close()
 
 
 def session_records(config: Config, stats: Stats) -> RedisSessions | None:

@@ -27,6 +27,7 @@ from gateway.app.cluster import (
 )
 from gateway.app.errors import StartupError
 from gateway.app.observe import access_logger, open_audit, open_tap, tracer_provider
+from gateway.app.pins import watch
 from gateway.app.reload import (
     RELOADED,
     Reloaded,
@@ -34,6 +35,7 @@ from gateway.app.reload import (
     needs_restart,
     plan,
     record,
+    reload_problems,
     report,
     retire_all,
 )
@@ -49,6 +51,7 @@ from gateway.app.views import (
 from gateway.app.wiring import (
     Wired,
     build_stack,
+    log_prefixing,
     login_desk,
     make_authenticator,
     make_dispatcher,
@@ -106,8 +109,7 @@ class Gateway:
         tracing: trace.TracerProvider | None = None,
         stdio_server: str | None = None,
     ) -> None:
-        """`stdio_server`: the virtual server the stdio front end serves (`run --server`);
-        None: the merged server."""
+        """`stdio_server`: the virtual server the stdio front end serves (None: merged)."""
         self.config = config
         self.stdio_server = stdio_server
         self._observe(tracing)
@@ -124,6 +126,8 @@ class Gateway:
         self.dispatcher = make_dispatcher(config, self.backends, self.telemetry, limiters)
         for wired in self.wired:
             self._attach(wired)
+        # `pins:` (None: definitions served as sent): judged as each catalog loads.
+        self.pins = watch(config, self.dispatcher.catalogs, self.telemetry, self.audit, self.bus)
         # What each server's lists cost a model, kept current as catalogs change (a task each).
         self.budget = Budget()
         # `servers:`: a dispatcher each over the same backends (app/servers.py).
@@ -154,8 +158,7 @@ class Gateway:
         self.http_url: str | None = None
 
     def _observe(self, tracing: trace.TracerProvider | None) -> None:
-        """The metrics registry, the spans, the tap, the audit and access logs: what the data
-        path reports to (`telemetry`)."""
+        """What the data path reports to: metrics, spans, the tap, the audit and access logs."""
         config = self.config
         # What the metrics count from the start; their Prometheus side is made when first
         # asked for (`exposition`).
@@ -242,7 +245,9 @@ class Gateway:
     def _wire(self, config: BackendConfig) -> Wired:
         """One backend's layers, from its transport out to its bound."""
         overload = self.config.overload
-        return build_stack(config, overload, self.telemetry, self.shared_logins, self.logins)
+        return build_stack(
+            config, overload, self.telemetry, self.shared_logins, self.logins, self.config.hooks
+        )
 
     def _attach(self, wired: Wired) -> None:
         wired.layer.on_notification = self.dispatcher.backend_notification
@@ -306,6 +311,8 @@ class Gateway:
                 self._tg.start_soon(self.bus.run, name="cluster bus")
             if self.changes is not None:  # (cluster changes)
                 self._tg.start_soon(self.changes.run, name="cluster changes")
+            if self.pins is not None:
+                self._tg.start_soon(self.pins.run, name="pins")
             for wired in self.wired:
                 self._tg.start_soon(self._run_backend, wired, name=f"backend {wired.config.name}")
             catalogs = self.dispatcher.catalogs
@@ -360,22 +367,15 @@ class Gateway:
 
     def _check_reload(self, new: Config) -> None:
         """What the loader cannot know: whether the running process can serve the new config."""
-        if self.stdio_server is not None and self.stdio_server not in {s.name for s in new.servers}:
-            raise ConfigInvalid(
-                [f"{new.source}: servers.{self.stdio_server} is served on stdio (run --server)"]
-            )
-        if self.logins is None and login_desk(new, self.authenticator) is not None:
-            raise ConfigInvalid(
-                [
-                    f"{new.source}: a per_user backend needs the login desk, which is set up "
-                    "at start-up (with the listener's auth:): restart to add the first one"
-                ]
-            )
+        desk = self.logins is not None
+        if problems := reload_problems(new, self.stdio_server, desk, self.authenticator):
+            raise ConfigInvalid(problems)
 
     async def _apply(self, new: Config) -> Reloaded:
         assert self._tg is not None
         restart = needs_restart(self.config, new)
         steps = plan(self.wired, new.backends, self._wire)
+        log_prefixing(new, before=self.config)
         self.config = replace(self.config, **{name: getattr(new, name) for name in RELOADED})
         self.wired = steps.wired
         for w in steps.fresh:
@@ -402,6 +402,8 @@ class Gateway:
                 ", ".join(changed) or "none",
                 ", ".join(removed) or "none",
             )
+        if self.pins is not None:  # (the pin file read again: an approval taken up)
+            await self.pins.reload(new, self.config)
         for w in steps.fresh:
             self._tg.start_soon(self._run_backend, w, name=f"backend {w.config.name}")
         for name in loads:
@@ -448,6 +450,7 @@ class Gateway:
             servers=server_facts(self.budget),
             serving=self._serving,
             draining=self.draining,
+            held=self.pins.pinning.held() if self.pins is not None else None,
         )
 
     def _render_metrics(self, accept: str) -> tuple[bytes, str]:
@@ -504,7 +507,7 @@ class Gateway:
         except ssl.SSLError as exc:  # a key that does not match its certificate, say
             raise StartupError(f"listen.http.tls: cannot use the certificate: {exc}") from None
         except BindError as exc:
-            raise StartupError(f"listen.http: {exc}") from None
+            raise StartupError(f"listen.http: {exc}", in_use=exc.in_use) from None
         host = f"[{listen.host}]" if ":" in listen.host else listen.host
         self.http_url = f"{listen.scheme}://{host}:{port}{listen.path}"
 
@@ -512,7 +515,7 @@ class Gateway:
         self, dispatcher: Dispatcher, path: str, auth: Authenticator | None
     ) -> http_frontend.Endpoint:
         """A virtual server's endpoint: the listener's settings at its own path. Its legacy
-        sessions are this process's own, with or without a cluster (README, Virtual servers)."""
+        sessions are this process's own, cluster or not (docs/guides/virtual-servers.md)."""
         listen = self.config.listen.http
         assert listen is not None
         return http_frontend.Endpoint(dispatcher, replace(listen, path=path), auth=auth)

@@ -1,20 +1,24 @@
 """`check-config --catalogs`: start a config's backends with no front end, load their catalogs
 once, say what each server (the merged one, then each virtual server) lists and what that costs
-a model (core/budget.py), backend by backend, and stop them again.
+a model (core/budget.py), backend by backend, and stop them again. The same for `pins`: the
+pinned backends' definitions as they list them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import anyio
 
 from gateway.app.gateway import Gateway
 from gateway.config import Config, Listen
+from gateway.core import pins
 from gateway.core.budget import DEFAULT_SERVER, Budget
 from gateway.core.catalog import LOAD_TIMEOUT, Catalogs
 from gateway.routing.budget import KINDS, Cost
+from gateway.routing.table import CatalogData
 
 # Past the loads' own bound (LOAD_TIMEOUT each, all at once): the backends' start and stop.
 SLACK = 10.0
@@ -93,3 +97,42 @@ def describe_catalogs(servers: list[ServerCatalog]) -> str:
             what = _counts(b.costs) if b.costs is not None else f"not loaded: {why}"
             lines.append(f"    backend {b.name}: {what}")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Definitions:
+    """One backend's definitions as it lists them (pins' form), or why they are not known."""
+
+    name: str
+    found: pins.BackendPins | None
+    problem: str | None = None
+
+
+async def definitions(config: Config, only: Sequence[str] | None = None) -> list[Definitions]:
+    """`pins record|diff|approve`: the pinned backends' definitions (of `only`, if given) as
+    `run` would load them, unjudged by the pins, the backends stopped again."""
+    from opentelemetry import trace  # (no spans, whatever the config or environment says)
+
+    wanted = [
+        b
+        for b in config.backends
+        if config.pin_mode(b) is not None and (only is None or b.name in only)
+    ]
+    plain = replace(quiet(config), backends=tuple(wanted), servers=(), pins=None)
+    out: list[Definitions] = []
+    with anyio.fail_after(LOAD_TIMEOUT + SLACK):
+        async with Gateway(plain, tracing=trace.NoOpTracerProvider()) as gateway:
+            await gateway.catalogs_loaded.wait()
+            catalogs = gateway.dispatcher.catalogs
+            for backend in wanted:
+                data = catalogs.data(backend.name)
+                if data is None or catalogs.problem(backend.name) is not None:
+                    why = catalogs.problem(backend.name) or "no catalog"
+                    out.append(Definitions(backend.name, None, why))
+                    continue
+                out.append(Definitions(backend.name, pins.current(_lists(data))))
+    return out
+
+
+def _lists(data: CatalogData) -> dict[str, tuple[dict[str, Any], ...]]:
+    return {"tools": data.tools, "prompts": data.prompts, "resourceTemplates": data.templates}

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 from gateway.app.errors import StartupError
 from gateway.config import AuditConfig, Config, TapConfig
 from gateway.telemetry.audit import AuditLog
-from gateway.telemetry.otlp_settings import Settings
+from gateway.telemetry.otlp_settings import Settings, UnsupportedProtocol
+from gateway.telemetry.records import FILE_MODE
 from gateway.telemetry.tap import Tap
 
 if TYPE_CHECKING:
@@ -24,12 +25,16 @@ if TYPE_CHECKING:
 def tracer_provider(config: Config) -> tuple[TracerProvider, OtlpSpanProcessor] | None:
     """An SDK tracer provider whose spans the gateway exports itself (OTLP over HTTP,
     telemetry/otlp.py), when an endpoint is configured (in the config or the standard
-    OTEL_EXPORTER_OTLP_* variables) and OTEL_SDK_DISABLED is not set."""
+    OTEL_EXPORTER_OTLP_* variables) and OTEL_SDK_DISABLED is not set. A protocol it does not
+    speak (OTEL_EXPORTER_OTLP_PROTOCOL=grpc) stops the start."""
     if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return None
     endpoint = config.telemetry.otlp_endpoint
     traces_url = f"{endpoint.rstrip('/')}/v1/traces" if endpoint else None
-    settings = Settings.from_env(traces_url)
+    try:
+        settings = Settings.from_env(traces_url)
+    except UnsupportedProtocol as exc:
+        raise StartupError(str(exc)) from None
     if settings is None:
         return None
     # The SDK and the exporter only now: a gateway without tracing never loads them (0063).
@@ -67,6 +72,12 @@ def access_logger(config: Config) -> logging.Logger | None:
     logger.propagate = False  # one JSON line per request, not wrapped by the text log format
     logger.setLevel(logging.INFO)
     try:
+        if target != "stderr":
+            # The access log names callers, peers and tools: only the gateway's user may read
+            # it, as the tap and audit files (FileHandler would create it 0644 under the usual
+            # umask). An existing file keeps its mode: the operator's choice (a log shipper's
+            # group, say), as it is for the tap and the audit log.
+            os.close(os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE))
         handler: logging.Handler = (
             logging.StreamHandler(sys.stderr) if target == "stderr" else logging.FileHandler(target)
         )

@@ -17,6 +17,7 @@ import anyio
 import anyio.abc
 
 from gateway.app.gateway import Gateway
+from gateway.app.reach import MustReach
 from gateway.app.wiring import stdio_origin
 from gateway.config import Config
 from gateway.frontends.stdio import End, StdioFrontend, open_process_stdio
@@ -52,12 +53,15 @@ async def run(
     pid_file: Path | None = None,
     watch: Path | None = None,
     stdio_server: str | None = None,
+    must_reach: bool = False,
+    serving: Callable[[], None] | None = None,
 ) -> int:
     """Run until SIGINT/SIGTERM, or (with a stdio front end) until stdin closes or the client
     closes stdout. Either way open listen streams end with their completion result and
     in-flight requests get time to finish; a second signal cuts that short. With `load`,
     SIGHUP (and, with `watch`, a change to that file) reloads the config. Returns the exit
-    status: 0, or non-zero as `Stopping` says."""
+    status: 0, or non-zero as `Stopping` says. `must_reach`: a backend down at start stops it
+    (`Unreachable`, app/reach.py). `serving` is called once the gateway serves."""
     # The file as it was loaded (near enough: just after), so an edit made while the gateway
     # starts is a change too.
     stamp = await _stamp(watch) if watch is not None else None
@@ -68,7 +72,7 @@ async def run(
     # start-up errors in an exception group).
     with anyio.open_signal_receiver(signal.SIGHUP) as hangups, contextlib.ExitStack() as held:
         try:
-            served = Gateway(config, stdio_server=stdio_server)
+            served = (MustReach if must_reach else Gateway)(config, stdio_server=stdio_server)
             async with served as gateway, anyio.create_task_group() as tg:
                 settle_gc()
                 stdio = await _start_stdio(gateway, stopping, tg) if config.listen.stdio else None
@@ -79,6 +83,8 @@ async def run(
                     anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
                 )
                 stopping.watch(gateway, stdio, signals)
+                if serving is not None:
+                    serving()  # (signals are held: whoever reads its lines may send one)
                 if pid_file is not None:
                     # Written once SIGHUP reloads: whoever reads it may signal at once.
                     await anyio.Path(pid_file).write_text(f"{os.getpid()}\n")

@@ -5,14 +5,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import anyio
 
-from gateway.app.wiring import Wired
+from gateway.app.wiring import Wired, check_hooks, login_desk
 from gateway.config import BackendConfig, Config
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.ratelimit import RateLimiter
 from gateway.telemetry.api import Stats
+
+if TYPE_CHECKING:
+    from gateway.caller_auth.authenticator import Authenticator
 
 log = logging.getLogger("gateway")
 
@@ -149,3 +153,20 @@ async def retire(wired: Wired) -> None:
     wired.scope.cancel()
     await wired.stopped.wait()
     log.info("backend %s stopped (no longer in the config, or changed)", name)
+
+
+def reload_problems(
+    new: Config, stdio_server: str | None, desk: bool, authenticator: Authenticator | None
+) -> list[str]:
+    """What the loader cannot know: whether a running process can serve `new` (its stdio front
+    end's virtual server still there; a login desk only if it started with one; hooks that
+    load). `desk`: whether it did. Empty: it can."""
+    problems = check_hooks(new)
+    if stdio_server is not None and stdio_server not in {s.name for s in new.servers}:
+        problems.append(f"{new.source}: servers.{stdio_server} is served on stdio (run --server)")
+    if not desk and login_desk(new, authenticator) is not None:
+        problems.append(
+            f"{new.source}: a per_user backend needs the login desk, which is set up "
+            "at start-up (with the listener's auth:): restart to add the first one"
+        )
+    return problems

@@ -6,6 +6,7 @@ front end's origin.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -14,6 +15,7 @@ from urllib.parse import urlsplit
 import anyio
 
 from gateway import __version__, taskkey
+from gateway.app.errors import StartupError
 from gateway.backends import resilience
 from gateway.backends.base import Backend
 from gateway.backends.breaker import Breaker
@@ -32,11 +34,13 @@ from gateway.config import (
     AuthConfig,
     BackendConfig,
     Config,
+    ConfigInvalid,
     Namespacing,
     Overload,
     SseTarget,
     StdioTarget,
 )
+from gateway.config.describe import prefix_notices
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
 from gateway.core.fused import FusedBackend
 from gateway.core.instrument import InstrumentedBackend
@@ -57,7 +61,9 @@ if TYPE_CHECKING:
     from gateway.caller_auth.authenticator import Authenticator
     from gateway.cluster.buckets import RedisBuckets
     from gateway.cluster.logins import RedisLogins
+    from gateway.config.hooks import HookConfig
 
+log = logging.getLogger("gateway")
 INFO = GatewayInfo(name="mcp-gateway", version=__version__)
 
 
@@ -172,6 +178,15 @@ def make_exposure(config: BackendConfig) -> Exposure:
     )
 
 
+def log_prefixing(config: Config, before: Config | None = None) -> None:
+    """Say when `prefix: auto` prefixes a server's names (two backends or more): at start-up,
+    and on a reload that makes it so (adding a second backend renames the first's tools)."""
+    was = set(prefix_notices(before)) if before is not None else set()
+    for notice in prefix_notices(config):
+        if notice not in was:
+            log.info("%s", notice)
+
+
 def make_naming(config: Config) -> Naming:
     return naming_of(config.namespacing, len(config.backends))
 
@@ -224,11 +239,15 @@ def build_stack(
     telemetry: GatewayTelemetry,
     shared: RedisLogins | None,
     desk: LoginDesk | None,
+    hooks: tuple[HookConfig, ...] = (),
 ) -> Wired:
     """One backend's stack: the layers a request passes, top to bottom, each a
     `backends.base.Layer` over the next. A layer that would do nothing for this backend is
     left out; the others act on every backend.
 
+    0. `HookedBackend` (hooks/runner.py): the top-level `hooks` and the backend's own, on the
+       requests and results of the methods they see; above the bound, so a hook's time holds
+       no slot of the backend's. Only for a backend with hooks (its own or top-level ones).
     1. `BoundedBackend` (core/overload.py): the bound on requests in flight (`max_in_flight`);
        one refused there reaches nothing below (no span, no transport). Always: every backend
        has a bound, which a reload's drain and the in-flight gauge read too.
@@ -266,18 +285,69 @@ def build_stack(
         supervised=isinstance(transport, StdioBackend | IsolatedBackend),
     )
     breaker = Breaker(config.breaker) if config.breaker is not None else None
+    bound = Bound(BACKEND, config.name, config.max_in_flight, overload, stats.overloaded)
+    outer = top(config, telemetry, bound, guarded, breaker)
+    if hooks or config.hooks:
+        outer = hooked(outer, hooks, config, telemetry)
+    return Wired(config, transport, layer, health, guarded, bound, outer, breaker=breaker)
+
+
+def top(
+    config: BackendConfig,
+    telemetry: GatewayTelemetry,
+    bound: Bound,
+    guarded: Guarded,
+    breaker: Breaker | None,
+) -> Backend:
+    """Layers 1-4 of `build_stack` over the guard; fused into one frame (core/fused.py) where
+    the resilience layer is absent or plain, over their chain, which serves what it leaves out."""
     resilient = (
         resilience.Resilient(guarded, config, breaker) if resilience.needed(config) else None
     )
     instrumented = InstrumentedBackend(
         resilient if resilient is not None else guarded, telemetry, address(config)
     )
-    bound = Bound(BACKEND, config.name, config.max_in_flight, overload, stats.overloaded)
-    outer: Backend = BoundedBackend(instrumented, bound)
+    chain = BoundedBackend(instrumented, bound)
     if resilient is None or resilient.plain:
-        # 1-4 in one frame (core/fused.py); the chain above serves what it leaves out.
-        outer = FusedBackend(outer, bound, instrumented, resilient, guarded)
-    return Wired(config, transport, layer, health, guarded, bound, outer, breaker=breaker)
+        return FusedBackend(chain, bound, instrumented, resilient, guarded)
+    return chain
+
+
+def hooked(
+    inner: Backend,
+    top: tuple[HookConfig, ...],
+    config: BackendConfig,
+    telemetry: GatewayTelemetry,
+) -> Backend:
+    """The backend behind its hooks: top-level ones first, then its own. Imported here, once a
+    backend has hooks (and the built-ins only by the hooks that use them): a gateway without
+    hooks loads none of their code (0066)."""
+    from gateway.hooks.load import load_all
+    from gateway.hooks.runner import HookedBackend
+
+    try:
+        hooks = load_all(top, "hooks") + load_all(config.hooks, f"backends.{config.name}.hooks")
+    except ConfigInvalid as exc:  # (`check_hooks` found it first on a reload)
+        raise StartupError("; ".join(exc.problems)) from None
+    return HookedBackend(inner, hooks, telemetry.stats, telemetry.audit_events)
+
+
+def check_hooks(config: Config) -> list[str]:
+    """Whether every hook of `config` can be loaded (its module imported, its function found):
+    the problems, for `check-config` and a reload to refuse the config before it is used."""
+    if not config.hooks and not any(b.hooks for b in config.backends):
+        return []
+    from gateway.hooks.load import load_all
+
+    problems: list[str] = []
+    for hooks, where in [(config.hooks, "hooks")] + [
+        (b.hooks, f"backends.{b.name}.hooks") for b in config.backends
+    ]:
+        try:
+            load_all(hooks, where)
+        except ConfigInvalid as exc:
+            problems += [f"{config.source}: {p}" for p in exc.problems]
+    return problems
 
 
 def era_layer(
@@ -290,7 +360,8 @@ def era_layer(
         return transport
     # HTTP keeps a legacy session across requests: the era layer sees it through HttpSession.
     link = HttpSession(transport) if isinstance(transport, HttpBackend) else transport
-    return EraBackend(link, config, legacy_lane(transport, config, stats))
+    lane = legacy_lane(transport, config, stats) if config.legacy_lane else None
+    return EraBackend(link, config, lane)
 
 
 def login_gate(
@@ -322,6 +393,7 @@ def make_dispatcher(
     """The engine over the wired backends, with the limiters `rate_limiters` chose."""
     own, shared = limiters
     overload = config.overload
+    log_prefixing(config)
     return Dispatcher(
         backends,
         [make_exposure(b) for b in config.backends],

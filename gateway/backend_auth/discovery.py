@@ -20,7 +20,13 @@ from gateway.backend_auth.wire import (
 
 class DiscoveryFailed(Exception):
     """The backend's authorization server could not be found or trusted; the message says
-    which document and why."""
+    which document and why. `no_issuer`: nothing names one (pinning one would do); `detail`:
+    the message without what to do about it."""
+
+    def __init__(self, message: str, *, no_issuer: bool = False, detail: str = "") -> None:
+        super().__init__(message)
+        self.no_issuer = no_issuer
+        self.detail = detail or message
 
 
 @dataclass(frozen=True)
@@ -51,9 +57,9 @@ class ServerInfo:
 
 async def protected_resource(
     http: OAuthHttp, backend: str, challenge: Challenge | None
-) -> dict[str, Any] | None:
-    """The PRM: from the challenge's `resource_metadata` when there is one, else the
-    well-known locations in order; None when none answers with a document."""
+) -> tuple[str, dict[str, Any]] | None:
+    """The PRM and where it was found: from the challenge's `resource_metadata` when there is
+    one, else the well-known locations in order; None when none answers with a document."""
     urls = prm_urls(backend)
     if challenge is not None and challenge.resource_metadata:
         urls = [challenge.resource_metadata, *urls]
@@ -63,7 +69,7 @@ async def protected_resource(
         except FetchFailed:
             continue
         if reply.status == 200 and isinstance(reply.body, dict):
-            return reply.body
+            return url, reply.body
     return None
 
 
@@ -92,11 +98,15 @@ async def server_metadata(http: OAuthHttp, issuer: str) -> dict[str, Any]:
 async def discover(
     http: OAuthHttp, backend: str, challenge: Challenge | None, configured_issuer: str | None
 ) -> ServerInfo:
-    prm = await protected_resource(http, backend, challenge)
+    found = await protected_resource(http, backend, challenge)
     resource = canonical_resource(backend)
     supported: list[str] | None = None
     issuer = configured_issuer
-    if prm is not None:
+    # Why no issuer is known, should none be: the metadata's absence, or its silence.
+    missing = "no protected resource metadata found"
+    if found is not None:
+        where, prm = found
+        missing = f"its protected resource metadata ({where}) lists no authorization_servers"
         advertised = prm.get("resource")
         if not isinstance(advertised, str) or not resource_covers(advertised, backend):
             raise DiscoveryFailed(
@@ -120,9 +130,12 @@ async def discover(
         if isinstance(scopes, list) and all(isinstance(s, str) for s in scopes):
             supported = scopes
     if issuer is None:
+        # (connect's users pin it with a flag, a config's with its key: both are named)
+        detail = f"{backend} names no authorization server ({missing})"
         raise DiscoveryFailed(
-            f"{backend} names no authorization server (no protected resource metadata); "
-            "set auth.authorization_server"
+            f"{detail}; pin one with auth.authorization_server (connect: --authorization-server)",
+            no_issuer=True,
+            detail=detail,
         )
     metadata = await server_metadata(http, issuer)
     return ServerInfo(resource, issuer, metadata, supported)

@@ -8,12 +8,19 @@ under the era layer: each transport then keeps its own supervision, era probing 
 unchanged, and the choice is logged once. The question is a `server/discover`, which opens no
 session on a modern server; on anything but such a 404/405 (a reply, another status, no answer
 at all) the URL stays Streamable HTTP, whose backend then reports and retries as it always does.
+
+`examine` is the same question asked for `connect`'s start (cli/startup.py): it also returns the
+answer, with how a URL that gave none was not reached (refused, unknown host, TLS, no answer in
+time), and opens the HTTP+SSE stream when that is the transport (closed once its head is read),
+so that a wrong path is told before the gateway starts rather than retried.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
+from dataclasses import dataclass
 
 import aiohttp
 from multidict import CIMultiDict
@@ -58,18 +65,60 @@ def as_sse(config: BackendConfig) -> BackendConfig:
     return dataclasses.replace(config, target=sse, era="legacy")
 
 
-async def settle(config: BackendConfig) -> BackendConfig:
-    """`config` (a Streamable HTTP backend) as it is, or on HTTP+SSE if the server says so."""
+@dataclass(frozen=True)
+class Answer:
+    """What a URL answered one start-up question (`ask`): a status, with what a refusal says,
+    or, when nothing was answered, how it was not reached (`unreached`: refused, dns, tls,
+    timeout, other) and the reason in words."""
+
+    status: int | None = None
+    body: bytes = b""
+    content_type: str = ""
+    challenges: tuple[str, ...] = ()  # the WWW-Authenticate values of a 401/403
+    unreached: str | None = None
+    reason: str = ""
+
+    @property
+    def jsonrpc_error(self) -> bool:
+        reply = jsonrpc.decode(self.body) if self.body else None
+        return isinstance(reply, dict) and isinstance(reply.get("error"), dict)
+
+
+def _unreached(exc: BaseException) -> tuple[str, str]:
+    """How a URL was not reached, as a kind and the reason in words (no credential in it)."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "dns", str(exc.os_error.strerror or exc.os_error)
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return "tls", f"certificate not trusted: {exc.certificate_error}"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return "tls", str(exc.os_error.strerror or exc.os_error)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        if exc.os_error.errno == errno.ECONNREFUSED:
+            return "refused", "connection refused"
+        return "other", str(exc.os_error.strerror or exc.os_error)
+    if isinstance(exc, TimeoutError):
+        return "timeout", "no answer"
+    return "other", str(exc) or type(exc).__name__
+
+
+async def ask(config: BackendConfig, method: str = "POST") -> Answer:
+    """One start-up question to the backend's URL, within its connect timeout: the
+    `server/discover` POST of Streamable HTTP, or (GET) the opening of an HTTP+SSE stream,
+    which is closed as soon as its head is read."""
     url = web.target_url(config)
-    tls = web.ssl_context(config)
-    sent = CIMultiDict(
-        [
-            *web.fixed_headers(config),
-            ("Content-Type", "application/json"),
-            ("Accept", "application/json, text/event-stream"),
-            *headers.derive(PROBE).items(),
-        ]
-    )
+    fixed = web.fixed_headers(config)
+    if method == "POST":
+        sent = CIMultiDict(
+            [
+                *fixed,
+                ("Content-Type", "application/json"),
+                ("Accept", "application/json, text/event-stream"),
+                *headers.derive(PROBE).items(),
+            ]
+        )
+        data: bytes | None = jsonrpc.encode(PROBE)
+    else:
+        sent, data = CIMultiDict([*fixed, ("Accept", "text/event-stream")]), None
     within = config.connect_timeout
     try:
         async with (
@@ -77,32 +126,77 @@ async def settle(config: BackendConfig) -> BackendConfig:
                 config,
                 limit=1,
                 default_timeout=web.timeout(within, within),
-                tls=tls,
+                tls=web.ssl_context(config),
                 proxy=env_proxy(url, f"backend {config.name}"),
             ) as session,
-            session.post(
-                url, data=jsonrpc.encode(PROBE), headers=sent, allow_redirects=False
-            ) as resp,
+            session.request(method, url, data=data, headers=sent, allow_redirects=False) as resp,
         ):
-            status = resp.status
             body = bytearray()
-            while len(body) < MAX_PROBE_BODY and (
-                chunk := await resp.content.read(MAX_PROBE_BODY - len(body))
-            ):
+            # (an SSE stream's body never ends: its head is the answer)
+            while method == "POST" and len(body) < MAX_PROBE_BODY:
+                chunk = await resp.content.read(MAX_PROBE_BODY - len(body))
+                if not chunk:
+                    break
                 body += chunk
+            return Answer(
+                status=resp.status,
+                body=bytes(body),
+                content_type=resp.content_type,
+                challenges=tuple(resp.headers.getall("WWW-Authenticate", ())),
+            )
     except (aiohttp.ClientError, TimeoutError) as exc:
-        reason = web.failure(config.name, exc, within)
+        kind, reason = _unreached(exc)
+        return Answer(unreached=kind, reason=reason)
+
+
+async def examine(
+    config: BackendConfig, transport: str, *, open_stream: bool = True
+) -> tuple[BackendConfig, Answer]:
+    """`config` on the transport the URL speaks (`transport`: auto, http or sse; see
+    `settle`), and the answer that decided it: for HTTP+SSE, the stream's opening (with
+    `open_stream`; else the POST's refusal), so that a wrong path is known at once."""
+    if transport == "sse":
+        sse = as_sse(config)
+        return sse, await ask(sse, "GET")
+    url = web.target_url(config)
+    answer = await ask(config)
+    if transport != "auto":
+        return config, answer
+    if answer.unreached is not None:
         log.warning(
-            "backend %s: transport: Streamable HTTP (%s not reached: %s)", config.name, url, reason
+            "backend %s: transport: Streamable HTTP (%s not reached: %s)",
+            config.name,
+            url,
+            answer.reason,
         )
-        return config
-    if is_legacy_refusal(status, bytes(body)):
+        return config, answer
+    assert answer.status is not None
+    if is_legacy_refusal(answer.status, answer.body):
         log.info(
             "backend %s: transport: HTTP+SSE (2024-11-05); the POST to %s was answered HTTP %d",
             config.name,
             url,
-            status,
+            answer.status,
         )
-        return as_sse(config)
+        sse = as_sse(config)
+        return sse, await ask(sse, "GET") if open_stream else answer
     log.info("backend %s: transport: Streamable HTTP (%s)", config.name, url)
-    return config
+    return config, answer
+    assert answer.status is not None
+    if transport == "auto" and is_legacy_refusal(answer.status, answer.body):
+        log.info(
+            "backend %s: transport: HTTP+SSE (2024-11-05); the POST to %s was answered HTTP %d",
+            config.name,
+            url,
+            answer.status,
+        )
+        sse = as_sse(config)
+        return sse, await ask(sse, "GET") if open_stream else answer
+    log.info("backend %s: transport: Streamable HTTP (%s)", config.name, url)
+    return config, answer
+
+
+async def settle(config: BackendConfig) -> BackendConfig:
+    """`config` (a Streamable HTTP backend) as it is, or on HTTP+SSE if the server says so."""
+    settled, _ = await examine(config, "auto", open_stream=False)
+    return settled

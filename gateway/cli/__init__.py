@@ -2,7 +2,7 @@
 
 One module per group of commands: serving.py (a config file: run, reload, check-config,
 schema), single.py (one server, no config file: connect, expose), traffic.py (tap), logins.py
-(auth list, auth logout); common.py holds what they share.
+(auth list, auth logout), pins.py (pins record, diff, approve); common.py holds what they share.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ mimetypes.knownfiles = []
 import click  # noqa: E402
 
 from gateway import __version__  # noqa: E402
-from gateway.cli import logins, serving, single, traffic  # noqa: E402
+from gateway.cli import clientconfig, logins, pins, serving, single, traffic  # noqa: E402
 from gateway.cli.common import demo_config_path  # noqa: E402
 
 
@@ -40,5 +40,7 @@ main.add_command(serving.check_config)
 main.add_command(serving.schema)
 main.add_command(traffic.tap)
 main.add_command(logins.auth)
+main.add_command(clientconfig.client_config)
+main.add_command(pins.pins)
 
 __all__ = ["demo_config_path", "main"]

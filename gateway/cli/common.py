@@ -17,6 +17,7 @@ import anyio
 import click
 
 from gateway import app
+from gateway.cli.startup import PLAIN, HeldLogs, Wording, explain
 from gateway.config import (
     Config,
     ConfigInvalid,
@@ -86,17 +87,34 @@ def run_gateway(
     pid_file: Path | None = None,
     watch: Path | None = None,
     stdio_server: str | None = None,
+    *,
+    wording: Wording = PLAIN,
+    held: HeldLogs | None = None,
 ) -> None:
+    """Run until stopped; a start that fails is one line (`wording`: in the command's flags)
+    and exit status 2. `held`: the start's log lines, held until it is decided; with them the
+    gateway also must reach its backends before it serves (connect, expose without --wait)."""
     status = 0
     try:
         with contextlib.suppress(KeyboardInterrupt):
             run = functools.partial(
-                app.run, load=reload, pid_file=pid_file, watch=watch, stdio_server=stdio_server
+                app.run,
+                load=reload,
+                pid_file=pid_file,
+                watch=watch,
+                stdio_server=stdio_server,
+                must_reach=held is not None,
+                serving=held.pass_on if held is not None else None,
             )
             status = anyio.run(run, config, backend_options=_loop_options())
     except app.StartupError as exc:
-        error(str(exc))
+        if held is not None:
+            held.discard()
+        error(explain(exc, wording))
         sys.exit(2)
+    finally:
+        if held is not None:
+            held.pass_on()  # (stopped while starting: what it logged is still worth seeing)
     if status:
         sys.exit(status)  # (a second signal cut the shutdown short, or replies were lost)
 

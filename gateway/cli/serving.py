@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -27,6 +28,7 @@ from gateway.cli.common import (
     run_gateway,
     setup_logging,
 )
+from gateway.cli.startup import Wording
 from gateway.config import (
     Config,
     describe,
@@ -37,13 +39,26 @@ from gateway.config import (
 from gateway.config.schema import schema_text
 
 
-def _loader(path: Path, mcp_json: Path | None) -> Callable[[], Config]:
+def _listening(config: Config, host: str | None, port: int | None) -> Config:
+    """The config with `run --host/--port` in place of its listen.http address."""
+    http = config.listen.http
+    if (host is None and port is None) or http is None:
+        return config
+    http = replace(http, host=http.host if host is None else host)
+    http = replace(http, port=http.port if port is None else port)
+    return replace(config, listen=replace(config.listen, http=http))
+
+
+def _loader(
+    path: Path, mcp_json: Path | None, host: str | None = None, port: int | None = None
+) -> Callable[[], Config]:
     """How a reload reads the config again: the same files `run` read, the environment as it
-    is then; a problem is `ConfigInvalid` (the running gateway logs it and keeps its config)."""
+    is then, the same --host/--port; a problem is `ConfigInvalid` (the running gateway logs it
+    and keeps its config)."""
 
     def load_again() -> Config:
         extra = load_mcp_json(mcp_json) if mcp_json is not None else ()
-        return load(path, config_env(), extra)
+        return _listening(load(path, config_env(), extra), host, port)
 
     return load_again
 
@@ -51,6 +66,17 @@ def _loader(path: Path, mcp_json: Path | None) -> Callable[[], Config]:
 @click.command()
 @config_option
 @mcp_json_option
+@click.option(
+    "--host",
+    help="Address the MCP HTTP listener binds, instead of the config's listen.http.host "
+    "(0.0.0.0: every interface).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    help="Port of the MCP HTTP listener, instead of the config's listen.http.port (0: any "
+    "free one).",
+)
 @pid_file_option
 @click.option(
     "--watch",
@@ -70,6 +96,8 @@ def _loader(path: Path, mcp_json: Path | None) -> Callable[[], Config]:
 def run(
     config_path: Path | None,
     mcp_json: Path | None,
+    host: str | None,
+    port: int | None,
     pid_file: Path | None,
     watch: bool,
     server: str | None,
@@ -77,7 +105,7 @@ def run(
     log_format: str,
 ) -> None:
     """Run the front ends and backends a config names, until SIGINT/SIGTERM. SIGHUP (or
-    `reload`) reads the config again: README "Reloading the config".
+    `reload`) reads the config again: see docs/operations/reload.md.
 
     Several backends are merged into one server: their tools, prompts and resources are
     namespaced (`{backend}_{name}`, URIs as `mcp-gateway://{backend}/{uri}`, `ui://` ones as
@@ -86,6 +114,11 @@ def run(
     setup_logging(log_level, log_format.lower())
     path, extra = inputs(config_path, mcp_json)
     config = load_or_exit(path, extra)
+    if (host is not None or port is not None) and config.listen.http is None:
+        raise click.UsageError(
+            f"--host/--port set the HTTP listener's address, and {path} has none: add listen.http"
+        )
+    config = _listening(config, host, port)
     if server is not None:
         names = [s.name for s in config.servers]
         if server not in names:
@@ -93,11 +126,18 @@ def run(
             raise click.UsageError(f"--server {server}: no such virtual server (servers: {known})")
         if not config.listen.stdio:
             raise click.UsageError("--server serves a virtual server on stdio: set listen.stdio")
-    run_gateway(config, _loader(path, extra), pid_file, path if watch else None, server)
+    wording = Wording(port=f"--port {port}" if port is not None else None)
+    load_again = _loader(path, extra, host, port)
+    run_gateway(config, load_again, pid_file, path if watch else None, server, wording=wording)
 
 
 @click.command()
-@pid_file_option
+@click.option(
+    "--pid-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Read the running gateway's process id from this file (the one its `run --pid-file` "
+    "wrote).",
+)
 @click.option("--pid", type=int, help="The running gateway's process id.")
 def reload(pid_file: Path | None, pid: int | None) -> None:
     """Make a running gateway read its config again (sends it SIGHUP). What was applied, or
@@ -151,8 +191,8 @@ def _is_mcp_json(path: Path) -> bool:
     is_flag=True,
     help="Also start the backends (no listener), load their catalogs, print for each server "
     "(the merged one and each virtual server) its backends' tools, prompts, resources and "
-    'templates with the tokens showing them costs a model (README "Context budget"), and stop '
-    "them; exit 1 if a catalog did not load.",
+    "templates with the tokens showing them costs a model (docs/guides/context-budget.md), and "
+    "stop them; exit 1 if a catalog did not load.",
 )
 def check_config(
     path: Path | None, config_path: Path | None, mcp_json: Path | None, catalogs: bool
@@ -169,6 +209,10 @@ def check_config(
         else:
             config_path = path
     config = load_or_exit(*inputs(config_path, mcp_json))
+    if problems := app.check_hooks(config):  # (imports the hooks' modules, as `run` would)
+        for problem in problems:
+            error(problem)
+        sys.exit(2)
     summary = describe(config)
     if config_path is None and mcp_json is not None:  # not the bundled listen-only file's name
         _, _, rest = summary.partition("\n")

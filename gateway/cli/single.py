@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from pathlib import Path
+from typing import NoReturn
 
 import anyio
 import click
@@ -19,6 +22,7 @@ from gateway.cli.common import (
     run_gateway,
     setup_logging,
 )
+from gateway.cli.startup import HeldLogs, Wording, first_answer
 from gateway.config import (
     BackendAuth,
     BackendConfig,
@@ -27,11 +31,20 @@ from gateway.config import (
     HttpListen,
     HttpTarget,
     Listen,
+    Root,
     StdioTarget,
     default_connect_timeout,
 )
 from gateway.config.credentials import CLIENT_ASSERTION_ALGORITHMS, CLIENT_AUTH_METHODS
-from gateway.config.naming import backend_name
+from gateway.config.model import ISOLATIONS
+from gateway.config.naming import backend_name, package_json
+
+wait_option = click.option(
+    "--wait",
+    is_flag=True,
+    help="Start even if the server cannot be reached yet, and retry in the background "
+    "(without it: one line and exit status 2).",
+)
 
 
 def _parse_header(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
@@ -110,6 +123,7 @@ def _parse_header(_: click.Context, __: click.Parameter, values: tuple[str, ...]
 )
 @click.option("--no-store", is_flag=True, help="Keep the login in memory only, not on disk.")
 @click.option("--no-browser", is_flag=True, help="Do not open a browser; only log the login URL.")
+@wait_option
 @log_level
 @log_format
 def connect(
@@ -129,6 +143,7 @@ def connect(
     redirect_port: int,
     no_store: bool,
     no_browser: bool,
+    wait: bool,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -140,6 +155,10 @@ def connect(
     A server that asks for a login (401) gets one, as mcp-remote does: the browser opens on
     the authorization server's page, the redirect comes back to 127.0.0.1, and the tokens are
     kept under $XDG_STATE_HOME/mcp-gateway for next time (`auth list`, `auth logout`).
+
+    A server that cannot be reached at start (nothing listening, a wrong path, a token it
+    wants and no login possible) ends the command with one line and status 2; --wait starts
+    anyway and retries in the background.
     """
     setup_logging(log_level, log_format.lower())
     if authorization_server and (why := outbound_problem(authorization_server)):
@@ -173,16 +192,39 @@ def connect(
         request_timeout=request_timeout,
         auth=auth,
     )
+    held = None if wait else HeldLogs()
     try:
-        if transport == "sse":
-            backend = fallback.as_sse(backend)
-        elif transport == "auto":
-            backend = anyio.run(fallback.settle, backend)
+        if wait:
+            if transport == "sse":
+                backend = fallback.as_sse(backend)
+            elif transport == "auto":
+                backend = anyio.run(fallback.settle, backend)
+        else:
+            token = any(name.lower() == "authorization" for name in headers)
+            ask = functools.partial(first_answer, backend, transport, token=token)
+            backend, line = anyio.run(ask)
+            if line is not None:
+                _stop(held, line)
     except ConfigInvalid as exc:
+        if held is not None:
+            held.discard()
         for problem in exc.problems:
             error(str(problem))
         sys.exit(2)
-    run_gateway(Config(listen=Listen(stdio=True), backends=(backend,), source="connect"))
+    except KeyboardInterrupt:  # (Ctrl-C while the URL is asked: no traceback)
+        if held is not None:
+            held.discard()
+        sys.exit(130)
+    config = Config(listen=Listen(stdio=True), backends=(backend,), source="connect")
+    run_gateway(config, wording=Wording(url=url), held=held)
+
+
+def _stop(held: HeldLogs | None, line: str) -> NoReturn:
+    """A start that cannot be: its one line (what was logged so far is dropped), status 2."""
+    if held is not None:
+        held.discard()
+    error(line)
+    sys.exit(2)
 
 
 def _parse_env(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
@@ -213,7 +255,26 @@ def _parse_env(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -
     type=click.Path(exists=True, file_okay=False),
     help="Directory to start the server in (default: the current one).",
 )
+@click.option(
+    "--isolation",
+    type=click.Choice(ISOLATIONS),
+    default="shared",
+    show_default=True,
+    help="per_session: a child of its own for each client (a legacy session, or a caller by "
+    "its Authorization header), for servers that keep state per client; shared: one child "
+    "for every client.",
+)
+@click.option(
+    "--roots",
+    "roots",
+    multiple=True,
+    type=click.Path(exists=True, path_type=Path),
+    metavar="PATH",
+    help="A directory the gateway answers the server's roots/list with when no client's "
+    "roots can be asked (repeatable).",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@wait_option
 @log_level
 @log_format
 def expose(
@@ -223,7 +284,10 @@ def expose(
     request_timeout: float,
     env: dict[str, str],
     cwd: str | None,
+    isolation: str,
+    roots: tuple[Path, ...],
     command: tuple[str, ...],
+    wait: bool,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -234,17 +298,28 @@ def expose(
 
     The server inherits this command's environment, as it would when run from the same shell.
     Its backend is named after the server, not the launcher (`npx -y @scope/server-x` is
-    `server-x`, `python server.py` is `server`).
+    `server-x`, `node .../server-x/dist/index.js` is its package.json's name, `python
+    server.py` is `server`).
+
+    A server that does not start (command not found, exits at once) ends the command with one
+    line, its stderr's last lines in it, and status 2; --wait starts anyway and retries in the
+    background.
     """
     setup_logging(log_level, log_format.lower())
     target = StdioTarget(
         command=command[0], args=tuple(command[1:]), env=env, cwd=cwd, inherit_env=True
     )
     backend = BackendConfig(
-        name=backend_name(command),
+        name=backend_name(command, package_json(cwd)),
         target=target,
         request_timeout=request_timeout,
         connect_timeout=default_connect_timeout(target),
+        isolation=isolation,
+        roots=tuple(Root(uri=p.resolve().as_uri()) for p in roots),
     )
     listen = Listen(http=HttpListen(host=host, port=port, path=path))
-    run_gateway(Config(listen=listen, backends=(backend,), source="expose"))
+    wording = Wording(port=f"--port {port}", command=command)
+    held = None if wait else HeldLogs()
+    run_gateway(
+        Config(listen=listen, backends=(backend,), source="expose"), wording=wording, held=held
+    )

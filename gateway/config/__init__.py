@@ -19,8 +19,8 @@ import yaml
 from gateway.config import auth as auth_section
 from gateway.config import backends as backends_section
 from gateway.config import cluster as cluster_section
+from gateway.config import hook_loader, keys, pins_loader, search_loader
 from gateway.config import http as http_sections
-from gateway.config import keys, search_loader
 from gateway.config import limits as limit_sections
 from gateway.config import policy as policy_sections
 from gateway.config import servers as server_sections
@@ -34,6 +34,7 @@ from gateway.config.credentials import (
     Introspection,
 )
 from gateway.config.describe import describe
+from gateway.config.hooks import HookConfig
 from gateway.config.listeners import (
     DEFAULT_ADMIN_PORT,
     DEFAULT_HTTP_HOST,
@@ -192,11 +193,16 @@ def parse(
         auth=auth_section.auth(check, top.get("auth"), listen.http),
         cluster=cluster_section.cluster(check, top.get("cluster"), lambda p: _beside(source, p)),
         tool_search=search_loader.tool_search(check, top.get("tool_search")),
+        pins=pins_loader.pins(check, top.get("pins"), lambda p: _beside(source, p)),
         task_key_file=_task_key_file(check, top.get("tasks"), source),
+        hooks=hook_loader.hooks(check, top.get("hooks"), ("hooks",)),
         servers=server_sections.servers(
             check, top.get("servers"), backends, listen.http, listen.stdio
         ),
     )
+    for backend in config.backends:
+        if backend.pins is not None and config.pins is None:
+            reader.problem(("backends", backend.name, "pins"), "needs the top-level pins:")
     if config.auth is None:
         for server in config.servers:
             if server.auth is not None:
@@ -227,12 +233,38 @@ def yaml_syntax_error(source: str, exc: yaml.YAMLError) -> str:
     and spans several lines, quoting the source)."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+    value = _unquoted_variable(mark) if mark is not None else None
+    if mark is not None and value is not None:
+        return (
+            f"{source}:{mark.line + 1}:{mark.column}: quote a ${{VAR}} inside {{...}} or [...]:"
+            f' write "{value}" (unquoted, YAML reads its {{ as the start of a mapping)'
+        )
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     context = getattr(exc, "context", None)
     context_mark = getattr(exc, "context_mark", None)
     if context and context_mark is not None and context_mark is not mark:
         problem += f" ({context} that starts at {context_mark.line + 1}:{context_mark.column + 1})"
     return f"{where}: not valid YAML: {problem}"
+
+
+# The rest of the plain value after a `${`: on to the next `,`, `}`, `]` or the line's end.
+_VARIABLE = re.compile(r"\$\{[^}\s]*\}?[^,}\]\n]*")
+
+
+def _unquoted_variable(mark: Any) -> str | None:
+    """The plain value holding a `${VAR}` where YAML choked on its `{` (a plain scalar inside a
+    flow mapping or sequence ends at `{`, which the flow reads as a nested mapping; issue 36)."""
+    buffer, pointer = getattr(mark, "buffer", None), getattr(mark, "pointer", None)
+    if not isinstance(buffer, str) or not isinstance(pointer, int) or pointer < 1:
+        return None
+    found = _VARIABLE.match(buffer, pointer - 1)
+    if found is None:
+        return None
+    # Its start: after the flow's `{`, `[` or `,`, or a key's `: `, on the same line.
+    head = buffer[buffer.rfind("\n", 0, pointer - 1) + 1 : pointer - 1]
+    for stop in ("{", "[", ",", ": "):
+        head = head.rpartition(stop)[2]
+    return (head + found.group()).strip()
 
 
 def _beside(source: str, relative: str) -> Path:
@@ -354,6 +386,7 @@ __all__ = [
     "Config",
     "ConfigInvalid",
     "ConfiguredIdentity",
+    "HookConfig",
     "HttpListen",
     "HttpTarget",
     "Introspection",

@@ -76,9 +76,13 @@ class PolicyTarget:
 @dataclass(frozen=True)
 class PolicyWhen:
     """Which callers a rule is for; every condition given must hold. Scopes and claims: all of
-    them; subjects and clients: any of them."""
+    them; subjects and clients: any of them; missing scopes: one of them is enough (the caller
+    does not hold all of them: an anonymous caller holds none)."""
 
     scopes: tuple[str, ...] = key("strings", "The caller holds all of these scopes.", ())
+    missing_scopes: tuple[str, ...] = key(
+        "strings", "The caller lacks one or more of these scopes (anonymous: lacks all).", ()
+    )
     subjects: tuple[str, ...] = key("strings", "The caller's subject is one of these.", ())
     clients: tuple[str, ...] = key("strings", "The caller's client id is one of these.", ())
     claims: Mapping[str, str] = key(

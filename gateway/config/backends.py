@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import backend_auth as backend_auth_section
+from gateway.config import hook_loader, keys, pins_loader, resilience
 from gateway.config import http as http_sections
-from gateway.config import keys, resilience
 from gateway.config import roots as root_sections
 from gateway.config.model import (
     _NAME,
@@ -79,6 +79,7 @@ def backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None:
         name=name,
         target=target,
         era="legacy" if kinds[0] == "sse" else era,
+        legacy_lane=c.field(body, path, "legacy_lane", t["legacy_lane"]),
         namespace=namespace,
         allow_tools=c.field(tools, path + ("tools",), "allow", tt["allow"]),
         deny_tools=c.field(tools, path + ("tools",), "deny", tt["deny"]),
@@ -103,6 +104,8 @@ def backend(c: _Check, name: str, raw: Any, base: Path) -> BackendConfig | None:
         tool_timeouts=resilience.tool_timeouts(c, body.get("tools"), path + ("tools",)),
         retries=resilience.retries(c, body.get("retries"), path + ("retries",)),
         breaker=resilience.breaker(c, body.get("breaker"), path + ("breaker",)),
+        pins=pins_loader.backend_pins(c, body.get("pins"), path + ("pins",)),
+        hooks=hook_loader.hooks(c, body.get("hooks"), path + ("hooks",)),
     )
 
 

@@ -5,6 +5,7 @@ secret (this output is pasted into tickets).
 from __future__ import annotations
 
 from gateway.config.credentials import AuthConfig, ClusterConfig, redacted_url
+from gateway.config.hooks import HookConfig
 from gateway.config.model import Config, HttpTarget, SseTarget, StdioTarget
 from gateway.config.operations import AUDIT_STDERR
 from gateway.config.search import ToolSearchConfig
@@ -27,10 +28,13 @@ def describe(config: Config) -> str:
         f"  namespacing  prefix={n.prefix} separator={n.separator!r} max={n.max_name_length}"
         f"  on backend failure: {config.on_backend_failure}"
     )
+    lines.extend(f"  note: {notice}" for notice in prefix_notices(config))
     for b in config.backends:
         if b.namespace:
             lines.append(f"  backend {b.name}: namespace {b.namespace}")
         era = "" if b.era == "auto" else f" (era {b.era})"
+        if not b.legacy_lane and b.era != "legacy":
+            era += " (legacy clients on the modern session)"
         if isinstance(b.target, StdioTarget):
             cmd = " ".join([b.target.command, *b.target.args])
             each = (
@@ -47,6 +51,8 @@ def describe(config: Config) -> str:
             lines.append(f"  backend {b.name}: {kind} {where}{era}")
         if b.roots:
             lines.append(f"  backend {b.name}: roots {' '.join(r.uri for r in b.roots)}")
+        if b.hooks:
+            lines.append(f"  backend {b.name}: hooks {_hooks(b.hooks)} (after the top-level)")
     t = config.telemetry
     lines.append(
         f"  telemetry    service={t.service_name} traces={t.otlp_endpoint or 'off'}"
@@ -55,6 +61,16 @@ def describe(config: Config) -> str:
     )
     if config.tool_search.enabled:
         lines.append(describe_search(config.tool_search))
+    if config.pins is not None:
+        own = [
+            f"{b.name} {b.pins.on_change}" for b in config.backends if b.pins and b.pins.on_change
+        ]
+        others = f" (backends: {', '.join(own)})" if own else ""
+        lines.append(
+            f"  pins         {config.pins.file}, on change {config.pins.on_change}{others}"
+        )
+    if config.hooks:
+        lines.append(f"  hooks        {_hooks(config.hooks)}")
     if config.policy is not None:
         p = config.policy
         lines.append(f"  policy       default {p.default}, rules: {len(p.rules)}")
@@ -72,6 +88,42 @@ def describe(config: Config) -> str:
     lines.extend(_limit_lines(config))
     lines.extend(describe_servers(config))
     return "\n".join(lines)
+
+
+def prefix_notices(config: Config) -> list[str]:
+    """One line per server whose names `prefix: auto` prefixes (two backends or more): a
+    second backend renames the first one's tools, which nothing else would tell (issue 36)."""
+    notices = []
+    n = config.namespacing
+    if n.prefix == "auto" and len(config.backends) > 1:
+        example = config.backends[0].effective_namespace
+        notices.append(
+            _prefix_notice(len(config.backends), example, n.separator, "namespacing: {prefix: ")
+        )
+    for s in config.servers:
+        own = s.namespacing or n
+        if own.prefix == "auto" and len(s.backends) > 1:
+            where = f"servers.{s.name}.namespacing: {{prefix: "
+            first = s.backends[0]
+            base = next((b for b in config.backends if b.name == first.name), None)
+            example = first.namespace or (base.effective_namespace if base else first.name)
+            notice = _prefix_notice(len(s.backends), example, own.separator, where)
+            notices.append(f"server {s.name}: {notice}")
+    return notices
+
+
+def _prefix_notice(count: int, namespace: str, separator: str, key: str) -> str:
+    return (
+        f"{count} backends under prefix auto, so each tool and prompt is offered as "
+        f"NAMESPACE{separator}NAME ({namespace}'s `search` as `{namespace}{separator}search`); "
+        f"pin `{key}always}}` to keep them so as backends come and go, or `{key}never}}` "
+        "for the servers' own names"
+    )
+
+
+def _hooks(hooks: tuple[HookConfig, ...]) -> str:
+    """Each hook in its order: its name, when it runs, and what fails it closed or open."""
+    return ", ".join(f"{h.use} (on {h.on}, {h.timeout:g}s, on_error {h.on_error})" for h in hooks)
 
 
 def describe_servers(config: Config) -> list[str]:

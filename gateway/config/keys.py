@@ -29,6 +29,7 @@ from gateway.config.access import (
     PolicyWhen,
 )
 from gateway.config.credentials import ApiKey, AuthConfig, BackendAuth, ClusterConfig, Introspection
+from gateway.config.hooks import HookConfig
 from gateway.config.key import Key, keys_of
 from gateway.config.listeners import (
     AdminListen,
@@ -59,6 +60,7 @@ from gateway.config.operations import (
     TapConfig,
     TelemetryConfig,
 )
+from gateway.config.pins import BackendPins, PinsConfig
 from gateway.config.search import ToolSearchConfig
 from gateway.config.virtual import ServerAuth, ServerBackend, ServerConfig
 
@@ -168,6 +170,9 @@ SECTIONS: dict[str, dict[str, Key]] = {
     "tasks": keys_of(Config, "tasks"),
     "api_key": keys_of(ApiKey),
     "tool_search": keys_of(ToolSearchConfig),
+    "pins": keys_of(PinsConfig),
+    "backend_pins": keys_of(BackendPins),
+    "hook": keys_of(HookConfig),
     "server": keys_of(ServerConfig),
     "server_backend": keys_of(ServerBackend),
     "server_auth": keys_of(ServerAuth),

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from gateway.config.access import PolicyConfig
 from gateway.config.credentials import AuthConfig, BackendAuth, ClusterConfig
+from gateway.config.hooks import HookConfig
 from gateway.config.key import NAME_PATTERN, PEM, URL_PATTERN, key
 from gateway.config.listeners import (
     DEFAULT_MAX_HEADER_BYTES,
@@ -24,6 +25,7 @@ from gateway.config.operations import (
     TapConfig,
     TelemetryConfig,
 )
+from gateway.config.pins import BackendPins, PinsConfig
 from gateway.config.search import ToolSearchConfig
 from gateway.config.virtual import ServerConfig
 
@@ -227,7 +229,7 @@ ERAS = ("auto", "modern", "legacy")
 ISOLATIONS = ("shared", "per_session")
 
 
-# Resilience per backend (README "Per-tool timeouts, safe retries and circuit breakers"):
+# Resilience per backend (docs/behaviour/backends.md, "Timeouts, retries and circuit breakers"):
 # requests that cannot have effects are tried up to 3 times in all, 0.1 s apart doubling to 2 s;
 # a breaker, when on, opens after 5 failures within 30 s and lets a probe through after 10 s.
 DEFAULT_RETRY_ATTEMPTS = 3
@@ -276,6 +278,16 @@ class BackendConfig:
     target: Target
     era: str = key(
         "string", "auto probes; modern or legacy pins the protocol era.", "auto", choices=ERAS
+    )
+    # Legacy clients of a server that speaks both eras get legacy sessions of their own (stdio:
+    # on a second process, since a stdio connection keeps the era of its first request);
+    # false: they are served on the modern one, one process and one in-memory state, without
+    # the server's own requests during a call (docs/guides/dual-era.md).
+    legacy_lane: bool = key(
+        "boolean",
+        "Legacy clients of a server of both eras get legacy sessions (stdio: a second "
+        "process); false: they share the modern one (one in-memory state).",
+        True,
     )
     connect_timeout: float = key(
         "number",
@@ -375,6 +387,20 @@ class BackendConfig:
         factory=dict,
         at="tool.timeout",
     )
+    # Its own pins.on_change (None: the top-level pins:'s, or not pinned without one).
+    pins: BackendPins | None = key(
+        "section",
+        "This backend's tool-definition pinning (needs the top-level pins:).",
+        None,
+        section="backend_pins",
+    )
+    # The hooks of this backend's requests and results, after the top-level ones (hooks.md).
+    hooks: tuple[HookConfig, ...] = key(
+        "section_list",
+        "Hooks its requests and results pass through, after the top-level ones.",
+        (),
+        section="hook",
+    )
 
     @property
     def effective_namespace(self) -> str:
@@ -388,7 +414,10 @@ FAILURE_POLICIES = ("fail_open", "fail_closed")
 @dataclass(frozen=True)
 class Namespacing:
     prefix: str = key(
-        "string", "auto prefixes only when names collide.", "auto", choices=PREFIX_MODES
+        "string",
+        "auto prefixes names once there are two backends or more; always or never pins it.",
+        "auto",
+        choices=PREFIX_MODES,
     )
     separator: str = key(
         "string", "Between namespace and name.", "_", pattern=r"^[A-Za-z0-9_.-]{1,3}$"
@@ -481,6 +510,14 @@ class Config:
         None,
         section="cluster",
     )
+    # Tool-definition pinning (None: definitions are served as the backends send them).
+    pins: PinsConfig | None = key(
+        "section",
+        "Pin each backend's tool, prompt and template definitions to a file; a changed one is "
+        "blocked, warned of or allowed (on_change).",
+        None,
+        section="pins",
+    )
     # The key file signing task ids without cluster.secrets (tasks.key_file, absolute); None:
     # the default path (gateway/taskkey.py).
     task_key_file: str | None = key(
@@ -490,3 +527,18 @@ class Config:
         None,
         at="tasks.key_file",
     )
+    # Hooks every backend's requests and results pass through (each backend's own after them).
+    hooks: tuple[HookConfig, ...] = key(
+        "section_list",
+        "Python functions that see, change or refuse requests and results "
+        "(docs/trusting-tools/hooks.md).",
+        (),
+        section="hook",
+    )
+
+    def pin_mode(self, backend: BackendConfig) -> str | None:
+        """What a changed definition of this backend gets (None: it is not pinned)."""
+        if self.pins is None:
+            return None
+        own = backend.pins.on_change if backend.pins is not None else None
+        return own or self.pins.on_change

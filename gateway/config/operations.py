@@ -79,6 +79,14 @@ class TapConfig:
         DEFAULT_TAP_MAX_MESSAGE_BYTES,
         minimum=1,
     )
+    # The redact hook's table (gateway/sensitive.py) over every string recorded, as well as the
+    # paths above: a recording of results that may hold credentials or personal data.
+    redact_secrets: bool = key(
+        "boolean",
+        "Also replace secrets and personal data found in any string (the redact hook's "
+        "patterns: docs/trusting-tools/hooks.md).",
+        False,
+    )
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,13 @@ _SCOPE = re.compile(r"[\x21\x23-\x5B\x5D-\x7E]+")
 _POINTER = re.compile(r"(/([^~/]|~[01])*)*")
 
 
-def _scopes(c: _Check, body: dict[str, Any], path: tuple[str, ...], key: Key) -> tuple[str, ...]:
-    scopes: tuple[str, ...] = c.field(body, path, "scopes", key)
+def _scopes(
+    c: _Check, body: dict[str, Any], path: tuple[str, ...], key: Key, name: str = "scopes"
+) -> tuple[str, ...]:
+    scopes: tuple[str, ...] = c.field(body, path, name, key)
     for i, scope in enumerate(scopes):
         if not _SCOPE.fullmatch(scope):
-            c.r.problem(path + ("scopes", str(i)), "is not a scope (no spaces, quotes or \\)")
+            c.r.problem(path + (name, str(i)), "is not a scope (no spaces, quotes or \\)")
     return scopes
 
 
@@ -179,4 +181,12 @@ def _when(c: _Check, raw: Any, path: tuple[str, ...]) -> PolicyWhen:
     body = c.mapping(raw, path, keys.names("policy_when"))
     t = keys.table("policy_when")
     scopes = _scopes(c, body, path, t["scopes"])
-    return PolicyWhen(scopes=scopes, **c.scalars(body, path, PolicyWhen, skip={"scopes"}))
+    missing = _scopes(c, body, path, t["missing_scopes"], "missing_scopes")
+    if missing and set(missing) <= set(scopes):
+        # (holding them all and lacking one of them: a rule that never applies)
+        c.r.problem(path + ("missing_scopes",), "names only scopes `scopes` asks for: never met")
+    return PolicyWhen(
+        scopes=scopes,
+        missing_scopes=missing,
+        **c.scalars(body, path, PolicyWhen, skip={"scopes", "missing_scopes"}),
+    )

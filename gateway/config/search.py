@@ -1,6 +1,6 @@
-"""The config's frozen object for tool search (`tool_search:`, README "Tool search"): a leaf of
-the package, like model.py. Declared once here so a virtual server's `servers.NAME.tool_search`
-is the same section as the merged server's top-level `tool_search`."""
+"""The config's frozen object for tool search (`tool_search:`, docs/guides/tool-search.md): a
+leaf of the package, like model.py. Declared once here so a virtual server's
+`servers.NAME.tool_search` is the same section as the merged server's top-level `tool_search`."""
 
 from __future__ import annotations
 

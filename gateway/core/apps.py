@@ -1,6 +1,6 @@
-"""MCP Apps through the merged server (README, Extensions and MCP Apps): the calls an app view
-makes by its own server's tool names, and the app-only tools a client without the extension is
-not shown.
+"""MCP Apps through the merged server (docs/behaviour/protocol.md, MCP Apps): the calls an app
+view makes by its own server's tool names, and the app-only tools a client without the
+extension is not shown.
 
 A view rendered for a tool of backend `alpha` calls `alpha`'s tools as `alpha` names them
 (`refresh`), not as the merged server shows them (`alpha_refresh`). Such a call is rewritten to

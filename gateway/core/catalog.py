@@ -19,6 +19,7 @@ import anyio.lowlevel
 from gateway import errors
 from gateway.backends.base import GATEWAY_CALL, Backend, Call
 from gateway.config.model import DEFAULT_FAN_OUT_START_WAIT
+from gateway.core.pinning import Pinning
 from gateway.protocol import jsonrpc, meta
 from gateway.protocol.jsonrpc import Message
 from gateway.routing import names
@@ -81,6 +82,8 @@ class _Entry:
     # load that overlapped one does not hand out what it read before it.
     shared: dict[str, Shared] = field(default_factory=dict)
     generation: int = 0
+    # Pinned (core/pinning.py): the lists as the backend sent them; `data` is what is served.
+    sent: CatalogData | None = None
 
     def fresh(self, now: float) -> bool:
         return now < self.fetched_at + max(self.ttl, MIN_REFRESH_INTERVAL)
@@ -106,6 +109,9 @@ class Catalogs:
         self.on_late_arrival: list[Callable[[str], None]] = []
         # Told after each rebuild of the route table (a server's tool search reindexes then).
         self.on_rebuilt: list[Callable[[], None]] = []
+        # Told of a backend whose served lists changed with no word from it (new pins): listens
+        # tell their clients, as for a late arrival.
+        self.on_pins_changed: list[Callable[[str], None]] = []
         self._root: Catalogs = self if shared is None else shared._root
         self._members: list[Catalogs] = [self] if shared is None else self._root._members
         if shared is not None:
@@ -129,6 +135,7 @@ class Catalogs:
         self._refreshing: dict[str, anyio.Event] = {}  # a background refresh -> its end
         self._again: set[str] = set()  # lists changed during their background refresh
         self._changed = anyio.Event()  # set (and replaced) when the table or a refresh changes
+        self._pinning: Pinning | None = None  # (the merged server's: `pinning`)
 
     def reconfigure(
         self, backends: Sequence[Backend], exposures: Sequence[Exposure], naming: Naming
@@ -175,6 +182,15 @@ class Catalogs:
         """A virtual server removed by a reload: its table is no longer rebuilt by loads."""
         if self._root is not self and self in self._members:
             self._members.remove(self)
+
+    @property
+    def pinning(self) -> Pinning | None:
+        """`pins:` (core/pinning.py), the merged server's for every server; None: off."""
+        return self._root._pinning
+
+    @pinning.setter
+    def pinning(self, pinning: Pinning | None) -> None:
+        self._root._pinning = pinning
 
     @property
     def client_info(self) -> dict[str, Any]:
@@ -318,19 +334,46 @@ class Catalogs:
         self._changed.set()
         self._changed = anyio.Event()
 
-    def list_changed(self, backend: str) -> None:
+    def list_changed(self, backend: str) -> anyio.Event | None:
         """The backend said one of its lists changed: its catalog is stale, and loaded again
         in the background (the route table and what follows it, core/budget.py and tool
         search's index, need not wait for a miss); more changes during that load make one more
         load, not one each. The one place a list change reloads a catalog (a relay, a listen,
-        a cluster notice all come here)."""
+        a cluster notice all come here). For a pinned backend, the load's end: a listen tells
+        its client of the change once the new definitions are judged (core/pinning.py)."""
         self.invalidate(backend)
         if self.spawn is None:
-            return
+            return None
         if backend in self._refreshing:
             self._again.add(backend)
+            end = self._refreshing[backend]
         else:
-            self._refresh_in_background(backend, GATEWAY_CALL)
+            end = self._refresh_in_background(backend, GATEWAY_CALL)
+        pinning = self._root._pinning
+        return end if pinning is not None and pinning.covers(backend) else None
+
+    def repin(self) -> None:
+        """New pins: every pinned backend's lists judged again (as last loaded), the route
+        tables rebuilt, and listens told of the backends whose served lists changed."""
+        root = self._root
+        pinning = root._pinning
+        if pinning is None:
+            return
+        changed: list[str] = []
+        for name, entry in root._entries.items():
+            if entry.sent is None or not pinning.covers(name):
+                continue
+            before = entry.data
+            entry.data = pinning.judge(name, entry.sent)
+            _unshare(entry)  # (what it held was judged against the old pins)
+            if entry.data != before:
+                changed.append(name)
+        for member in root._members:
+            member.rebuild()
+            for name in changed:
+                if name in member._entries:
+                    for hook in member.on_pins_changed:
+                        hook(name)
 
     def invalidate(self, backend: str) -> None:
         entry = self._entries.get(backend)  # (None: a reload removed it)
@@ -458,6 +501,13 @@ class Catalogs:
             resources=lists.get("resources", ()),
             templates=lists.get("resourceTemplates", ()),
         )
+        pinning = self._root._pinning
+        if pinning is not None and pinning.covers(entry.backend.name):
+            entry.sent = entry.data
+            entry.data = pinning.judge(entry.backend.name, entry.data)
+            shared = _judged(shared, entry.data)
+        else:
+            entry.sent = None
         # (a list change, a restart during the load: what it read may be from before)
         entry.shared = shared if entry.generation == generation else {}
         entry.fetched_at = anyio.current_time()
@@ -531,6 +581,15 @@ def shared_until(result: dict[str, Any], received: float) -> float:
     ):
         return -math.inf
     return received + ttl / 1000
+
+
+def _judged(shared: dict[str, Shared], data: CatalogData) -> dict[str, Shared]:
+    """The shareable lists without what pinning keeps from clients."""
+    kept = {id(i) for i in (*data.tools, *data.prompts, *data.templates, *data.resources)}
+    return {
+        key: Shared(tuple(i for i in found.items if id(i) in kept), found.until, found.base)
+        for key, found in shared.items()
+    }
 
 
 def _unshare(entry: _Entry) -> None:

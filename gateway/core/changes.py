@@ -1,5 +1,5 @@
-"""List changes and resource updates across replicas (`cluster.redis`, README "Running several
-replicas").
+"""List changes and resource updates across replicas (`cluster.redis`,
+docs/operations/replicas.md).
 
 What one replica's backends tell it reaches every replica's listen streams: each notice a backend
 stream of this replica delivers (a client's listen, the replica's own watch, or a notification

@@ -425,6 +425,9 @@ class Dispatcher:
         local = self.shared_limiter.local if self.shared_limiter is not None else self.limiter
         limited = local.folded_tools if local is not None else {}
         data, exposure = self.catalogs.data(self._order[0]), self._exposures[self._order[0]]
+        pinning = self.catalogs.pinning
+        if pinning is not None and pinning.withholds(exposure.backend, name):
+            return False  # (a definition pins hold back, as a lenient server may read it)
         return unknown.may_guess_name(kind, name, exposure, self._guarded, view, data, limited)
 
     def _permit(

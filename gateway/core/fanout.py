@@ -167,8 +167,10 @@ class FanOut:
             failed.append(_as_failure(backend, reply))
             # A backend known to be down was logged when it went down, and an overloaded one
             # is logged by its bound (at most every 10 s); any other once when it starts being
-            # skipped, not on every list while it stays so.
+            # skipped, not on every list while it stays so. A lone backend is never skipped:
+            # its failure is the list's error (below), for the client to see.
             quiet = isinstance(reply, errors.BackendDown | errors.BackendOverloaded)
+            quiet = quiet or len(calls) + shown == 1
             level = logging.DEBUG if quiet or backend in self._skipping else logging.WARNING
             self._skipping.add(backend)
             log.log(level, "fan-out: backend %s skipped: %s", backend, _describe(reply))
@@ -288,11 +290,20 @@ class FanOut:
         hide_app_only = key == "tools" and apps.hides_app_only(msg, alone and not naming.prefixed)
         # A rule on annotations judges a listed tool by the definition the list shows.
         by_definition = view is not None and view.inspects and kind == TOOL
+        pinning = self.catalogs.pinning
         for backend, result in parts:
             exposure = exposures[backend]
+            # pins: a live answer's definitions are judged (a catalog's were when it loaded)
+            pinned = pinning is not None and pinning.covers(backend) and backend not in known
+            unjudged = False
             for item in result.get(key) or ():
                 if not isinstance(item, dict) or (hide_app_only and app_only(item)):
                     continue
+                if pinned and pinning is not None:
+                    admitted, new = pinning.admits(backend, key, item)
+                    unjudged = unjudged or new
+                    if not admitted:
+                        continue
                 if view is not None:
                     own = item.get(field)
                     if not isinstance(own, str):
@@ -307,6 +318,8 @@ class FanOut:
                     items.append(shown)
             if isinstance(result.get("nextCursor"), str):
                 kept[backend] = result["nextCursor"]
+            if unjudged:  # (its catalog loaded again: that load logs and counts the change)
+                self.catalogs.list_changed(backend)
         following = [(b, kept[b]) for b, _ in positions if b in kept]  # (in the same order)
         next_cursor = cursors.encode(following, self._cursor_keys[0], method) if following else None
         base = parts[0][1] if alone and parts else {}

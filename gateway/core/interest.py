@@ -1,5 +1,5 @@
-"""Which resource updates each replica wants to hear of (`cluster.redis`; README "Running several
-replicas").
+"""Which resource updates each replica wants to hear of (`cluster.redis`;
+docs/operations/replicas.md).
 
 A backend tells of an update to a resource only the listens subscribed to its URI, and each
 replica asks its own backends (a stdio child per replica) for its own listens' URIs: an update

@@ -28,6 +28,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from gateway import errors
 from gateway.backends.base import GATEWAY_CALL, Backend, Call, NotificationSink
 from gateway.config.model import DEFAULT_FAN_OUT_GRACE
+from gateway.config.pins import DEFAULT_PIN_NOTIFY_WAIT
 from gateway.core import tasks
 from gateway.core.catalog import Catalogs
 from gateway.protocol import jsonrpc, meta
@@ -131,6 +132,7 @@ class Subscriptions:
         # this one's listens reaches theirs too, and their interests are counted as its own.
         self.followers: list[Subscriptions] = []
         catalogs.on_late_arrival.append(self._late_arrival)
+        catalogs.on_pins_changed.append(self._late_arrival)  # (told the same way)
 
     @property
     def backends(self) -> Mapping[str, Backend]:
@@ -310,7 +312,9 @@ class Subscriptions:
         wanted: Mapping[str, Any] = found if isinstance(found, dict) else {}
         readable, hidden = judge() if judge is not None else (None, None)
         plans = self._plan(wanted, readable, hidden, locate=locate)
-        stream = _Stream(client_id, plans, sink, self._catalogs.list_changed, self._show_task)
+        pinning = self._catalogs.pinning  # (`pins.notify_wait`: fixed while the process runs)
+        wait = pinning.notify_wait if pinning is not None else DEFAULT_PIN_NOTIFY_WAIT
+        stream = _Stream(client_id, plans, sink, self._catalogs.list_changed, self._show_task, wait)
 
         async def relay(backend: str, note: Message) -> None:
             if note.get("method") != ACKNOWLEDGED:
@@ -410,10 +414,12 @@ class _Stream:
         client_id: jsonrpc.RequestId,
         plans: dict[str, _Plan],
         sink: NotificationSink,
-        invalidate: Callable[[str], None],
+        invalidate: Callable[[str], anyio.Event | None],
         show_task: Callable[[str, dict[str, Any], str], None] | None = None,
+        pin_wait: float = DEFAULT_PIN_NOTIFY_WAIT,  # pins: a list change waits this long at most
     ) -> None:
         self._id = client_id
+        self._pin_wait = pin_wait
         self._show_task = show_task
         self.plans = plans
         self._sink = sink
@@ -446,7 +452,10 @@ class _Stream:
                 self._check_settled()
             return  # later acknowledgements are re-subscriptions the client never sees
         if isinstance(method, str) and method.endswith("/list_changed"):
-            self._invalidate(backend)
+            judged = self._invalidate(backend)
+            if judged is not None:  # pins: the new definitions judged before the client hears
+                with anyio.move_on_after(self._pin_wait):
+                    await judged.wait()
         await self._show(backend, note)
 
     async def announce(self, backend: str, notes: list[Message]) -> None:

@@ -96,6 +96,7 @@ class _Rule:
         "effect",
         "folded",
         "mask",
+        "missing",
         "patterns",
         "scopes",
         "want",
@@ -107,6 +108,7 @@ class _Rule:
         self.effect = rule.effect
         self.when = rule.when
         self.when_scopes = frozenset(rule.when.scopes) if rule.when is not None else frozenset()
+        self.missing = frozenset(rule.when.missing_scopes) if rule.when is not None else frozenset()
         self.scopes = frozenset(rule.scopes)
         target = rule.target
         self.backends = frozenset(target.backends) or None  # None: every backend
@@ -154,7 +156,7 @@ class _Rule:
         return True
 
     def state(self, identity: Identity | None) -> int:
-        if not holds(self.when, identity, self.when_scopes):
+        if not holds(self.when, identity, self.when_scopes, self.missing):
             return _INACTIVE
         if self.effect == "require" and identity is not None and identity.has_scopes(self.scopes):
             return _SATISFIED
@@ -162,15 +164,21 @@ class _Rule:
 
 
 def holds(
-    when: PolicyWhen | None, identity: Identity | None, scopes: frozenset[str] | None = None
+    when: PolicyWhen | None,
+    identity: Identity | None,
+    scopes: frozenset[str] | None = None,
+    missing: frozenset[str] | None = None,
 ) -> bool:
-    """Whether a rule's `when` is for this caller; an anonymous caller meets no condition.
-    `scopes`: `when.scopes` as a set, when the caller has made it already."""
+    """Whether a rule's `when` is for this caller. An anonymous caller meets no condition but
+    `missing_scopes` (it holds no scope, so lacks every one). `scopes`, `missing`: `when.scopes`
+    and `when.missing_scopes` as sets, when the caller has made them already."""
     if when is None:
         return True
     if identity is None:
         return not (when.scopes or when.subjects or when.clients or when.claims)
     if when.scopes and not identity.has_scopes(scopes or frozenset(when.scopes)):
+        return False
+    if when.missing_scopes and identity.has_scopes(missing or frozenset(when.missing_scopes)):
         return False
     if when.subjects and identity.subject not in when.subjects:
         return False

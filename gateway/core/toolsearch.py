@@ -1,4 +1,4 @@
-"""Tool search (README "Tool search"): while it is on, a server's tools/list shows three
+"""Tool search (docs/guides/tool-search.md): while it is on, a server's tools/list shows three
 meta-tools instead of its catalog: one finds tools by words, one shows a tool's whole
 definition, one calls a tool by its name. The real tools stay callable by name.
 
@@ -117,7 +117,8 @@ META_TOOLS: tuple[dict[str, Any], ...] = (
         },
     },
 )
-# What listing the meta-tools costs a model, against what the catalog would (README figures).
+# What listing the meta-tools costs a model, against what the catalog would (the figures in
+# docs/guides/tool-search.md).
 META_TOKENS = budget.estimate_tokens(META_TOOLS)
 
 

@@ -1,5 +1,5 @@
 """Names and URIs missing from every catalog (pure): whether one may still be forwarded on a
-guess, for the backend to answer (README, Policy bypass; THREAT_MODEL.md, Policy bypass).
+guess, for the backend to answer (docs/security/policy.md; THREAT_MODEL.md, Policy bypass).
 
 Policy and rate limits judge names as the gateway knows them, but a backend runs what it makes of
 a name, and a lenient one makes `SECRET_READ` or a fullwidth spelling its `secret_read`. So under a

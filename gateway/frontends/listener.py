@@ -168,7 +168,12 @@ def tls_context(tls: ServerTls) -> ssl.SSLContext:
 
 
 class BindError(Exception):
-    """The listening address cannot be taken; the message names it and what to do."""
+    """The listening address cannot be taken; the message names it and what to do. `in_use`:
+    the address, when another process holds it (a command line can name its port flag)."""
+
+    def __init__(self, message: str, in_use: str | None = None) -> None:
+        super().__init__(message)
+        self.in_use = in_use
 
 
 # Ports below this need root (or CAP_NET_BIND_SERVICE) on Linux and macOS.
@@ -456,7 +461,9 @@ class Listener:
                 ssl_handshake_timeout=self.limits.header_timeout if context else None,
             )
         except OSError as exc:
-            raise BindError(bind_failure(host, port, exc)) from None
+            taken = exc.errno == errno.EADDRINUSE and not isinstance(exc, socket.gaierror)
+            where = (f"[{host}]:{port}" if ":" in host else f"{host}:{port}") if taken else None
+            raise BindError(bind_failure(host, port, exc), where) from None
         return int(self._server.sockets[0].getsockname()[1])
 
     def hold(self) -> None:

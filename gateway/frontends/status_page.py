@@ -176,6 +176,12 @@ function render(data) {
   errors.replaceChildren(...data.recent_errors.map((e) => row([el('td', e.time, 'time'),
     el('td', e.backend), el('td', e.method), el('td', e.code), el('td', e.message, 'error')])));
   document.getElementById('no-errors').hidden = data.recent_errors.length > 0;
+  const held = data.awaiting_approval;
+  document.getElementById('pins').hidden = held === undefined;
+  document.getElementById('held').replaceChildren(...(held || []).map((h) => row([
+    el('td', h.backend), el('td', h.kind), el('td', h.name), el('td', h.status),
+    el('td', h.served ? 'served' : 'blocked', h.served ? 'badge starting' : 'badge down')])));
+  document.getElementById('no-held').hidden = (held || []).length > 0;
   refreshes += 1;
   document.body.dataset.refreshes = String(refreshes);
   document.getElementById('stale').textContent = '';
@@ -217,8 +223,8 @@ PAGE = f"""<!doctype html>
 <th>tokens by backend</th></tr></thead>
 <tbody id="servers"></tbody>
 </table>
-<div class="muted">What showing each server's lists costs a model: an estimate (README
-&ldquo;Context budget&rdquo;).</div>
+<div class="muted">What showing each server's lists costs a model: an estimate
+(docs/guides/context-budget.md).</div>
 <h2>Backends</h2>
 <table>
 <thead><tr><th>name</th><th>transport</th><th>era</th><th>health</th><th>in flight</th>
@@ -235,6 +241,15 @@ PAGE = f"""<!doctype html>
 <tbody id="errors"></tbody>
 </table>
 <p id="no-errors" class="muted">None.</p>
+<div id="pins" hidden>
+<h2>Awaiting approval</h2>
+<table>
+<thead><tr><th>backend</th><th>kind</th><th>name</th><th>definition</th><th>meanwhile</th>
+</tr></thead>
+<tbody id="held"></tbody>
+</table>
+<p id="no-held" class="muted">None: every definition is as pinned.</p>
+</div>
 <script>{SCRIPT}</script>
 </body>
 </html>

@@ -30,3 +30,11 @@ RATE_LIMITED = -31008
 # Legacy sessions cannot be read or written: the replicas' shared store (cluster.redis) does
 # not answer (HTTP: 503 with Retry-After); `error.data.retryAfter` says when to try again.
 SHARED_STATE_UNAVAILABLE = -31009
+# A hook refused the request or its result (docs/trusting-tools/hooks.md): the default code of
+# a hook's own refusal; a hook may choose another.
+HOOK_REFUSED = -31020
+# A hook failed (raised, timed out, or answered what a hook may not) and its `on_error` is deny:
+# the request is refused rather than let through unchecked.
+HOOK_FAILED = -31021
+# A result larger than output_limit's `max_result_bytes` (or `max_result_tokens`), refused.
+RESULT_TOO_LARGE = -31022

@@ -7,7 +7,7 @@ first use, and loading one costs ~45 MB), and models' tokenizers differ anyway, 
 the pieces a GPT-style BPE first splits text into (words, numbers, runs of punctuation) and adds
 a little per byte for the longer pieces that split further. Calibrated against cl100k_base on
 the reference servers' catalogs (tests/routing/budget_catalogs.json, bench/budget_calibrate.py):
-within 10% on every catalog; README "Context budget" has the figures.
+within 10% on every catalog; docs/guides/context-budget.md has the figures.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """How a lenient server may read a name (pure): what the gateway checks a name it does not find
-in a catalog against before forwarding it on a guess (README, Policy bypass; THREAT_MODEL.md).
+in a catalog against before forwarding it on a guess (docs/security/policy.md; THREAT_MODEL.md).
 
 Hand-written servers often match names leniently: ignoring case, width and compatibility forms
 (NFKC), invisible characters (zero-width space, soft hyphen, ...) and surrounding spaces. A name

@@ -53,12 +53,12 @@ def list_result(
 def capabilities(parts: Sequence[Result], *, keep_experimental: bool) -> Result:
     """The union of backend capabilities: each is advertised if some backend has it.
 
-    `extensions` are merged like the rest (README, Extensions and MCP Apps): every extension some
-    backend declares, its settings merged key by key where they are objects, lists unioned
-    (in order, without repeats), a flag true if any backend's is, and any other disagreement
-    settled by the first backend in config order. `experimental` is kept only for a lone
-    backend: its shape is unspecified, and what it offers may be methods the gateway routes
-    to no backend of several."""
+    `extensions` are merged like the rest (docs/behaviour/protocol.md, Extensions): every
+    extension some backend declares, its settings merged key by key where they are objects,
+    lists unioned (in order, without repeats), a flag true if any backend's is, and any other
+    disagreement settled by the first backend in config order. `experimental` is kept only for
+    a lone backend: its shape is unspecified, and what it offers may be methods the gateway
+    routes to no backend of several."""
     merged: Result = {}
     for caps in parts:
         for name, value in caps.items():
@@ -92,8 +92,9 @@ def discover_result(
     """One discovery result for the merged server, from (namespace, backend result) pairs.
 
     `alone`: the gateway serves this one backend only. Unprefixed, it is then that server to a
-    client, as if reached directly: its own serverInfo and instructions (README, single-backend
-    transparency). Otherwise the gateway is the server a client sees, under `server`."""
+    client, as if reached directly: its own serverInfo and instructions (decision 0015,
+    single-backend transparency). Otherwise the gateway is the server a client sees, under
+    `server`."""
     transparent = alone and len(parts) == 1 and not prefixed
     results = [r for _, r in parts]
     caps = [r["capabilities"] for r in results if isinstance(r.get("capabilities"), dict)]

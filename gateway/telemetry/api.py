@@ -51,6 +51,12 @@ class Stats:
     # they touched, by change (added, removed, changed).
     reloads: Counter[str] = field(default_factory=Counter)
     reloaded_backends: Counter[str] = field(default_factory=Counter)
+    # pins: definitions that differ from their pins, by (backend, outcome: blocked, warned,
+    # allowed), and approvals taken up (approved); each definition once.
+    pin_changes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # Hook runs (gateway/hooks/runner.py), by (hook: its `use`, outcome: pass, changed,
+    # refused, timeout, error); empty without hooks.
+    hook_outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
 class Observation(Protocol):

@@ -156,7 +156,9 @@ class AuditLog:
             self._max_arguments,
             target,
         )
-        line = jsonrpc.dumps(record) + b"\n"
+        self._write(jsonrpc.dumps(record) + b"\n")
+
+    def _write(self, line: bytes) -> None:
         if self._file is not None:
             self._file.write(line)
             return
@@ -168,6 +170,11 @@ class AuditLog:
             if not self._failed:
                 self._failed = True
                 log.warning("audit log: cannot write to stderr (%s); dropping records", exc)
+
+    def event(self, record: dict[str, Any]) -> None:
+        """A line of its own for something that happened within a request (a hook's refusal or
+        change: gateway/hooks/runner.py), stamped with the time."""
+        self._write(jsonrpc.dumps({"time": utc_now(), **record}) + b"\n")
 
     def close(self) -> None:
         if self._file is not None:

@@ -148,7 +148,8 @@ class GatewayCollector(Collector):
         )
         tokens = GaugeMetricFamily(
             "mcp_gateway_catalog_tokens",
-            "Estimated tokens a model pays to be shown a server's list (README Context budget).",
+            "Estimated tokens a model pays to be shown a server's list "
+            "(docs/guides/context-budget.md).",
             labels=["server", "kind"],
         )
         for server, kind, count, estimate in self._catalogs():
@@ -209,6 +210,7 @@ class GatewayCollector(Collector):
         yield queued
         yield from self._shared_metrics()
         yield from self._reload_metrics()
+        yield from self._hook_metrics()
 
     def _shared_metrics(self) -> Iterator[Metric]:
         """cluster.redis: whether the shared rate limits are reachable, and how often each
@@ -250,6 +252,20 @@ class GatewayCollector(Collector):
             sessions_up.add_metric([], 1 if self._stats.sessions_redis_up else 0)
         yield sessions_up
 
+    def _hook_metrics(self) -> Iterator[Metric]:
+        """The hooks' runs by outcome; no family at all without hooks (nothing changes for a
+        gateway that has none)."""
+        if not self._stats.hook_outcomes:
+            return
+        family = CounterMetricFamily(
+            "mcp_gateway_hook_outcomes",
+            "Hook runs, by hook and outcome (pass, changed, refused, timeout, error).",
+            labels=["hook", "outcome"],
+        )
+        for (hook, outcome), count in sorted(self._stats.hook_outcomes.items()):
+            family.add_metric([hook, outcome], count)
+        yield family
+
     def _reload_metrics(self) -> Iterator[Metric]:
         """What the config reloads did: each reload's outcome, and the backends they changed."""
         for name, doc, label, counts in (
@@ -270,6 +286,16 @@ class GatewayCollector(Collector):
             for value, count in sorted(counts.items()):
                 family.add_metric([value], count)
             yield family
+        if self._stats.pin_changes:  # (pins: only once something differed from its pin)
+            pins = CounterMetricFamily(
+                "mcp_gateway_pin_changes",
+                "Definitions that differ from their pins, each counted once, by backend and "
+                "outcome (blocked, warned, allowed; approved: an approval taken up).",
+                labels=["backend", "outcome"],
+            )
+            for (backend, outcome), count in sorted(self._stats.pin_changes.items()):
+                pins.add_metric([backend, outcome], count)
+            yield pins
 
     def _backend_metrics(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(

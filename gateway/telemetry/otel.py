@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -283,6 +284,12 @@ class GatewayTelemetry:
         except Exception:
             # Recording is an observer: it must never fail the request it watches.
             log.exception("traffic tap: a message could not be recorded")
+
+    @property
+    def audit_events(self) -> Callable[[dict[str, Any]], None] | None:
+        """Where lines of events within a request go (a hook's: gateway/hooks/runner.py):
+        the audit log's, when it is on."""
+        return self._audit.event if self._audit is not None else None
 
     def _named(self, msg: Message, attrs: dict[str, Any]) -> str:
         """The span's name; its request attributes added to `attrs`."""

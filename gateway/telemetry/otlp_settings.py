@@ -21,6 +21,15 @@ from gateway.proxies import env_proxy
 log = logging.getLogger("gateway.telemetry.otlp")
 
 TRACES_PATH = "/v1/traces"
+# OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL values: the one the exporter speaks, and the others the
+# OpenTelemetry spec names (an OTLP/gRPC exporter is future work, as an optional extra).
+PROTOCOL = "http/protobuf"
+OTHER_PROTOCOLS = ("grpc", "http/json")
+
+
+class UnsupportedProtocol(ValueError):
+    """OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL asks for what the exporter does not speak: spans
+    sent anyway would go as HTTP to, most likely, a gRPC port. The message is one line."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +50,8 @@ class Settings:
     @classmethod
     def from_env(cls, url: str | None, env: Mapping[str, str] | None = None) -> Settings | None:
         """From the standard OTEL_* variables; `url`, the config's traces URL, wins over them.
-        None: no endpoint anywhere, so no tracing."""
+        None: no endpoint anywhere, so no tracing; `UnsupportedProtocol` for a protocol other
+        than http/protobuf."""
         env = os.environ if env is None else env
 
         def pick(name: str) -> str:
@@ -57,6 +67,7 @@ class Settings:
             if not base:
                 return None
             url = base.rstrip("/") + TRACES_PATH
+        _check_protocol(env)  # (only once there is tracing: without it nothing is sent)
         headers = {
             k.lower(): v for k, v in parse_env_headers(pick("HEADERS"), liberal=True).items()
         }
@@ -86,6 +97,21 @@ class Settings:
             max_export_batch_size=batch,
             export_timeout=_number(env, "OTEL_BSP_EXPORT_TIMEOUT", 30000) / 1000,
             proxy=env_proxy(URL(url), "OTLP export"),
+        )
+
+
+def _check_protocol(env: Mapping[str, str]) -> None:
+    """Refuse a protocol other than http/protobuf, naming the variable that asks for it."""
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        value = (env.get(name) or "").strip()
+        if not value:
+            continue
+        if value.lower() == PROTOCOL:
+            return
+        raise UnsupportedProtocol(
+            f"{name}={value} is not supported: the gateway exports spans as OTLP "
+            f"{PROTOCOL} only; set {name}={PROTOCOL} (or unset it) and point the endpoint at "
+            "the collector's OTLP/HTTP port (4318 by default, not gRPC's 4317)"
         )
 
 

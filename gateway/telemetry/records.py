@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from gateway.origin import HeaderFields
+from gateway.sensitive import REDACTED as REDACTED  # (one marker for every redacted value)
 
 log = logging.getLogger("gateway.telemetry")
 
-REDACTED = "[redacted]"
 WILDCARD = "*"
 # Credentials that must never reach a recording, whatever the config says.
 ALWAYS_REDACTED_HEADERS = frozenset(

@@ -285,8 +285,10 @@ def snapshot(
     servers: Sequence[ServerFacts] = (),
     serving: bool,
     draining: bool,
+    held: Mapping[str, Sequence[Any]] | None = None,
 ) -> dict[str, Any]:
-    """`/status.json`: everything the page shows (and nothing it does not)."""
+    """`/status.json`: everything the page shows (and nothing it does not). `held`: with
+    `pins:`, each backend's definitions awaiting approval (core/pinning.py `Held`)."""
     now, wall = board._clock(), board._wall()
     uptime = now - board.started
     out_backends = []
@@ -332,4 +334,20 @@ def snapshot(
             for s in servers
         ],
         "recent_errors": [e.json() for e in reversed(board.errors)],
+        **({} if held is None else {"awaiting_approval": _held(held)}),
     }
+
+
+def _held(held: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "backend": backend,
+            "kind": h.kind,
+            "name": h.name,
+            "status": h.status,
+            "served": h.served,
+            "digest": h.digest,
+        }
+        for backend, items in held.items()
+        for h in items
+    ]

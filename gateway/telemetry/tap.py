@@ -26,6 +26,7 @@ from gateway.config import TapConfig
 from gateway.origin import HeaderFields
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
+from gateway.sensitive import Scanner, redact_values
 from gateway.telemetry.records import (
     ALWAYS_REDACTED_HEADERS,
     LineFile,
@@ -61,6 +62,8 @@ class Tap:
         self._rules = compile_rules(config.redact)
         self._headers = ALWAYS_REDACTED_HEADERS | {h.lower() for h in config.redact_headers}
         self._file = LineFile(self.path, config.max_bytes, config.backups, "traffic tap")
+        # `redact_secrets`: the redact hook's table over every string (gateway/sensitive.py).
+        self._scanner = Scanner() if config.redact_secrets else None
 
     def record(
         self,
@@ -77,7 +80,10 @@ class Tap:
         if headers is not None:
             head["headers"] = redact_headers(headers, self._headers)
         try:
-            body = jsonrpc.dumps(redact(msg, self._rules))
+            shown = redact(msg, self._rules)
+            if self._scanner is not None:
+                shown = redact_values(shown, self._scanner, Counter())
+            body = jsonrpc.dumps(shown)
         except TypeError as exc:  # orjson.JSONEncodeError: not what orjson produced
             body = jsonrpc.dumps({"unencodable": str(exc), **_identity(msg)})
         if len(body) > self.config.max_message_bytes:
@@ -117,6 +123,15 @@ class Call:
     name: str | None  # tools/call and prompts/get: params.name
     id: Any
     error: int | None  # the error code, or None for a result
+    # A result whose `isError` is true (a tool's own failure, schema/server/tools): no JSON-RPC
+    # error, but not a success either (issue 36: the summary called it "ok").
+    is_error: bool = False
+
+    @property
+    def outcome(self) -> str:
+        if self.error is not None:
+            return f"error {self.error}"
+        return "error (isError)" if self.is_error else "ok"
 
 
 @dataclass(frozen=True)
@@ -126,6 +141,7 @@ class Summary:
     methods: Mapping[str, int] = field(default_factory=dict)  # client requests (frontend, in)
     names: Mapping[str, int] = field(default_factory=dict)  # "tools/call echo" -> count
     errors: Mapping[int, int] = field(default_factory=dict)  # error responses to clients, by code
+    tool_errors: int = 0  # results to clients with `isError: true`
     backend_calls: Mapping[str, int] = field(default_factory=dict)  # "backend method" -> count
     unanswered: int = 0  # frontend requests with no response (yet)
     slowest: tuple[Call, ...] = ()
@@ -140,6 +156,11 @@ def _name(msg: Mapping[str, Any]) -> str | None:
         name = params.get("name")
         return name if isinstance(name, str) else None
     return None
+
+
+def _is_error_result(msg: Mapping[str, Any]) -> bool:
+    result = msg.get("result")
+    return isinstance(result, dict) and result.get("isError") is True
 
 
 def _error_code(msg: Mapping[str, Any]) -> int | None:
@@ -160,6 +181,7 @@ class Summarizer:
         self.methods: Counter[str] = Counter()
         self.names: Counter[str] = Counter()
         self.errors: Counter[int] = Counter()
+        self.tool_errors = 0
         self.backend_calls: Counter[str] = Counter()
         # Requests waiting for their response, by (hop, backend, id, direction). A queue, not one
         # slot: HTTP clients each number their own requests, so ids repeat on the frontend hop.
@@ -192,6 +214,9 @@ class Summarizer:
         code = _error_code(msg)
         if to_client and code is not None:
             self.errors[code] += 1  # paired or not: a -32700 answer has no request to pair
+        is_error = to_client and _is_error_result(msg)
+        if is_error:
+            self.tool_errors += 1
         opposite = "out" if direction == "in" else "in"
         waiting = self._pending.get((*key, opposite))
         if not waiting:
@@ -199,7 +224,7 @@ class Summarizer:
         request = waiting.popleft()
         if not waiting:
             del self._pending[(*key, opposite)]
-        return self._complete(request, code, ts) if to_client else None
+        return self._complete(request, code, ts, is_error) if to_client else None
 
     def _request(
         self, hop: str, direction: str, rec: dict[str, Any], msg: dict[str, Any], ts: datetime
@@ -213,7 +238,9 @@ class Summarizer:
         elif hop == "backend" and direction == "out":
             self.backend_calls[f"{rec.get('backend') or '?'} {method}"] += 1
 
-    def _complete(self, request: dict[str, Any], code: int | None, ts: datetime) -> Call:
+    def _complete(
+        self, request: dict[str, Any], code: int | None, ts: datetime, is_error: bool
+    ) -> Call:
         asked = request["msg"]
         call = Call(
             started=request["ts"],
@@ -222,6 +249,7 @@ class Summarizer:
             name=_name(asked),
             id=asked["id"],
             error=code,
+            is_error=is_error,
         )
         self._seq += 1
         entry = (call.ms, self._seq, call)
@@ -241,6 +269,7 @@ class Summarizer:
             methods=dict(self.methods.most_common()),
             names=dict(self.names.most_common()),
             errors=dict(self.errors.most_common()),
+            tool_errors=self.tool_errors,
             backend_calls=dict(self.backend_calls.most_common()),
             unanswered=unanswered,
             slowest=tuple(c for _, _, c in sorted(self._slowest, reverse=True)),
@@ -315,7 +344,7 @@ def _is_number(text: str) -> bool:
 
 def format_call(call: Call) -> str:
     """One completed call on one line, as `tap --follow` prints it."""
-    outcome = "ok" if call.error is None else f"error {call.error}"
+    outcome = call.outcome
     name = f" {call.name}" if call.name else ""
     ident = orjson.dumps(call.id).decode()
     return f"{call.started}  {call.method}{name}  id={ident}  {call.ms:.1f} ms  {outcome}"
@@ -325,6 +354,7 @@ def format_summary(summary: Summary) -> str:
     lines = [
         f"{summary.records} records, {summary.malformed} malformed lines skipped, "
         f"{sum(summary.methods.values())} client requests, {summary.unanswered} unanswered"
+        + (f", {summary.tool_errors} results with isError" if summary.tool_errors else "")
     ]
     sections: list[tuple[str, tuple[str, ...], list[tuple[object, ...]]]] = [
         ("Client requests by method", ("method", "calls"), list(summary.methods.items())),
@@ -341,7 +371,7 @@ def format_summary(summary: Summary) -> str:
                     c.name or "",
                     orjson.dumps(c.id).decode(),
                     c.started,
-                    "ok" if c.error is None else f"error {c.error}",
+                    c.outcome,
                 )
                 for c in summary.slowest
             ],

@@ -34,7 +34,12 @@ OAUTH_CLIENT = {"gateway.backend_auth.authorizer", "gateway.backend_auth.desk"}
 TOOL_SEARCH = {"gateway.core.toolsearch", "gateway.routing.search"}
 # The stdlib's exact decimals: the numbers scan compares decimal texts itself.
 DECIMAL = {"decimal", "_decimal", "_pydecimal"}
-HEAVY = CLUSTER | CALLER_AUTH | TRACING | OTEL_API | METRICS | OAUTH_CLIENT | TOOL_SEARCH | DECIMAL
+# hooks: the runner and its loader, the built-ins (the redaction table, gateway/sensitive.py,
+# is the tap's too: small, its patterns compiled only when used).
+HOOKS = {"gateway.hooks"}
+HEAVY = (
+    CLUSTER | CALLER_AUTH | TRACING | OTEL_API | METRICS | OAUTH_CLIENT | TOOL_SEARCH | DECIMAL
+) | HOOKS
 
 HTTP_LISTENER = {"http": {"host": "127.0.0.1", "port": 0, "path": "/mcp"}}
 # Nothing listens on port 9: the backend is marked down, which does not stop the start.
@@ -178,3 +183,13 @@ def test_the_command_line_reads_no_system_mime_types() -> None:
     )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert done.stdout.split() == [b"None", b"application/json"]
+
+
+def test_hooks_load_the_runner_and_only_the_built_ins_they_use() -> None:
+    """A backend's `hooks:` loads the runner and `output_limit`, not `redact`."""
+    backend = {**HTTP_BACKEND, "hooks": [{"use": "output_limit"}]}
+    modules = loaded({"listen": HTTP_LISTENER, "backends": {"b": backend}}, enter=False)
+    assert {"gateway.hooks.runner", "gateway.hooks.limit"} <= modules
+    assert "gateway.hooks.redact" not in modules
+    top = {"listen": HTTP_LISTENER, "backends": {"b": HTTP_BACKEND}, "hooks": [{"use": "redact"}]}
+    assert "gateway.hooks.redact" in loaded(top, enter=False)

@@ -24,6 +24,7 @@ from gateway.config.operations import Overload
 from gateway.core.fused import FusedBackend
 from gateway.core.instrument import InstrumentedBackend
 from gateway.core.overload import BoundedBackend
+from gateway.hooks.runner import HookedBackend
 from gateway.telemetry.otel import GatewayTelemetry
 
 pytestmark = pytest.mark.anyio
@@ -140,3 +141,29 @@ async def test_the_common_top_is_fused_unless_a_tool_timer_or_breaker_acts(
     top = outer(backend)
     assert isinstance(top, FusedBackend) is fused
     assert isinstance(top.inner if isinstance(top, FusedBackend) else top, BoundedBackend)
+
+
+def hooked_stack(backend: dict[str, Any], **top: Any) -> list[type]:
+    """`stack` with the top-level hooks handed to `build_stack` as the gateway hands them."""
+    text = yaml.safe_dump({"listen": {"stdio": True}, "backends": {"b": backend}, **top})
+    config = parse(text)
+    (backend_config,) = config.backends
+    wired = build_stack(
+        backend_config, Overload(), GatewayTelemetry(None, None), None, None, config.hooks
+    )
+    layer: Backend = wired.outer
+    found: list[type] = []
+    while isinstance(layer, Layer):
+        if not isinstance(layer, FusedBackend):  # (its chain is listed: see `stack`)
+            found.append(type(layer))
+        layer = layer.inner
+    return found
+
+
+async def test_hooks_are_the_outermost_layer_only_of_a_backend_with_hooks() -> None:
+    """hooks/runner.py: top-level hooks or the backend's own put the runner above the bound;
+    without any, the stack is as it was (no layer, no check per request)."""
+    assert hooked_stack(STDIO) == FULL
+    own = {**STDIO, "hooks": [{"use": "redact"}]}
+    assert hooked_stack(own) == [HookedBackend, *FULL]
+    assert hooked_stack(STDIO, hooks=[{"use": "output_limit"}]) == [HookedBackend, *FULL]

@@ -9,7 +9,6 @@ port; an HTTP backend on 127.0.0.1 (basic/patterns/subscriptions, basic/index "E
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 
 import aiohttp
 import anyio
@@ -19,23 +18,12 @@ import yaml
 from gateway.app import Gateway
 from gateway.config import parse
 from tests.backends.faults.test_http_faults import healthy, post
-from tests.support import START_BOUND, Proc, call, request, serve_http
-from tests.support.redis_server import free_port, launch, need_redis, redis_url
+from tests.support import START_BOUND, call, request, serve_http
+from tests.support.redis_server import redis_url
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 SECRET = "cluster-start-secret-Hq3Zr8Lw2Nx6Tp4V"
-
-
-@pytest.fixture
-async def redis_port() -> AsyncIterator[int]:
-    need_redis()
-    port = free_port()
-    proc: Proc = await anyio.to_thread.run_sync(launch, port)
-    try:
-        yield port
-    finally:
-        proc.stop()
 
 
 async def serve_and_check(text: str, tool: str, caplog: pytest.LogCaptureFixture) -> None:

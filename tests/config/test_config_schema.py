@@ -160,6 +160,7 @@ BASE: dict[str, Any] = {
             "roots": [{"uri": "file:///srv"}],
             "retries": {},
             "breaker": {},
+            "pins": {},
         },
         "h": {
             "http": {"url": "http://127.0.0.1:1/mcp", "tls": {}, "limits": {}},
@@ -185,6 +186,8 @@ BASE: dict[str, Any] = {
     "rate_limits": {"per_identity": {"rate": 1}},
     "overload": {},
     "tool_search": {"mode": "auto"},
+    "pins": {},
+    "hooks": [{"use": "pkg.module:function"}],
     "shutdown": {},
     "audit": {"path": "a.jsonl"},
     "auth": {
@@ -230,6 +233,9 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "rate": ("rate_limits", "per_identity"),
     "overload": ("overload",),
     "tool_search": ("tool_search",),
+    "pins": ("pins",),
+    "backend_pins": ("backends", "b", "pins"),
+    "hook": ("hooks", 0),
     "shutdown": ("shutdown",),
     "audit": ("audit",),
     "auth": ("auth",),

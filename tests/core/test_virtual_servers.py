@@ -394,11 +394,11 @@ async def test_check_config_lists_each_server_and_its_counts(team: Team) -> None
     assert all(server.complete for server in found)
 
 
-def test_the_readme_team_example_is_a_valid_config() -> None:
-    """README "Virtual servers": its worked example loads, with the three servers it names."""
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    section = readme.split("## Virtual servers", 1)[1]
-    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+def test_the_docs_team_example_is_a_valid_config() -> None:
+    """The docs' "Virtual servers" page: its worked example loads, with the three servers it
+    names."""
+    page = Path(__file__).parents[2] / "docs" / "guides" / "virtual-servers.md"
+    example = page.read_text().split("```yaml\n", 1)[1].split("```", 1)[0]
     config = parse(example)
     assert [s.name for s in config.servers] == ["docs", "ops", "admin"]
     assert [s.path for s in config.servers] == ["/mcp/docs", "/oncall", "/mcp/admin"]

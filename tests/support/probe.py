@@ -52,11 +52,14 @@ def status(url: str) -> int:
         return exc.code
 
 
-def post(url: str, message: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    """A Streamable HTTP POST: its status and the JSON-RPC reply (JSON, or the last event of
-    an SSE reply)."""
+def post(
+    url: str, message: dict[str, Any], extra: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
+    """A Streamable HTTP POST (with `extra` headers): its status and the JSON-RPC reply (JSON,
+    or the last event of an SSE reply)."""
     data = orjson.dumps(message)
-    req = urllib.request.Request(url, data=data, headers=mirrored_headers(message))
+    headers = {**mirrored_headers(message), **(extra or {})}
+    req = urllib.request.Request(url, data=data, headers=headers)
     try:
         with DIRECT.open(req, timeout=BOUND) as resp:
             code, kind, body = resp.status, resp.headers.get_content_type(), resp.read()

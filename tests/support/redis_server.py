@@ -4,9 +4,12 @@ fail."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import anyio
+import pytest
 
 from tests.support import Proc, missing
 from tests.support.backend import free_port
@@ -14,7 +17,15 @@ from tests.support.backend import free_port
 REDIS_SERVER = "/usr/bin/redis-server"
 NO_DISK = ("--save", "", "--appendonly", "no")
 
-__all__ = ["REDIS_SERVER", "free_port", "launch", "need_redis", "redis_server", "redis_url"]
+__all__ = [
+    "REDIS_SERVER",
+    "free_port",
+    "launch",
+    "need_redis",
+    "redis_port",
+    "redis_server",
+    "redis_url",
+]
 
 
 def launch(port: int, password: str | None = None) -> Proc:
@@ -47,3 +58,15 @@ def redis_server(port: int, password: str | None = None) -> Iterator[Proc]:
 def redis_url(port: int, password: str | None = None, db: int = 0) -> str:
     userinfo = f":{password}@" if password else ""
     return f"redis://{userinfo}127.0.0.1:{port}/{db}"
+
+
+@pytest.fixture
+async def redis_port() -> AsyncIterator[int]:
+    """The port of a Redis of the test's own, stopped after it (skips outside CI without one)."""
+    need_redis()
+    port = free_port()
+    proc: Proc = await anyio.to_thread.run_sync(launch, port)
+    try:
+        yield port
+    finally:
+        proc.stop()

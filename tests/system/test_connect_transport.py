@@ -150,7 +150,9 @@ def test_connect_auto_reaches_an_http_sse_server_and_says_so(sdk_sse: str) -> No
 
 @pytest.mark.slow
 def test_connect_transport_http_to_an_sse_server_fails_with_an_error_code(sdk_sse: str) -> None:
-    with connect(sdk_sse, "--transport", "http") as proc:
+    """With --wait the start goes on, and each request fails with its code (without it, the
+    start ends at once: tests/cli/test_first_hour.py)."""
+    with connect(sdk_sse, "--transport", "http", "--wait") as proc:
         reply = ask(proc, call(1, "echo", text="through"))
         assert reply["error"]["code"] == codes.BACKEND_UNAVAILABLE, reply
         assert not any("transport:" in line for line in proc.lines["stderr"])

@@ -47,7 +47,8 @@ from tests.system.test_docker import (
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 COMPOSE_CLUSTER = ROOT / "deploy" / "compose-cluster.yaml"
 COMPOSE_DIR = COMPOSE_CLUSTER.parent
-README = ROOT / "README.md"
+# The docs page whose command makes the Secret (docs/operations/replicas.md, "Kubernetes").
+REPLICAS_PAGE = ROOT / "docs" / "operations" / "replicas.md"
 # What the cluster's ${GATEWAY_SECRET} is set to here: 32 characters at least, as required.
 SECRET = "s" * 44
 # Each config as the gateway reads it: its own interpreter for ${MCP_GATEWAY_PYTHON}.
@@ -178,9 +179,9 @@ def test_the_secret_is_referenced_by_name_and_never_committed() -> None:
     given = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in CONTAINER["env"]}
     assert given.keys() == needed
     ref = given["GATEWAY_SECRET"]
-    # README's command makes exactly that Secret and key.
+    # The docs' command makes exactly that Secret and key.
     command = f"kubectl create secret generic {ref['name']} --from-literal={ref['key']}="
-    assert command in README.read_text(encoding="utf-8")
+    assert command in REPLICAS_PAGE.read_text(encoding="utf-8")
     # Without it the config does not load: the pod would not start half-configured.
     with pytest.raises(ConfigInvalid):
         config({"MCP_GATEWAY_PYTHON": PYTHON})

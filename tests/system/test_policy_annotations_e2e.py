@@ -126,3 +126,55 @@ async def test_destructive_tools_are_hidden_and_refused_by_their_annotations(
     # Nothing the refused calls asked for happened on the server.
     assert not target.exists() and not moved.exists()
     assert (shared / "hello.txt").exists() and (shared / "made").is_dir()
+
+
+# Callers without the scope neither see nor call destructive tools; callers with it do (one
+# backend, so its tools are unprefixed). THREAT_MODEL.md: "destructive tool called by a model
+# that should only read".
+WRITERS_ONLY = {
+    "rules": [
+        {
+            "deny": {"tools": ["*"], "annotations": {"destructiveHint": True}},
+            "when": {"missing_scopes": ["tools:write"]},
+        }
+    ]
+}
+CALLERS = {
+    "writer": {"identity": {"subject": "ann", "scopes": ["tools:write", "tools:read"]}},
+    "reader": {"identity": {"subject": "bob", "scopes": ["tools:read"]}},
+    "anonymous": True,  # no identity: lacks every scope
+}
+
+
+@pytest.mark.parametrize("caller", list(CALLERS))
+async def test_destructive_tools_are_denied_to_callers_missing_a_scope(
+    tmp_path: Path, caller: str
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    doc = {
+        "listen": {"stdio": CALLERS[caller]},
+        "backends": {
+            "fs": stdio_backend([*npm_server("server-filesystem"), str(shared)], connect_timeout=60)
+        },
+        "policy": WRITERS_ONLY,
+    }
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    target = shared / "written.txt"
+    async with gateway(path, "auto") as client:
+        with anyio.fail_after(2 * START_BOUND):
+            names = set(await tool_names(client))
+        assert {"read_text_file", "create_directory"} <= names
+        arguments = {"path": str(target), "content": "x"}
+        if caller == "writer":
+            assert {"write_file", "edit_file", "move_file"} <= names
+            await text(client, "write_file", arguments)
+        else:
+            assert not {"write_file", "edit_file", "move_file"} & names
+            denied = await refusal(client, "write_file", arguments)
+            unknown = await refusal(client, "no_such_tool", {})
+            assert denied.code == unknown.code == -32602
+        await text(client, "create_directory", {"path": str(shared / "made")})
+    assert target.exists() == (caller == "writer")
+    assert (shared / "made").is_dir()

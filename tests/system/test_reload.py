@@ -38,6 +38,7 @@ from tests.support import (
     sdk_stdio_command,
     stdio_backend,
 )
+from tests.support.hooks import REFUSAL_CODE
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -271,3 +272,26 @@ async def test_watch_reloads_when_the_file_changes(tmp_path: Path) -> None:
         assert done.group(1) == "c"
         assert gw.wait_count(r"gateway\.yaml changed, reloading the config", 1)
         assert await gw.text("c_label") == "c"
+
+
+async def test_a_hook_that_cannot_be_loaded_is_refused_and_a_loadable_one_applies(
+    tmp_path: Path,
+) -> None:
+    """docs/trusting-tools/hooks.md: a backend's `hooks:` reload with it; a hook that cannot be
+    loaded refuses the whole reload (the running set serves on), a loadable one is applied."""
+    config = tmp_path / "gateway.yaml"
+    write(config, {"a": backend("a"), "b": backend("b")})
+    async with gateway(config) as gw:
+        a_pid = int(await gw.text("a_whoami"))
+        missing = [{"use": "tests.support.hooks:no_such_hook"}]
+        write(config, {"a": backend("a"), "b": {**backend("b"), "hooks": missing}})
+        gw.hangup()
+        problems = gw.wait_count(r"reload refused: .*b\.hooks\.0\.use: cannot load", 1)
+        assert problems
+        refuse = [{"use": "tests.support.hooks:refuse", "on": "request", "tools": ["label"]}]
+        write(config, {"a": backend("a"), "b": {**backend("b"), "hooks": refuse}})
+        gw.hangup()
+        gw.wait_count(RELOADED, 1)
+        reply = await gw.post(call(1, "b_label"))
+        assert reply["error"]["code"] == REFUSAL_CODE  # (the refuse hook's own)
+        assert int(await gw.text("a_whoami")) == a_pid  # (an unchanged backend kept)

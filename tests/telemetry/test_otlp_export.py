@@ -37,7 +37,7 @@ from gateway.app import Gateway
 from gateway.config import parse
 from gateway.origin import STDIO_ORIGIN
 from gateway.telemetry.otlp import ENCODE_CHUNK, OtlpSpanProcessor
-from gateway.telemetry.otlp_settings import Settings
+from gateway.telemetry.otlp_settings import Settings, UnsupportedProtocol
 from tests.servers.forward_proxy import ForwardProxy
 from tests.support import BOUND, PYTHON, START_BOUND, call, serve_http, stdio_backend, until
 
@@ -486,3 +486,44 @@ async def test_spans_go_through_the_proxy_the_environment_names(
     assert processor.spans["exported"] == 2
     lines = [seen.request_line for seen in proxy.seen]
     assert lines == ([] if exempt else [f"POST {url} HTTP/1.1"])
+
+
+@pytest.mark.parametrize(
+    "variable", ["OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"]
+)
+@pytest.mark.parametrize("protocol", ["grpc", "http/json", "thrift"])
+def test_a_protocol_other_than_http_protobuf_is_refused_naming_its_variable(
+    variable: str, protocol: str
+) -> None:
+    """OTEL_EXPORTER_OTLP_PROTOCOL (the OpenTelemetry exporter spec): spans sent as HTTP to a
+    gRPC port would be lost without a word, so the start is refused in one line instead."""
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", variable: protocol}
+    with pytest.raises(UnsupportedProtocol) as refused:
+        Settings.from_env(None, env)
+    text = str(refused.value)
+    assert text.startswith(f"{variable}={protocol} is not supported") and "\n" not in text
+    assert "http/protobuf" in text and "4318" in text
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "HTTP/PROTOBUF", " ", ""])
+def test_http_protobuf_or_nothing_is_what_is_sent(protocol: str) -> None:
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+    }
+    made = Settings.from_env(None, env)
+    assert made is not None and made.url == "http://127.0.0.1:4318/v1/traces"
+
+
+def test_the_traces_protocol_wins_over_the_general_one() -> None:
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+    }
+    assert Settings.from_env(None, env) is not None
+
+
+def test_a_protocol_without_an_endpoint_changes_nothing() -> None:
+    """No endpoint, no tracing: nothing is sent, so nothing is refused."""
+    assert Settings.from_env(None, {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}) is None

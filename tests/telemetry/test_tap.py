@@ -21,7 +21,14 @@ from mcp_types import ElicitRequestParams, ElicitResult
 
 from gateway.app import Gateway
 from gateway.config import TapConfig, parse
-from gateway.telemetry.tap import REDACTED, Tap, follow, format_summary, summarize
+from gateway.telemetry.tap import (
+    REDACTED,
+    Tap,
+    follow,
+    format_call,
+    format_summary,
+    summarize,
+)
 from tests.support import (
     BOUND,
     PYTHON,
@@ -104,6 +111,23 @@ def test_redaction_by_path_wildcard_and_header_never_touches_the_callers_message
     }
     assert rec_out["msg"]["result"] == {"structuredContent": REDACTED, "content": []}
     assert other["msg"] == call(8, "other")
+
+
+def test_redact_secrets_applies_the_redact_hooks_table_to_every_string(tmp_path: Path) -> None:
+    """`tap.redact_secrets`: the redact hook's patterns (gateway/sensitive.py, one table for
+    both) over what is recorded; off by default, a recording keeps what was said."""
+    path = tmp_path / "tap.jsonl"
+    said = reply(3, content=[{"type": "text", "text": "mail ann@example.com, 4111111111111112"}])
+    with Tap(tap_config(path, redact_secrets=True)) as tap:
+        tap.record("frontend", "out", said)
+    with Tap(tap_config(tmp_path / "plain.jsonl")) as tap:
+        tap.record("frontend", "out", said)
+    (redacted,) = records(path)
+    assert redacted["msg"]["result"]["content"][0]["text"] == (
+        "mail [redacted:email], 4111111111111112"
+    )
+    (plain,) = records(tmp_path / "plain.jsonl")
+    assert plain["msg"] == said
 
 
 def test_authorization_is_redacted_without_any_rule(tmp_path: Path) -> None:
@@ -218,6 +242,24 @@ def test_summary_pairs_calls_and_counts_methods_names_errors(tmp_path: Path) -> 
     text = format_summary(summary)
     for expected in ("tools/call demo_echo", "-32602", "demo tools/list", "2 malformed", "Slowest"):
         assert expected in text, text
+
+
+def test_a_result_with_is_error_is_summarised_as_an_error_not_ok(tmp_path: Path) -> None:
+    """A tool's own failure (server/tools, Error Handling: `isError` in the result) is a result,
+    not a JSON-RPC error: the summary and the follow line must still not call it `ok`."""
+    path = tmp_path / "tap.jsonl"
+    with Tap(tap_config(path)) as tap:
+        tap.record("frontend", "in", call(1, "demo_echo", text="a"))
+        tap.record("frontend", "out", reply(1, content=[], isError=True))
+        tap.record("frontend", "in", call(2, "demo_echo", text="b"))
+        tap.record("frontend", "out", reply(2, content=[], isError=False))
+    summary = summarize(path.read_bytes().splitlines())
+    assert summary.tool_errors == 1 and summary.errors == {}
+    outcomes = {c.id: c.outcome for c in summary.slowest}
+    assert outcomes == {1: "error (isError)", 2: "ok"}
+    assert format_call(summary.slowest[0]).endswith(summary.slowest[0].outcome)
+    text = format_summary(summary)
+    assert "1 results with isError" in text and "error (isError)" in text
 
 
 def test_summary_reads_text_lines_too(tmp_path: Path) -> None:

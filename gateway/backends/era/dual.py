@@ -27,9 +27,12 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gateway.backends.base import Call, NotificationSink
+from gateway.backends.era import discovery
 from gateway.backends.era.link import Link
+from gateway.backends.era.probe import ProvenModern
 from gateway.errors import BackendError, BackendUnavailable
 from gateway.origin import LegacyClient
+from gateway.protocol import codes, meta
 from gateway.protocol.jsonrpc import Message
 
 log = logging.getLogger("gateway.backend")
@@ -117,6 +120,12 @@ class Lanes:
             return lane
         lane = self._make()
         runner = None
+        if self._shared and self.dual is None:
+            log.info(
+                "backend %s: a legacy client came: trying the legacy era on a second process "
+                "of its command (legacy_lane: false keeps every client on the first)",
+                self._name,
+            )
         if self._shared:
             runner = asyncio.get_running_loop().create_task(lane.run())
             _keep(self._runners, runner)
@@ -131,14 +140,21 @@ class Lanes:
             if self.dual is None:
                 self.dual = False
                 log.info(
-                    "backend %s: speaks only the modern era (legacy session refused: %s)",
+                    "backend %s: speaks only the modern era: %s; legacy clients are served in "
+                    "the modern era, as before (nothing to fix)",
                     self._name,
-                    exc or "no answer in time",
+                    refusal(exc, self._within),
                 )
                 return None
             raise
         if self.dual is None:
-            log.info("backend %s: speaks both eras; legacy clients get legacy sessions", self._name)
+            log.info(
+                "backend %s: speaks both eras; legacy clients get legacy sessions%s",
+                self._name,
+                " on the second process (its in-memory state is not the first one's)"
+                if self._shared
+                else "",
+            )
         self.dual = True
         if key is not None and client.closed:
             # The client session ended while its lane opened: the lane ends too.
@@ -164,6 +180,24 @@ class Lanes:
         for task in runners:
             task.cancel()
         await asyncio.gather(*runners, return_exceptions=True)
+
+
+def refusal(exc: BaseException, within: float) -> str:
+    """Why a legacy handshake proved the server modern-only, in plain words (no error dict)."""
+    if isinstance(exc, TimeoutError):
+        return f"no answer to the legacy handshake (initialize) within {within:g}s"
+    reply = exc.reply if isinstance(exc, ProvenModern) else None
+    error = reply.get("error") if reply is not None else None
+    if isinstance(error, dict):
+        code = error.get("code")
+        versions = discovery.supported_versions(reply) if reply is not None else None
+        known = f" (it supports {', '.join(versions)})" if versions else ""
+        what = "unsupported protocol version" if code == codes.UNSUPPORTED_PROTOCOL_VERSION else ""
+        return (
+            f"it answered the legacy handshake (initialize {meta.LEGACY_VERSIONS[0]}) with "
+            f"{code}{', ' + what if what else ''}{known}"
+        )
+    return f"the legacy handshake (initialize) failed: {exc}"
 
 
 def _keep(tasks: set[asyncio.Task[None]], task: asyncio.Task[None]) -> None:

@@ -48,8 +48,17 @@ class ProvenModern(BackendProtocolError):
     """`initialize` was answered with an error only a modern server sends."""
 
     def __init__(self, name: str, reply: Message) -> None:
-        super().__init__(name, f"initialize failed: {reply.get('error')}")
+        super().__init__(name, f"initialize failed: {error_words(reply)}")
         self.reply = reply
+
+
+def error_words(reply: Message) -> str:
+    """An error reply as a log line shows it: its code and message, not a dict's repr."""
+    error = reply.get("error")
+    if not isinstance(error, dict):
+        return "no result and no error"
+    message = error.get("message")
+    return f"error {error.get('code')}" + (f" ({message})" if isinstance(message, str) else "")
 
 
 def is_modern_answer(reply: Message) -> bool:
@@ -101,7 +110,7 @@ async def handshake(link: Link, within: float) -> LegacySession:
     if not isinstance(result, dict):
         if discovery.is_modern_error(reply):
             raise ProvenModern(link.name, reply)
-        raise BackendProtocolError(link.name, f"initialize failed: {reply.get('error')}")
+        raise BackendProtocolError(link.name, f"initialize failed: {error_words(reply)}")
     version = result.get("protocolVersion")
     if version not in meta.LEGACY_VERSIONS:
         raise BackendProtocolError(link.name, f"initialize answered version {version!r}")

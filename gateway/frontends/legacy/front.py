@@ -342,7 +342,7 @@ class LegacyFront:
             return
         if method == "notifications/roots/list_changed":
             # Not relayed: a backend asking again would ask outside this client's requests, and
-            # get the configured roots, not this client's (README, Roots).
+            # get the configured roots, not this client's (docs/behaviour/protocol.md, Roots).
             return
         await self._dispatcher.pass_on(self.modern(session, msg))
 

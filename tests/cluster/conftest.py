@@ -1,0 +1,5 @@
+"""The cluster tests' shared fixtures: a Redis of the test's own (`redis_port`)."""
+
+from tests.support.redis_server import redis_port
+
+__all__ = ["redis_port"]
