@@ -180,7 +180,7 @@ class Resilient(Layer[Backend]):
         return reply
 
     # The steps of `request` for a backend with no tool timeouts and no breaker, also taken by
-    # the fused stack (backends/fused.py) around its own first try.
+    # the fused stack (core/fused.py) around its own first try.
 
     @property
     def plain(self) -> bool:

@@ -44,7 +44,7 @@ class InstrumentedBackend(Layer[Backend]):
         observed.end(reply)
         return reply
 
-    # The steps of `request`, also taken by the fused stack (backends/fused.py) in its frame.
+    # The steps of `request`, also taken by the fused stack (core/fused.py) in its frame.
 
     def observe(self, msg: Message, call: Call) -> Observation:
         """The request's CLIENT observation, begun."""
