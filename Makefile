@@ -88,7 +88,9 @@ schema: install
 # (tests/system/test_replicas_nginx.py runs deploy/nginx/mcp-gateway.conf; the service the
 # package starts is stopped: the tests run their own), and Debian's `redis-server` for the rate
 # limits replicas share (tests/cluster/test_shared_rate_limits.py starts its own on a free
-# loopback port; the service the package starts is stopped too). Without apt (or root) it says
+# loopback port; the service the package starts is stopped too), and Debian's `valgrind` for
+# `python -m bench.instructions` (tests/system/test_bench_instructions.py runs it for real,
+# about 30 s: a bench tool nothing else runs would rot unnoticed). Without apt (or root) it says
 # so; those tests then skip with the reason outside CI and fail under CI=true.
 ci-deps:
 	@command -v promtool >/dev/null 2>&1 || { \
@@ -108,6 +110,11 @@ ci-deps:
 	      apt-get install -y -qq --no-install-recommends redis-server; } >/dev/null \
 	  || echo "ci-deps: could not install redis-server with apt; the shared rate-limit tests will skip" >&2; \
 	  $$sudo service redis-server stop >/dev/null 2>&1 || true; }
+	@command -v callgrind_control >/dev/null 2>&1 || { \
+	  sudo=; [ "$$(id -u)" = 0 ] || sudo='sudo -n'; \
+	  { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends valgrind; } >/dev/null \
+	  || echo "ci-deps: could not install valgrind with apt; the instruction-count test will skip" >&2; }
 	@[ -x /usr/bin/chromium ] || { \
 	  sudo=; [ "$$(id -u)" = 0 ] || sudo='sudo -n'; \
 	  { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \

@@ -107,14 +107,19 @@ class Proc:
 
     @classmethod
     async def start(
-        cls, name: str, argv: Sequence[str], env: dict[str, str], keep: int = 200
+        cls,
+        name: str,
+        argv: Sequence[str],
+        env: dict[str, str],
+        keep: int = 200,
+        cwd: Path = ROOT,
     ) -> Proc:
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE,  # held open: some servers exit on stdin EOF
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            cwd=ROOT,
+            cwd=cwd,
             env=env,
             start_new_session=True,
             limit=STREAM_LIMIT,

@@ -42,6 +42,7 @@ from gateway.config import (
 )
 from gateway.config.describe import prefix_notices
 from gateway.core.dispatcher import Dispatcher, GatewayInfo
+from gateway.core.fused import FusedBackend
 from gateway.core.instrument import InstrumentedBackend
 from gateway.core.overload import BACKEND, OVERALL, Bound, BoundedBackend
 from gateway.core.policy import Policy
@@ -266,6 +267,9 @@ def build_stack(
        transport's own methods over (no frame of its own on a request).
     7. The transport (backends/stdio.py, http.py with http_exchange.py, sse.py, isolated.py).
 
+    Where 3 is absent or has no tool timeouts and no breaker (the common case), 1-4 take their
+    steps in one coroutine frame, `FusedBackend` (core/fused.py), over the chain of them.
+
     `shared`: the cluster's backend logins (tokens in Redis); `desk`: where per-user logins
     are served.
     """
@@ -281,15 +285,32 @@ def build_stack(
         supervised=isinstance(transport, StdioBackend | IsolatedBackend),
     )
     breaker = Breaker(config.breaker) if config.breaker is not None else None
-    below: Backend = (
-        resilience.Resilient(guarded, config, breaker) if resilience.needed(config) else guarded
-    )
-    instrumented = InstrumentedBackend(below, telemetry, address(config))
     bound = Bound(BACKEND, config.name, config.max_in_flight, overload, stats.overloaded)
-    outer: Backend = BoundedBackend(instrumented, bound)
+    outer = top(config, telemetry, bound, guarded, breaker)
     if hooks or config.hooks:
         outer = hooked(outer, hooks, config, telemetry)
     return Wired(config, transport, layer, health, guarded, bound, outer, breaker=breaker)
+
+
+def top(
+    config: BackendConfig,
+    telemetry: GatewayTelemetry,
+    bound: Bound,
+    guarded: Guarded,
+    breaker: Breaker | None,
+) -> Backend:
+    """Layers 1-4 of `build_stack` over the guard; fused into one frame (core/fused.py) where
+    the resilience layer is absent or plain, over their chain, which serves what it leaves out."""
+    resilient = (
+        resilience.Resilient(guarded, config, breaker) if resilience.needed(config) else None
+    )
+    instrumented = InstrumentedBackend(
+        resilient if resilient is not None else guarded, telemetry, address(config)
+    )
+    chain = BoundedBackend(instrumented, bound)
+    if resilient is None or resilient.plain:
+        return FusedBackend(chain, bound, instrumented, resilient, guarded)
+    return chain
 
 
 def hooked(

@@ -316,8 +316,9 @@ class Channel:
         """One request, whether or not the backend is ready for others (its opening handshake
         uses this, as the gateway's own); `within` (seconds) is None for a listen stream."""
         bid = next(self._ids)
-        params = jsonrpc.params(msg)
-        req_meta = jsonrpc.meta(msg)
+        # (jsonrpc.params and .meta inlined: on every request)
+        params = found if isinstance(found := msg.get("params"), dict) else {}
+        req_meta = found if isinstance(found := params.get("_meta"), dict) else {}
         token = req_meta.get(meta.PROGRESS_TOKEN)
         out = {**msg, "id": bid}
         if token is not None:

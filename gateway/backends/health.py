@@ -145,10 +145,19 @@ class Guarded(Layer[Backend]):
         try:
             return await self.inner.request(msg, sink, call, long_lived=long_lived)
         except BackendUnavailable as exc:
-            if self._supervised or isinstance(exc, BackendDown) or self.inner.up:
+            refusal = self.unreachable(exc)
+            if refusal is None:
                 raise
-            health.failed(_detail(exc))
-            raise health.refusal() from None  # (logged just now: not again by the caller)
+            raise refusal from None  # (logged just now: not again by the caller)
+
+    def unreachable(self, exc: BackendUnavailable) -> BackendDown | None:
+        """A request found the backend unavailable: when that makes it down (an unsupervised
+        transport that says it is not up), marked so and the refusal to raise in its place;
+        None when `exc` goes on as it is. (A step of `request`; the fused stack's too.)"""
+        if self._supervised or isinstance(exc, BackendDown) or self.inner.up:
+            return None
+        self.health.failed(_detail(exc))
+        return self.health.refusal()
 
     async def notify(self, msg: Message) -> None:
         if self.health.down:

@@ -176,9 +176,28 @@ class Resilient(Layer[Backend]):
                 reply = await self._once(msg, sink, call, idle, None)
         except BackendError as exc:
             reply = await self._again(msg, sink, call, exc, idle, started)
+        self.passed(msg, reply)
+        return reply
+
+    # The steps of `request` for a backend with no tool timeouts and no breaker, also taken by
+    # the fused stack (core/fused.py) around its own first try.
+
+    @property
+    def plain(self) -> bool:
+        """No tool timeouts and no breaker: a first try is the layer below's request as it is."""
+        return not self._timeouts and self.breaker is None
+
+    async def retry(
+        self, msg: Message, sink: NotificationSink, call: Call, failed: BackendError, started: float
+    ) -> Message:
+        """After a failed first try (begun at `started`, `time.monotonic()`): the tries after
+        it, or `failed` raised."""
+        return await self._again(msg, sink, call, failed, None, started)
+
+    def passed(self, msg: Message, reply: Message) -> None:
+        """A reply came back: what a tools/list says of its tools' safety, learnt."""
         if msg.get("method") == "tools/list" and self._retries.attempts > 1:
             self._learn(reply)
-        return reply
 
     async def _again(
         self,

@@ -10,7 +10,7 @@ import anyio
 from gateway.backends.base import Backend, Call, Layer, NotificationSink
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
-from gateway.telemetry.api import Telemetry
+from gateway.telemetry.api import Observation, Telemetry
 
 
 class InstrumentedBackend(Layer[Backend]):
@@ -29,15 +29,10 @@ class InstrumentedBackend(Layer[Backend]):
         *,
         long_lived: bool = False,
     ) -> Message:
-        observed = self._telemetry.client(
-            msg, self.name, self.transport, self._address, call.observation
-        )
+        observed = self.observe(msg, call)
         reply: Message | None = None
         try:
-            carrier = observed.carrier()
-            if carrier:
-                params = jsonrpc.params(msg)
-                msg = {**msg, "params": {**params, "_meta": {**jsonrpc.meta(msg), **carrier}}}
+            msg = carried(observed, msg)
             reply = await self.inner.request(msg, sink, call, long_lived=long_lived)
         except anyio.get_cancelled_exc_class():
             # The client went away (or the gateway stopped waiting): not the backend's failure.
@@ -48,3 +43,20 @@ class InstrumentedBackend(Layer[Backend]):
             raise
         observed.end(reply)
         return reply
+
+    # The steps of `request`, also taken by the fused stack (core/fused.py) in its frame.
+
+    def observe(self, msg: Message, call: Call) -> Observation:
+        """The request's CLIENT observation, begun."""
+        return self._telemetry.client(
+            msg, self.name, self.transport, self._address, call.observation
+        )
+
+
+def carried(observed: Observation, msg: Message) -> Message:
+    """The request with the observation's trace context in its `_meta` (itself without one)."""
+    carrier = observed.carrier()
+    if not carrier:
+        return msg
+    params = jsonrpc.params(msg)
+    return {**msg, "params": {**params, "_meta": {**jsonrpc.meta(msg), **carrier}}}

@@ -370,7 +370,8 @@ def _param_specs(
     refreshed to know them (the common case is decided without a coroutine)."""
     if msg["method"] != "tools/call":
         return None
-    name = jsonrpc.params(msg).get("name")
+    params = msg.get("params")  # (`jsonrpc.params` inlined: see Dispatcher._dispatch)
+    name = params.get("name") if isinstance(params, dict) else None
     if not isinstance(name, str):
         return None
     route = dispatcher.catalogs.table.tool(name)

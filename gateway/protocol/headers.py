@@ -187,7 +187,7 @@ def mirrored_fields(msg: Message) -> tuple[str, str | None, str | None]:
     `_meta`, and the name or URI (None where absent or not a string). Few distinct triples occur,
     so callers can cache what they derive from one."""
     method = str(msg.get("method", ""))
-    params = jsonrpc.params(msg)
+    params = p if isinstance(p := msg.get("params"), dict) else {}  # (jsonrpc.params inlined)
     found = params.get("_meta")
     version = found.get(meta.PROTOCOL_VERSION) if isinstance(found, dict) else None
     source = NAME_SOURCE.get(method)

@@ -14,7 +14,7 @@ class LineSplitter:
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """The complete lines `chunk` finishes, without their newlines."""
-        if b"\n" not in chunk:
+        if chunk.find(b"\n") < 0:  # (not `in`: see numbers.suspect)
             if chunk:
                 self._parts.append(chunk)
                 self._size += len(chunk)

@@ -48,7 +48,8 @@ def unsupported_version(id_: jsonrpc.RequestId | None, requested: object) -> Mes
 def check_request(msg: Message) -> Message | None:
     """The error reply for a request whose `_meta` a modern server must refuse, else None."""
     id_ = msg.get("id")
-    meta = jsonrpc.params(msg).get("_meta")
+    params = msg.get("params")  # (jsonrpc.params inlined: on every request)
+    meta = params.get("_meta") if isinstance(params, dict) else None
     if not isinstance(meta, dict):
         return jsonrpc.error(id_, codes.INVALID_PARAMS, "params._meta is required")
     version = meta.get(PROTOCOL_VERSION)

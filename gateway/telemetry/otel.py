@@ -69,8 +69,19 @@ def _request_attributes(msg: Message, params: dict[str, Any], attrs: dict[str, A
     return str(method)
 
 
+def _error_type(reply: Message | None) -> str:
+    """`error_type`, a plain result decided here (the common case, twice a request)."""
+    if reply is not None and "error" not in reply:
+        result = reply.get("result")
+        if type(result) is dict and result.get("isError") is not True:
+            return ""
+    return error_type(reply)
+
+
 def _span_target(msg: Message) -> str:
-    params = jsonrpc.params(msg)
+    params = msg.get("params")  # (jsonrpc.params inlined: on every request)
+    if not isinstance(params, dict):
+        return ""
     value = params.get("name") if "name" in params else params.get("uri")
     return value if isinstance(value, str) else ""
 
@@ -170,7 +181,16 @@ class _ServerObserved(_Observed):
     ) -> None:
         self.origin = origin
         self.forwarded = False  # its routed backend request was sent (under this span)
-        super().__init__(telemetry, msg, span)
+        # (`_Observed.__init__`'s, in this frame: one is made per request)
+        self.telemetry = telemetry
+        self.msg = msg
+        self.span = span
+        self.target = None
+        self.backend = None
+        self.reply = None
+        self.cancelled = False
+        self.ref = None
+        self.started = time.perf_counter()
 
     def end(self, reply: Message | None) -> None:
         self.reply = reply
@@ -193,7 +213,16 @@ class _ClientObserved(_Observed):
         serving: Observation,
         via: _ServerObserved | None = None,
     ) -> None:
-        super().__init__(telemetry, msg, span)
+        # (`_Observed.__init__`'s, in this frame: one is made per backend request)
+        self.telemetry = telemetry
+        self.msg = msg
+        self.span = span
+        self.target = None
+        self.backend = None
+        self.reply = None
+        self.cancelled = False
+        self.ref = None
+        self.started = time.perf_counter()
         self.backend_name = backend
         # The client request it was made for (NO_OBSERVATION: the gateway's own).
         self.serving = serving
@@ -289,7 +318,7 @@ class GatewayTelemetry:
         self.stats.in_flight[origin.frontend] -= 1
         seconds = time.perf_counter() - observed.started
         reply = observed.reply
-        error = CANCELLED if observed.cancelled else error_type(reply)
+        error = CANCELLED if observed.cancelled else _error_type(reply)
         trace_id, sampled = _NONE
         if observed.span is not None:
             # (Its name, given at start, already holds the client-visible name the target is.)
@@ -356,7 +385,7 @@ class GatewayTelemetry:
 
     def _end_client(self, observed: _ClientObserved) -> None:
         seconds = time.perf_counter() - observed.started
-        error = CANCELLED if observed.cancelled else error_type(observed.reply)
+        error = CANCELLED if observed.cancelled else _error_type(observed.reply)
         if observed.span is not None:
             trace_id, sampled = observed.end_span(error, observed.reply)
         elif observed.via is not None:

@@ -21,6 +21,7 @@ from gateway.backends.resilience import Resilient, needed
 from gateway.backends.stdio import StdioBackend
 from gateway.config import parse
 from gateway.config.operations import Overload
+from gateway.core.fused import FusedBackend
 from gateway.core.instrument import InstrumentedBackend
 from gateway.core.overload import BoundedBackend
 from gateway.hooks.runner import HookedBackend
@@ -32,12 +33,18 @@ HTTP = {"http": {"url": "http://127.0.0.1:9/mcp"}}
 STDIO = {"stdio": {"command": "x"}}
 
 
-def stack(backend: dict[str, Any], **top: Any) -> list[type]:
-    """The classes a request passes, top to bottom, transport last."""
+def outer(backend: dict[str, Any], **top: Any) -> Backend:
     text = yaml.safe_dump({"listen": {"stdio": True}, "backends": {"b": backend}, **top})
     (config,) = parse(text).backends
-    wired = build_stack(config, Overload(), GatewayTelemetry(None, None), None, None)
-    layer: Backend = wired.outer
+    return build_stack(config, Overload(), GatewayTelemetry(None, None), None, None).outer
+
+
+def stack(backend: dict[str, Any], **top: Any) -> list[type]:
+    """The classes whose steps a request takes, top to bottom, transport last (a fused top,
+    core/fused.py, takes those of the chain below it in its own frame: the chain is listed)."""
+    layer = outer(backend, **top)
+    if isinstance(layer, FusedBackend):
+        layer = layer.inner
     found: list[type] = []
     while isinstance(layer, Layer):
         found.append(type(layer))
@@ -114,6 +121,28 @@ async def test_a_backend_with_a_child_per_client_has_its_era_layers_inside_the_t
     ]
 
 
+@pytest.mark.parametrize(
+    ("backend", "fused"),
+    [
+        (HTTP, True),
+        (STDIO, True),
+        ({**HTTP, "retries": {"attempts": 1}}, True),
+        ({**STDIO, "isolation": "per_session"}, True),
+        ({**HTTP, "breaker": True}, False),
+        ({**HTTP, "tools": {"build": {"timeout": 900}}}, False),
+    ],
+)
+async def test_the_common_top_is_fused_unless_a_tool_timer_or_breaker_acts(
+    backend: dict[str, Any], fused: bool
+) -> None:
+    """Bound, observation, resilience and guard take their steps in one frame where the
+    resilience layer's first try is its inner request as it is; a breaker or a tool's own
+    timeout keeps the separate layers (their frames are the chain under a fused top too)."""
+    top = outer(backend)
+    assert isinstance(top, FusedBackend) is fused
+    assert isinstance(top.inner if isinstance(top, FusedBackend) else top, BoundedBackend)
+
+
 def hooked_stack(backend: dict[str, Any], **top: Any) -> list[type]:
     """`stack` with the top-level hooks handed to `build_stack` as the gateway hands them."""
     text = yaml.safe_dump({"listen": {"stdio": True}, "backends": {"b": backend}, **top})
@@ -125,7 +154,8 @@ def hooked_stack(backend: dict[str, Any], **top: Any) -> list[type]:
     layer: Backend = wired.outer
     found: list[type] = []
     while isinstance(layer, Layer):
-        found.append(type(layer))
+        if not isinstance(layer, FusedBackend):  # (its chain is listed: see `stack`)
+            found.append(type(layer))
         layer = layer.inner
     return found
 
