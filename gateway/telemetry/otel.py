@@ -405,6 +405,8 @@ class GatewayTelemetry:
         method = str(msg.get("method", ""))
         recorder = self._recorder
         routed = observed.routed
+        if routed is not None:
+            observed.routed = None  # (they refer to each other: no cycle left for the collector)
         if routed is not None and routed.ended:
             # The request it was routed to ended first (as it does): both durations recorded
             # in one call. What `_end_client` records for it, worked out here.
