@@ -91,10 +91,13 @@ class FusedBackend(Layer[Backend]):
         else:
             await bound.queue()
         try:
-            observed = self._instrumented.observe(msg, call)
+            observed = call.observation.route(msg, self.name) or self._instrumented.observe(
+                msg, call
+            )
             reply: Message | None = None
             try:
-                msg = carried(observed, msg)
+                if carrier := observed.carrier():
+                    msg = carried(carrier, msg)
                 retries = self._retries
                 started = time.monotonic() if retries is not None else 0.0  # (Resilient's clock)
                 try:

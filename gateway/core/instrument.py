@@ -29,10 +29,11 @@ class InstrumentedBackend(Layer[Backend]):
         *,
         long_lived: bool = False,
     ) -> Message:
-        observed = self.observe(msg, call)
+        observed = call.observation.route(msg, self.name) or self.observe(msg, call)
         reply: Message | None = None
         try:
-            msg = carried(observed, msg)
+            if carrier := observed.carrier():
+                msg = carried(carrier, msg)
             reply = await self.inner.request(msg, sink, call, long_lived=long_lived)
         except anyio.get_cancelled_exc_class():
             # The client went away (or the gateway stopped waiting): not the backend's failure.
@@ -47,16 +48,14 @@ class InstrumentedBackend(Layer[Backend]):
     # The steps of `request`, also taken by the fused stack (core/fused.py) in its frame.
 
     def observe(self, msg: Message, call: Call) -> Observation:
-        """The request's CLIENT observation, begun."""
+        """The request's CLIENT observation, begun (where its client request's observation
+        does not keep it: `Observation.route`, tried first)."""
         return self._telemetry.client(
             msg, self.name, self.transport, self._address, call.observation
         )
 
 
-def carried(observed: Observation, msg: Message) -> Message:
-    """The request with the observation's trace context in its `_meta` (itself without one)."""
-    carrier = observed.carrier()
-    if not carrier:
-        return msg
+def carried(carrier: dict[str, str], msg: Message) -> Message:
+    """The request with an observation's trace context (`carrier`, not empty) in its `_meta`."""
     params = jsonrpc.params(msg)
     return {**msg, "params": {**params, "_meta": {**jsonrpc.meta(msg), **carrier}}}

@@ -131,7 +131,26 @@ def decode(raw: bytes | str, *, keep: bool = False) -> Message | Invalid:
         if type(value) is list:
             return Invalid(codes.INVALID_REQUEST, "Batch requests are not supported")
         return Invalid(codes.INVALID_REQUEST, "A JSON-RPC message must be an object")
-    problem = _shape_problem(value)
+    # The shape (JSON-RPC 2.0, 4 and 5), checked in this frame: twice a request (it and its
+    # reply). `type(...) is` for the id: a bool is not an int.
+    problem: str | None = None
+    if value.get("jsonrpc") != "2.0":
+        problem = 'The "jsonrpc" member must be exactly "2.0"'
+    elif "id" in value and type(i := value["id"]) is not str and type(i) is not int:
+        problem = 'The "id" member must be a string or an integer'
+    elif "method" in value:
+        if type(value["method"]) is not str:
+            problem = 'The "method" member must be a string'
+        # A request or a response, not both: serving it as a request would drop what it
+        # answers (JSON-RPC 2.0, 4 and 5).
+        elif "result" in value or "error" in value:
+            problem = 'A message with a "method" carries no "result" or "error"'
+        elif (given := value.get("params")) is not None and type(given) is not dict:
+            problem = 'The "params" member must be an object'
+    elif "id" not in value:
+        problem = "A message needs a method or an id"
+    elif ("result" in value) == ("error" in value):
+        problem = "A response carries exactly one of result and error"
     # Depth: a message shorter than two brackets a level, or with fewer brackets than the bound,
     # cannot pass it (cheap checks first).
     if (
@@ -235,29 +254,6 @@ def _depth(value: Any) -> int:
 
 def _is_id(value: object) -> bool:
     return type(value) is str or type(value) is int
-
-
-def _shape_problem(msg: Message) -> str | None:
-    if msg.get("jsonrpc") != "2.0":
-        return 'The "jsonrpc" member must be exactly "2.0"'
-    if "id" in msg and not _is_id(msg["id"]):
-        return 'The "id" member must be a string or an integer'
-    if "method" in msg:
-        if type(msg["method"]) is not str:
-            return 'The "method" member must be a string'
-        # A request or a response, not both: serving it as a request would drop what it
-        # answers (JSON-RPC 2.0, 4 and 5).
-        if "result" in msg or "error" in msg:
-            return 'A message with a "method" carries no "result" or "error"'
-        params = msg.get("params")
-        if params is not None and type(params) is not dict:
-            return 'The "params" member must be an object'
-        return None
-    if "id" not in msg:
-        return "A message needs a method or an id"
-    if ("result" in msg) == ("error" in msg):
-        return "A response carries exactly one of result and error"
-    return None
 
 
 def kind(msg: Message) -> Kind:

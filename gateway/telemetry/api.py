@@ -80,6 +80,13 @@ class Observation(Protocol):
         its own (CANCELLED), not the backend's error."""
         ...
 
+    def route(self, msg: Message, backend: str) -> Observation | None:
+        """A client request's (SERVER) observation: the CLIENT observation of the backend
+        request `msg` it was routed to, which it keeps and records at its own end (one
+        observation a routed request: bench/README, issue 34); None where that request needs
+        one of its own from `Telemetry.client` (a fan-out's, the gateway's own)."""
+        ...
+
 
 class Telemetry(Protocol):
     stats: Stats
@@ -124,6 +131,9 @@ class _NoObservation:
         return None
 
     def cancel(self) -> None:
+        return None
+
+    def route(self, msg: Message, backend: str) -> Observation | None:
         return None
 
 

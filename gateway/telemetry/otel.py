@@ -127,6 +127,9 @@ class _Observed:
             if self.span is not None:
                 self.span.set_attribute(ATTR_BACKEND, backend)
 
+    def route(self, msg: Message, backend: str) -> Observation | None:
+        return None  # (only a client request's observation keeps its routed request's)
+
     def carrier(self) -> dict[str, str]:
         if self.span is None:
             return _NO_CARRIER
@@ -174,13 +177,15 @@ class _ServerObserved(_Observed):
     gateway's CLIENT spans are handed it as their parent (the backend request's `Call` carries
     it down the stack), which saves an attach and a detach a request."""
 
-    __slots__ = ("forwarded", "origin")
+    __slots__ = ("done", "forwarded", "origin", "routed")
 
     def __init__(
         self, telemetry: GatewayTelemetry, msg: Message, span: trace.Span | None, origin: Origin
     ) -> None:
         self.origin = origin
         self.forwarded = False  # its routed backend request was sent (under this span)
+        self.routed: _Routed | None = None  # that request's observation, where this keeps it
+        self.done = False  # ended (or cancelled)
         # (`_Observed.__init__`'s, in this frame: one is made per request)
         self.telemetry = telemetry
         self.msg = msg
@@ -192,6 +197,30 @@ class _ServerObserved(_Observed):
         self.ref = None
         self.started = time.perf_counter()
 
+    def route(self, msg: Message, backend: str) -> Observation | None:
+        """The CLIENT observation of the backend request `msg` this request was routed to, kept
+        here and recorded with this one's end; None where it needs one of its own (a second
+        backend request: a fan-out, the gateway's own; a CLIENT span: `backend_spans`, or a
+        backend other than the one the SERVER span names)."""
+        if self.forwarded:
+            return None
+        telemetry = self.telemetry
+        if self.span is not None:
+            if telemetry._backend_spans or self.backend != backend:
+                return None
+        elif telemetry.spans is not None:
+            return None
+        self.forwarded = True
+        routed = self.routed = _Routed()  # (no `__init__` of its own: no frame)
+        routed.server = self
+        routed.msg = msg
+        routed.backend = backend
+        routed.reply = None
+        routed.cancelled = False
+        routed.ended = False
+        routed.started = time.perf_counter()
+        return routed
+
     def end(self, reply: Message | None) -> None:
         self.reply = reply
         self.telemetry._end_server(self)
@@ -199,6 +228,55 @@ class _ServerObserved(_Observed):
     def cancel(self) -> None:
         self.cancelled = True
         self.telemetry._end_server(self)
+
+
+class _Routed:
+    """The CLIENT observation of the one backend request a client request was routed to
+    (`_ServerObserved.route`): its SERVER observation keeps it and records both durations at
+    its own end, in one call (bench/README, issue 34). Its span, if any, is the SERVER span,
+    whose context the backend continues. Recorded here instead only if it ends after the client
+    request did."""
+
+    __slots__ = ("backend", "cancelled", "ended", "msg", "reply", "seconds", "server", "started")
+    server: _ServerObserved
+    msg: Message
+    backend: str
+    reply: Message | None
+    cancelled: bool
+    ended: bool
+    started: float
+    seconds: float
+
+    def annotate(self, *, target: str | None = None, backend: str | None = None) -> None:
+        return None  # (a CLIENT observation's labels are its request's and backend's)
+
+    def route(self, msg: Message, backend: str) -> Observation | None:
+        return None
+
+    def carrier(self) -> dict[str, str]:
+        server = self.server
+        return _NO_CARRIER if server.span is None else server.carrier()
+
+    def end(self, reply: Message | None) -> None:
+        self.seconds = time.perf_counter() - self.started
+        self.reply = reply
+        self.ended = True
+        server = self.server
+        telemetry = server.telemetry
+        if telemetry.status is not None:
+            method = self.msg.get("method", "")
+            telemetry.status.client(
+                self.backend, self.msg, reply, self.seconds, timed=method not in LONG_LIVED
+            )
+        if server.done:
+            telemetry._end_routed(self)
+
+    def cancel(self) -> None:
+        self.seconds = time.perf_counter() - self.started
+        self.cancelled = True
+        self.ended = True
+        if self.server.done:
+            self.server.telemetry._end_routed(self)
 
 
 class _ClientObserved(_Observed):
@@ -314,6 +392,7 @@ class GatewayTelemetry:
         return _ServerObserved(self, msg, span, origin)
 
     def _end_server(self, observed: _ServerObserved) -> None:
+        observed.done = True
         msg, origin = observed.msg, observed.origin
         self.stats.in_flight[origin.frontend] -= 1
         seconds = time.perf_counter() - observed.started
@@ -324,10 +403,57 @@ class GatewayTelemetry:
             # (Its name, given at start, already holds the client-visible name the target is.)
             trace_id, sampled = observed.end_span(error, reply)
         method = str(msg.get("method", ""))
-        if self._recorder is not None and method not in LONG_LIVED:
+        recorder = self._recorder
+        routed = observed.routed
+        if routed is not None:
+            observed.routed = None  # (they refer to each other: no cycle left for the collector)
+        if routed is not None and routed.ended:
+            # The request it was routed to ended first (as it does): both durations recorded
+            # in one call. What `_end_client` records for it, worked out here.
+            sent = routed.msg
+            sent_method = str(sent.get("method", ""))
+            if recorder is not None and sent_method not in LONG_LIVED:
+                if routed.cancelled:
+                    sent_error = CANCELLED
+                elif routed.reply is reply and not observed.cancelled:
+                    sent_error = error  # (the reply passed up as it came)
+                else:
+                    sent_error = _error_type(routed.reply)
+                sent_target = ""
+                if sent_method in _NAME_ATTR and observed.target:
+                    params = sent.get("params")  # (`_span_target` inlined)
+                    if isinstance(params, dict):
+                        value = params.get("name") if "name" in params else params.get("uri")
+                        sent_target = value if isinstance(value, str) else ""
+                exemplar = trace_id if sampled else ""
+                if method not in LONG_LIVED:
+                    target = observed.target or ("" if method not in _NAME_ATTR else OTHER)
+                    recorder.routed(
+                        method,
+                        target,
+                        error,
+                        seconds,
+                        sent_method,
+                        sent_target,
+                        routed.backend,
+                        sent_error,
+                        routed.seconds,
+                        exemplar,
+                    )
+                else:
+                    recorder.client(
+                        sent_method,
+                        sent_target,
+                        routed.backend,
+                        sent_error,
+                        routed.seconds,
+                        exemplar,
+                    )
+                recorder = None  # (recorded)
+        if recorder is not None and method not in LONG_LIVED:
             target = observed.target or ("" if method not in _NAME_ATTR else OTHER)
             exemplar = trace_id if sampled else ""
-            self._recorder.server(method, target, error, seconds, exemplar)
+            recorder.server(method, target, error, seconds, exemplar)
         if self._access is not None:
             line = {
                 "time": utc_now(),  # RFC 3339 with the zone, as the log and the audit log
@@ -349,6 +475,20 @@ class GatewayTelemetry:
             except Exception as exc:
                 # An observer: it must never fail the request it watches (one line, no trace).
                 log.warning("audit log: a request could not be recorded: %r", exc)
+
+    def _end_routed(self, routed: _Routed) -> None:
+        """Record a routed request that ended after its client request did (`_end_client`'s
+        recording, for a `_Routed`)."""
+        msg = routed.msg
+        method = str(msg.get("method", ""))
+        if self._recorder is None or method in LONG_LIVED:
+            return
+        server = routed.server
+        error = CANCELLED if routed.cancelled else _error_type(routed.reply)
+        trace_id, sampled = server.trace_ref() if server.span is not None else _NONE
+        target = _span_target(msg) if method in _NAME_ATTR and server.target else ""
+        exemplar = trace_id if sampled else ""
+        self._recorder.client(method, target, routed.backend, error, routed.seconds, exemplar)
 
     def client(
         self,

@@ -131,6 +131,45 @@ class Recorder:
         if trace_id:
             child.exemplars[index] = (trace_id, seconds, time.time())
 
+    def routed(
+        self,
+        method: str,
+        target: str,
+        error: str,
+        seconds: float,
+        sent_method: str,
+        sent_target: str,
+        backend: str,
+        sent_error: str,
+        sent_seconds: float,
+        trace_id: str,
+    ) -> None:
+        """`server` and `client` in one call: a client request and the one backend request it
+        was routed to (telemetry/otel.py), both under the same trace."""
+        # (`server`'s and `client`'s bodies, in this frame: once a routed request)
+        key: tuple[str, ...] = ("server", method, target, error)
+        child = self._children.get(key)
+        if child is None:
+            bounded = self._bounded("server", target)
+            child = self.server_duration.series((method, bounded, error))
+            self._remember(key, child)
+        index = bisect_left(self.server_duration.bounds, seconds)
+        child.counts[index] += 1
+        child.sum += seconds
+        if trace_id:
+            child.exemplars[index] = (trace_id, seconds, time.time())
+        key = ("client", sent_method, sent_target, backend, sent_error)
+        child = self._children.get(key)
+        if child is None:
+            bounded = self._bounded("client", sent_target)
+            child = self.client_duration.series((sent_method, bounded, backend, sent_error))
+            self._remember(key, child)
+        index = bisect_left(self.client_duration.bounds, sent_seconds)
+        child.counts[index] += 1
+        child.sum += sent_seconds
+        if trace_id:
+            child.exemplars[index] = (trace_id, sent_seconds, time.time())
+
 
 def loop_lag() -> tuple[DurationHistogram, Callable[[float], None]]:
     """The event loop's lag histogram, and the function that observes one measurement

@@ -51,6 +51,9 @@ class _Observed:
     def cancel(self) -> None:
         self.ended.append(f"{self.method} cancelled")
 
+    def route(self, msg: Message, backend: str) -> Observation | None:
+        return None
+
 
 @dataclass
 class Recording:

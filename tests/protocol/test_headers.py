@@ -228,3 +228,24 @@ def test_an_integer_kept_exactly_is_mirrored_with_its_digits() -> None:
     )
     derived = headers.derive_params(big, spec)
     assert derived == {"Mcp-Param-N": "123456789012345678901234567890", "Mcp-Param-Z": "0"}
+
+
+class PlainFields:
+    """A `HeaderFields` that is not a multidict: names compared as they are spelled here."""
+
+    def __init__(self, sent: dict[str, list[str]]) -> None:
+        self.sent = sent
+
+    def getall(self, key: str, default: list[str], /) -> list[str]:
+        return self.sent.get(key, default)
+
+
+def test_names_are_matched_without_case_and_any_header_fields_serve() -> None:
+    """Header names are case-insensitive (RFC 9110 5.1): the check looks the mirrored headers
+    up by names that fold case in aiohttp's fields, and by their spelling in any others."""
+    lower = {"mcp-protocol-version": ["2026-07-28"], "mcp-method": ["tools/call"]}
+    assert headers.check(getter({**lower, "MCP-NAME": ["echo"]}), call("echo")) is None
+    assert headers.check(getter({**lower, "MCP-NAME": ["other"]}), call("echo")) is not None
+    assert headers.check(PlainFields({**BASE, "Mcp-Name": ["echo"]}), call("echo")) is None
+    assert headers.check(PlainFields({**BASE, "Mcp-Name": ["other"]}), call("echo")) is not None
+    assert headers.check(PlainFields(BASE), call("echo")) is not None
