@@ -16,6 +16,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from typing import IO
 
 
 class Child:
@@ -128,6 +129,7 @@ def _stop_abandoned(connecting: asyncio.Task[Child]) -> None:
 async def _connect(popen: subprocess.Popen[bytes], limit: int) -> Child:
     loop = asyncio.get_running_loop()
     assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
+    pipes = (popen.stdout, popen.stderr, popen.stdin)  # (the order they are connected in)
     transports: list[asyncio.BaseTransport] = []
     try:
         readers = []
@@ -144,11 +146,30 @@ async def _connect(popen: subprocess.Popen[bytes], limit: int) -> Child:
         stdin = asyncio.StreamWriter(writing, protocol, None, loop)
         return Child(popen, stdin, readers[0], readers[1], transports)
     except BaseException:
+        # (Only when the loop itself is cancelling every task, as it closes.)
         for transport in transports:
             transport.close()
+        for number, pipe in enumerate(pipes[len(transports) :]):
+            # The first was being connected: its transport, closed, closes it (asyncio) or
+            # has closed its descriptor only (uvloop: EBADF now, not a warning when collected).
+            if number > 0 or _closed_beneath(pipe):
+                with contextlib.suppress(OSError):
+                    pipe.close()
         popen.kill()
         popen.wait()
         raise
+
+
+def _closed_beneath(pipe: IO[bytes]) -> bool:
+    """Whether the descriptor of a file object still open has been closed by another (an
+    asyncio transport closes the file object itself, later)."""
+    try:
+        os.fstat(pipe.fileno())
+    except ValueError:  # (the file object is closed)
+        return False
+    except OSError:
+        return True
+    return False
 
 
 def _reading(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamReaderProtocol]:

@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import anyio
 import pytest
+import uvloop
 
 from gateway.backends import child
 from gateway.backends.base import Call, NotificationSink
@@ -38,13 +39,8 @@ def leaked_resources() -> list[str]:
     return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
 
 
-@pytest.mark.parametrize("turns", [1, 2, 3])
-async def test_a_child_cancelled_as_its_pipes_are_connected_is_reaped_and_closed(
-    turns: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Cancelled after `turns` turns of the loop into the start (each pipe's connection takes
-    one): the child is killed and reaped, and each of its pipes closed, none left to a
-    collection (uvloop hands a pipe's file object to its transport only once connected)."""
+def record_popens(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[bytes]]:
+    """The processes started from now on (child.py calls subprocess.Popen)."""
     started: list[subprocess.Popen[bytes]] = []
 
     class Recorded(subprocess.Popen[bytes]):
@@ -52,7 +48,18 @@ async def test_a_child_cancelled_as_its_pipes_are_connected_is_reaped_and_closed
             super().__init__(*args, **kwargs)
             started.append(self)
 
-    monkeypatch.setattr(subprocess, "Popen", Recorded)  # (child.py calls subprocess.Popen)
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    return started
+
+
+@pytest.mark.parametrize("turns", [1, 2, 3])
+async def test_a_child_cancelled_as_its_pipes_are_connected_is_reaped_and_closed(
+    turns: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled after `turns` turns of the loop into the start (each pipe's connection takes
+    one): the child is killed and reaped, and each of its pipes closed, none left to a
+    collection (uvloop hands a pipe's file object to its transport only once connected)."""
+    started = record_popens(monkeypatch)
     starting = asyncio.get_running_loop().create_task(
         child.spawn(WAITING, env={}, cwd=None, limit=65536)
     )
@@ -70,6 +77,31 @@ async def test_a_child_cancelled_as_its_pipes_are_connected_is_reaped_and_closed
     assert popen.returncode is not None
     for _ in range(3):
         await asyncio.sleep(0)  # (the transports close their pipes soon after close())
+    assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
+    assert popen.stdin.closed and popen.stdout.closed and popen.stderr.closed
+    del popen, started[:]
+    assert leaked_resources() == []
+
+
+@pytest.mark.parametrize("turns", [1, 2, 3])
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_loop_closing_as_a_child_starts_leaves_it_reaped_and_closed(
+    turns: int, loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop closing while a child's pipes connect (a gateway's process ending as a child
+    restarts) cancels the connection itself: still nothing left open or running."""
+    started = record_popens(monkeypatch)
+
+    async def main() -> None:
+        asyncio.get_running_loop().create_task(child.spawn(WAITING, env={}, cwd=None, limit=9))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        assert started  # (returning, the loop cancels the start and closes)
+
+    run = uvloop.run if loop == "uvloop" else asyncio.run
+    run(main())
+    (popen,) = started
+    assert popen.returncode is not None
     assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
     assert popen.stdin.closed and popen.stdout.closed and popen.stderr.closed
     del popen, started[:]
