@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from typing import IO
 
 
 class Child:
@@ -49,6 +51,13 @@ class Child:
         """Close the gateway's ends of the pipes (once the child has been reaped)."""
         for transport in self._transports:
             transport.close()
+
+    def kill(self) -> None:
+        """Stop it at once (with what it started), reap it and close the pipes."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self._reaped(self._popen.wait())  # (killed: a moment at most)
+        self.close()
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
@@ -91,7 +100,36 @@ async def spawn(
         bufsize=0,
         start_new_session=True,
     )
+    # The pipes are connected to the loop in a task of their own, never cut off midway: uvloop
+    # gives a pipe's file object to its transport only once connected, so a cancellation there
+    # would leave an open file object whose descriptor the transport has already closed (and
+    # which, when collected, warns and closes that number again: by then maybe another file's).
+    connecting = loop.create_task(_connect(popen, limit))
+    try:
+        return await asyncio.shield(connecting)
+    except asyncio.CancelledError:
+        # Cancelled meanwhile (the gateway stopping as a child starts): the child is stopped
+        # and its pipes closed once connected.
+        _abandoned.add(connecting)
+        connecting.add_done_callback(_stop_abandoned)
+        raise
+
+
+# Children whose start was cancelled, until they are stopped (a task must be referenced).
+_abandoned: set[asyncio.Task[Child]] = set()
+
+
+def _stop_abandoned(connecting: asyncio.Task[Child]) -> None:
+    _abandoned.discard(connecting)
+    if connecting.cancelled() or connecting.exception() is not None:
+        return  # (it stopped its child itself)
+    connecting.result().kill()
+
+
+async def _connect(popen: subprocess.Popen[bytes], limit: int) -> Child:
+    loop = asyncio.get_running_loop()
     assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
+    pipes = (popen.stdout, popen.stderr, popen.stdin)  # (the order they are connected in)
     transports: list[asyncio.BaseTransport] = []
     try:
         readers = []
@@ -108,11 +146,30 @@ async def spawn(
         stdin = asyncio.StreamWriter(writing, protocol, None, loop)
         return Child(popen, stdin, readers[0], readers[1], transports)
     except BaseException:
+        # (Only when the loop itself is cancelling every task, as it closes.)
         for transport in transports:
             transport.close()
+        for number, pipe in enumerate(pipes[len(transports) :]):
+            # The first was being connected: its transport, closed, closes it (asyncio) or
+            # has closed its descriptor only (uvloop: EBADF now, not a warning when collected).
+            if number > 0 or _closed_beneath(pipe):
+                with contextlib.suppress(OSError):
+                    pipe.close()
         popen.kill()
         popen.wait()
         raise
+
+
+def _closed_beneath(pipe: IO[bytes]) -> bool:
+    """Whether the descriptor of a file object still open has been closed by another (an
+    asyncio transport closes the file object itself, later)."""
+    try:
+        os.fstat(pipe.fileno())
+    except ValueError:  # (the file object is closed)
+        return False
+    except OSError:
+        return True
+    return False
 
 
 def _reading(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamReaderProtocol]:

@@ -26,6 +26,8 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+import anyio
+
 from gateway.backends.base import Call, NotificationSink
 from gateway.backends.era import discovery
 from gateway.backends.era.link import Link
@@ -76,7 +78,11 @@ class Lanes:
         # a slow handshake holds up only the client session it is for.
         self._trial = asyncio.Lock()
         self._opening: dict[LegacyClient | None, asyncio.Lock] = {}
-        self._runners: set[asyncio.Task[None]] = set()  # the second child's transport
+        # The second child's transport, each stopped by its scope: anyio's cancellation, which
+        # its StdioBackend's shielded stop (stdin closed, SIGTERM, SIGKILL, reaped) respects;
+        # a second task.cancel() (the backend stopping while a refused lane still stops) would
+        # cut that stop short and leave the child running, never reaped.
+        self._runners: dict[asyncio.Task[None], anyio.CancelScope] = {}
         self._closing: set[asyncio.Task[None]] = set()  # sessions being ended
 
     async def serve(
@@ -127,8 +133,7 @@ class Lanes:
                 self._name,
             )
         if self._shared:
-            runner = asyncio.get_running_loop().create_task(lane.run())
-            _keep(self._runners, runner)
+            runner = self._run(lane)
         try:
             async with asyncio.timeout(self._within):
                 await lane.open_legacy()
@@ -176,10 +181,23 @@ class Lanes:
         lanes, self._lanes = list(self._lanes.values()), {}
         closing = [*self._closing, *(asyncio.create_task(lane.close()) for lane in lanes)]
         await asyncio.gather(*closing, return_exceptions=True)
-        runners = list(self._runners)
-        for task in runners:
-            task.cancel()
-        await asyncio.gather(*runners, return_exceptions=True)
+        runners = list(self._runners.items())
+        for _, scope in runners:
+            scope.cancel()
+        await asyncio.gather(*(task for task, _ in runners), return_exceptions=True)
+
+    def _run(self, lane: Lane) -> anyio.CancelScope:
+        """Run the shared lane's transport (its child) until its scope is cancelled."""
+        scope = anyio.CancelScope()
+
+        async def run() -> None:
+            with scope:
+                await lane.run()
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._runners[task] = scope
+        task.add_done_callback(lambda _: self._runners.pop(task, None))
+        return scope
 
 
 def refusal(exc: BaseException, within: float) -> str:
