@@ -269,6 +269,8 @@ LAZY_IMPORTS: dict[tuple[str, str], set[str]] = {
     # hooks: the runner and its loader, for a backend with hooks; each built-in by its hooks.
     ("gateway.app.wiring", "hooked"): {"gateway.hooks.load", "gateway.hooks.runner"},
     ("gateway.app.wiring", "check_hooks"): {"gateway.hooks.load"},
+    # pins: a description's unified diff, for `pins diff` and a change's log line.
+    ("gateway.core.pins", "explain"): {"difflib"},
     ("gateway.hooks.load", "load"): {"gateway.hooks.redact", "gateway.hooks.limit"},
     ("gateway.app.wiring", "login_desk"): {
         "gateway.backend_auth.caller_check",

@@ -12,7 +12,6 @@ file's own history in version control.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -234,6 +233,8 @@ def explain(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     lines: list[str] = []
     old_text, new_text = before.get("description"), after.get("description")
     if old_text != new_text:
+        import difflib  # (only `pins diff` and a change's log line: not every gateway's start)
+
         lines.extend(
             difflib.unified_diff(
                 str(old_text or "").splitlines(),
