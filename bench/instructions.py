@@ -34,6 +34,7 @@ from pathlib import Path
 
 import orjson
 
+from bench.profile import gateway_config
 from bench.run import ECHO_STDIO, LISTENING, PY, READY, ROOT, Proc, Procs, base_env, wait_port
 
 START_BOUND = 600.0  # a start under valgrind: seconds, not milliseconds
@@ -102,19 +103,6 @@ def report(counts: Sequence[Count], floor: Count | None, target: float = 1.15) -
             line += f"; {count.errors} of {count.requests} requests failed"
         lines.append(line)
     return lines
-
-
-def _gateway_config(backend: str, echo_url: str | None) -> bytes:
-    target: dict[str, object] = (
-        {"http": {"url": echo_url}}
-        if backend == "http"
-        else {"stdio": {"command": PY, "args": ECHO_STDIO[1:], "cwd": str(ROOT)}}
-    )
-    config = {
-        "listen": {"http": {"host": "127.0.0.1", "port": 0, "path": "/mcp"}},
-        "backends": {"echo": target},
-    }
-    return orjson.dumps(config)  # (JSON is YAML)
 
 
 def _outputs(folder: Path) -> list[str]:
@@ -200,7 +188,7 @@ async def run(args: argparse.Namespace) -> list[Count]:
                     argv += ["--client", "stdio", "--", *ECHO_STDIO]
                 counts.append(await count("floor", argv, ROOT, ("stdout", READY), args))
             config = Path(scratch, "gateway.yaml")
-            _write(config, _gateway_config(args.backend, echo_url))
+            _write(config, gateway_config(args.backend, echo_url))
             for checkout in args.checkouts:
                 argv = [PY, "-m", "gateway", "run", "--config", str(config), "--log-level", "info"]
                 counts.append(

@@ -182,18 +182,6 @@ async def examine(
         return sse, await ask(sse, "GET") if open_stream else answer
     log.info("backend %s: transport: Streamable HTTP (%s)", config.name, url)
     return config, answer
-    assert answer.status is not None
-    if transport == "auto" and is_legacy_refusal(answer.status, answer.body):
-        log.info(
-            "backend %s: transport: HTTP+SSE (2024-11-05); the POST to %s was answered HTTP %d",
-            config.name,
-            url,
-            answer.status,
-        )
-        sse = as_sse(config)
-        return sse, await ask(sse, "GET") if open_stream else answer
-    log.info("backend %s: transport: Streamable HTTP (%s)", config.name, url)
-    return config, answer
 
 
 async def settle(config: BackendConfig) -> BackendConfig:

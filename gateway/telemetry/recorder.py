@@ -146,29 +146,8 @@ class Recorder:
     ) -> None:
         """`server` and `client` in one call: a client request and the one backend request it
         was routed to (telemetry/otel.py), both under the same trace."""
-        # (`server`'s and `client`'s bodies, in this frame: once a routed request)
-        key: tuple[str, ...] = ("server", method, target, error)
-        child = self._children.get(key)
-        if child is None:
-            bounded = self._bounded("server", target)
-            child = self.server_duration.series((method, bounded, error))
-            self._remember(key, child)
-        index = bisect_left(self.server_duration.bounds, seconds)
-        child.counts[index] += 1
-        child.sum += seconds
-        if trace_id:
-            child.exemplars[index] = (trace_id, seconds, time.time())
-        key = ("client", sent_method, sent_target, backend, sent_error)
-        child = self._children.get(key)
-        if child is None:
-            bounded = self._bounded("client", sent_target)
-            child = self.client_duration.series((sent_method, bounded, backend, sent_error))
-            self._remember(key, child)
-        index = bisect_left(self.client_duration.bounds, sent_seconds)
-        child.counts[index] += 1
-        child.sum += sent_seconds
-        if trace_id:
-            child.exemplars[index] = (trace_id, sent_seconds, time.time())
+        self.server(method, target, error, seconds, trace_id)
+        self.client(sent_method, sent_target, backend, sent_error, sent_seconds, trace_id)
 
 
 def loop_lag() -> tuple[DurationHistogram, Callable[[float], None]]:

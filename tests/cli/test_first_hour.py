@@ -25,7 +25,16 @@ import yaml
 from aiohttp import web
 
 from gateway.config.model import DEFAULT_CONNECT_TIMEOUT
-from tests.support import BOUND, DEMO_BACKEND, PYTHON, START_BOUND, Proc, dead_url, run_cli
+from tests.support import (
+    BOUND,
+    DEMO_BACKEND,
+    PYTHON,
+    START_BOUND,
+    Proc,
+    dead_url,
+    one_line,
+    run_cli,
+)
 from tests.support.conformance import npm_server
 from tests.support.probe import post
 
@@ -47,15 +56,6 @@ def served(url: str) -> None:
     ask = {"jsonrpc": "2.0", "id": 0, "method": "server/discover", "params": {"_meta": META}}
     status, reply = post(url, ask)
     assert status == 200 and reply["id"] == 0, reply
-
-
-def one_line(done: subprocess.CompletedProcess[str]) -> str:
-    """The run's only stderr line: exit status 2, no traceback."""
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr
-    lines = done.stderr.splitlines()
-    assert len(lines) == 1, done.stderr
-    return lines[0]
 
 
 async def cli(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:

@@ -199,6 +199,15 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def one_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The run's only stderr line: exit status 2, no traceback."""
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
 # The bundled demo server as a stdio backend, run by the gateway's own interpreter.
 DEMO_BACKEND: dict[str, object] = {
     "stdio": {"command": "${MCP_GATEWAY_PYTHON}", "args": ["-m", "gateway.demo.server"]}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import os
 import socket
-import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -15,17 +14,9 @@ import pytest
 import yaml
 
 from gateway.frontends.listener import bind_failure
-from tests.support import PYTHON, run_cli
+from tests.support import PYTHON, one_line, run_cli
 
 pytestmark = pytest.mark.slow
-
-
-def one_line(done: subprocess.CompletedProcess[str]) -> str:
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr
-    lines = done.stderr.splitlines()
-    assert len(lines) == 1, done.stderr
-    return lines[0]
 
 
 @pytest.fixture
